@@ -1,0 +1,270 @@
+//! The configuration: one typed struct read from `config.toml`, with a documented default for
+//! every key, unknown keys rejected, and validation at start-up whose messages name the key.
+//!
+//! This module only reads and checks; it does not open sockets or files other than the config.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Everything the proxy can be told. Sections mirror `config.toml`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub log: LogConfig,
+    /// A single upstream (shorthand for one `[[upstreams]]` entry that is the default).
+    pub upstream: Option<UpstreamConfig>,
+    /// Several upstreams routed by model name pattern.
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Largest request body accepted on `/v1/chat/completions`, in bytes (413 above).
+    pub max_body_bytes: usize,
+    /// Time allowed to receive a request's headers, in milliseconds.
+    pub header_read_timeout_ms: u64,
+    /// On SIGINT/SIGTERM, how long in-flight requests and streams may take to finish, in ms.
+    pub shutdown_grace_ms: u64,
+    /// Most connections served at once; further ones wait in the accept queue.
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 32 * 1024 * 1024,
+            header_read_timeout_ms: 10_000,
+            shutdown_grace_ms: 30_000,
+            max_connections: 10_000,
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `human` or `json`.
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `context_proxy=debug`; `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Human,
+            level: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// A short name used in logs and errors.
+    pub name: String,
+    /// Base URL including the version prefix, e.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// Name of an environment variable holding this upstream's API key. When set, the proxy
+    /// sends `Authorization: Bearer <key>` instead of the client's header.
+    pub api_key_env: Option<String>,
+    /// Model name patterns (`*` and `?` wildcards) routed to this upstream.
+    pub models: Vec<String>,
+    /// The upstream for models no pattern matches (at most one; the first upstream otherwise).
+    pub default: bool,
+    /// Time allowed to open a connection, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Longest silence between two reads of a response (headers or body), in milliseconds.
+    /// There is no total timeout: a long stream is never cut while it keeps sending.
+    pub read_timeout_ms: u64,
+    /// Idle pooled connections kept per host.
+    pub pool_max_idle_per_host: usize,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            name: "default".into(),
+            base_url: "https://api.openai.com/v1".into(),
+            api_key_env: None,
+            models: Vec::new(),
+            default: false,
+            connect_timeout_ms: 5_000,
+            read_timeout_ms: 300_000,
+            pool_max_idle_per_host: 256,
+        }
+    }
+}
+
+impl UpstreamConfig {
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+    pub fn read_timeout(&self) -> Duration {
+        Duration::from_millis(self.read_timeout_ms)
+    }
+}
+
+/// A configuration that cannot be used, with the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses TOML text (no validation of the upstream list; see [`Config::validate`]).
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<inline>".into(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Folds `[upstream]` into `[[upstreams]]` and checks every key that has constraints.
+    pub fn validate(mut self) -> Result<Config, ConfigError> {
+        if let Some(single) = self.upstream.take() {
+            if !self.upstreams.is_empty() {
+                return Err(ConfigError::Invalid(
+                    "use either [upstream] or [[upstreams]], not both".into(),
+                ));
+            }
+            self.upstreams.push(UpstreamConfig {
+                default: true,
+                ..single
+            });
+        }
+        if self.upstreams.is_empty() {
+            self.upstreams.push(UpstreamConfig {
+                default: true,
+                ..UpstreamConfig::default()
+            });
+        }
+        let defaults = self.upstreams.iter().filter(|u| u.default).count();
+        if defaults > 1 {
+            return Err(ConfigError::Invalid(
+                "more than one [[upstreams]] entry has default = true".into(),
+            ));
+        }
+        let mut names = HashMap::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let key = format!("upstreams[{i}] ({})", u.name);
+            if names.insert(u.name.clone(), i).is_some() {
+                return Err(ConfigError::Invalid(format!("{key}.name is used twice")));
+            }
+            let url = reqwest::Url::parse(&u.base_url).map_err(|e| {
+                ConfigError::Invalid(format!("{key}.base_url {:?} is not a URL: {e}", u.base_url))
+            })?;
+            if url.scheme() != "http" && url.scheme() != "https" {
+                return Err(ConfigError::Invalid(format!(
+                    "{key}.base_url must start with http:// or https://"
+                )));
+            }
+            if u.connect_timeout_ms == 0 || u.read_timeout_ms == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "{key}.connect_timeout_ms and read_timeout_ms must be above 0"
+                )));
+            }
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(ConfigError::Invalid(
+                "server.max_body_bytes must be above 0".into(),
+            ));
+        }
+        if self.server.max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "server.max_connections must be above 0".into(),
+            ));
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        let err = Config::from_toml("[server]\nlisten_addr = \"127.0.0.1:1\"\n").unwrap_err();
+        assert!(err.to_string().contains("listen_addr"), "{err}");
+    }
+
+    #[test]
+    fn single_upstream_becomes_the_default() {
+        let cfg = Config::from_toml("[upstream]\nbase_url = \"http://127.0.0.1:9/v1\"\n")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(cfg.upstreams.len(), 1);
+        assert!(cfg.upstreams[0].default);
+    }
+
+    #[test]
+    fn both_upstream_forms_are_rejected() {
+        let text = "[upstream]\nbase_url = \"http://a/v1\"\n[[upstreams]]\nname = \"b\"\nbase_url = \"http://b/v1\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(err.to_string().contains("not both"), "{err}");
+    }
+
+    #[test]
+    fn bad_base_url_names_the_upstream() {
+        let text = "[[upstreams]]\nname = \"x\"\nbase_url = \"ftp://h\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(err.to_string().contains("upstreams[0] (x)"), "{err}");
+    }
+
+    #[test]
+    fn shipped_config_toml_parses_and_validates() {
+        let text = include_str!("../config.toml");
+        Config::from_toml(text).unwrap().validate().unwrap();
+    }
+}

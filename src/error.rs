@@ -1,0 +1,204 @@
+//! The errors a client can see, and the one place they become HTTP responses in the OpenAI
+//! error shape `{"error":{"message","type","param","code"}}`.
+//!
+//! An upstream's own error response is not a `ProxyError`: it is relayed unchanged.
+
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode};
+use serde_json::json;
+
+use crate::body::{full, ProxyBody};
+
+/// Why the proxy itself could not answer a request.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("{0}")]
+    InvalidJson(String),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("request body is larger than the limit of {limit} bytes (server.max_body_bytes)")]
+    BodyTooLarge { limit: usize },
+    #[error("could not read the request body: {0}")]
+    BodyRead(String),
+    #[error("no route for {method} {path}: this proxy serves /v1/* (OpenAI-compatible API), /healthz and /readyz")]
+    NotFound { method: String, path: String },
+    #[error("method {method} is not allowed on {path}; use {allowed}")]
+    MethodNotAllowed {
+        method: String,
+        path: String,
+        allowed: &'static str,
+    },
+    #[error("upstream {upstream} is unreachable: {detail}")]
+    UpstreamUnreachable { upstream: String, detail: String },
+    #[error(
+        "upstream {upstream} did not answer within {timeout_ms} ms (upstreams.read_timeout_ms)"
+    )]
+    UpstreamTimeout { upstream: String, timeout_ms: u64 },
+    #[error("upstream {upstream} sent an invalid response: {detail}")]
+    UpstreamProtocol { upstream: String, detail: String },
+    #[error("the proxy is shutting down; retry on another replica")]
+    ShuttingDown,
+}
+
+impl ProxyError {
+    /// The HTTP status, OpenAI error `type` and `code` of this error.
+    pub fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+        use ProxyError::*;
+        match self {
+            InvalidJson(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("invalid_json"),
+            ),
+            InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("request_too_large"),
+            ),
+            BodyRead(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("body_read_error"),
+            ),
+            NotFound { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("unknown_url"),
+            ),
+            MethodNotAllowed { .. } => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                Some("method_not_allowed"),
+            ),
+            UpstreamUnreachable { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                Some("upstream_unreachable"),
+            ),
+            UpstreamTimeout { .. } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_error",
+                Some("upstream_timeout"),
+            ),
+            UpstreamProtocol { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                Some("upstream_protocol_error"),
+            ),
+            ShuttingDown => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("shutting_down"),
+            ),
+        }
+    }
+
+    /// The `param` the error is about, when there is one.
+    fn param(&self) -> Option<&'static str> {
+        match self {
+            ProxyError::InvalidJson(_) => Some("body"),
+            _ => None,
+        }
+    }
+
+    /// The JSON body in the OpenAI error shape.
+    pub fn body(&self) -> Bytes {
+        let (_, kind, code) = self.classify();
+        let value = json!({
+            "error": {
+                "message": self.to_string(),
+                "type": kind,
+                "param": self.param(),
+                "code": code,
+            }
+        });
+        Bytes::from(value.to_string())
+    }
+
+    /// The whole HTTP response.
+    pub fn into_response(self) -> http::Response<ProxyBody> {
+        let (status, _, _) = self.classify();
+        let mut resp = http::Response::new(full(self.body()));
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+/// Describes a JSON syntax error with what is wrong and where (line, column, byte offset and
+/// the text around it), so that a person can find it.
+pub fn describe_json_error(body: &[u8], err: &serde_json::Error) -> String {
+    let (line, column) = (err.line(), err.column());
+    let offset = byte_offset(body, line, column);
+    let start = offset.saturating_sub(20);
+    let end = (offset + 20).min(body.len());
+    let near = String::from_utf8_lossy(&body[start..end]).replace('\n', "\\n");
+    let what = err.to_string();
+    let what = what.split(" at line ").next().unwrap_or(&what);
+    format!(
+        "the request body is not valid JSON: {what} at line {line}, column {column} (byte {offset}), near `{near}`"
+    )
+}
+
+fn byte_offset(body: &[u8], line: usize, column: usize) -> usize {
+    let mut current = 1;
+    let mut line_start = 0;
+    for (i, b) in body.iter().enumerate() {
+        if current == line {
+            break;
+        }
+        if *b == b'\n' {
+            current += 1;
+            line_start = i + 1;
+        }
+    }
+    (line_start + column.saturating_sub(1)).min(body.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_the_four_keys() {
+        let errs = [
+            ProxyError::InvalidJson("x".into()),
+            ProxyError::BodyTooLarge { limit: 1 },
+            ProxyError::UpstreamTimeout {
+                upstream: "u".into(),
+                timeout_ms: 1,
+            },
+            ProxyError::ShuttingDown,
+        ];
+        for e in errs {
+            let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+            let obj = v["error"].as_object().unwrap();
+            for key in ["message", "type", "param", "code"] {
+                assert!(obj.contains_key(key), "{key} missing in {v}");
+            }
+            assert!(!obj["message"].as_str().unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn json_error_says_where() {
+        let body = b"{\n  \"model\": \"gpt-4o\",\n  \"messages\": [}\n";
+        let err = serde_json::from_slice::<serde_json::Value>(body).unwrap_err();
+        let msg = describe_json_error(body, &err);
+        assert!(msg.contains("line 3"), "{msg}");
+        assert!(msg.contains("near `"), "{msg}");
+    }
+
+    #[test]
+    fn json_error_on_empty_and_binary_bodies_does_not_panic() {
+        for body in [&b""[..], &[0xff, 0xfe, 0x00][..], &b"\n\n\n"[..]] {
+            let err = serde_json::from_slice::<serde_json::Value>(body).unwrap_err();
+            let msg = describe_json_error(body, &err);
+            assert!(msg.starts_with("the request body is not valid JSON"));
+        }
+    }
+}

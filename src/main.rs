@@ -1,0 +1,3 @@
+//! The `context-proxy` binary.
+
+fn main() {}
