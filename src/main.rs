@@ -1,3 +1,111 @@
-//! The `context-proxy` binary.
+//! The `context-proxy` binary: parses the command line, loads the config, and serves (or runs
+//! one of the tool subcommands). All the work is in the library.
 
-fn main() {}
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use context_proxy::config::Config;
+use context_proxy::server::Server;
+
+/// OpenAI-compatible reverse proxy that manages the context of tool-using agents.
+///
+/// Point an app's OpenAI base URL at it (e.g. OPENAI_BASE_URL=http://127.0.0.1:8080/v1). It
+/// forwards every request to the configured upstream and prints the address it listens on.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Cli {
+    /// Config file (TOML). Without it, ./config.toml is used when present, else the defaults.
+    #[arg(long, short = 'c', value_name = "FILE", global = true)]
+    config: Option<PathBuf>,
+    /// Address to listen on; overrides server.listen.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Base URL of the default upstream (e.g. https://api.openai.com/v1); overrides its base_url.
+    #[arg(long, value_name = "URL")]
+    upstream: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {}
+
+fn load_config(cli: &Cli) -> anyhow::Result<Config> {
+    let mut config = match &cli.config {
+        Some(path) => Config::from_file(path)?,
+        None if std::path::Path::new("config.toml").exists() => {
+            Config::from_file(std::path::Path::new("config.toml"))?
+        }
+        None => Config::default(),
+    };
+    if let Some(listen) = cli.listen {
+        config.server.listen = listen;
+    }
+    let mut config = config.validate()?;
+    if let Some(url) = &cli.upstream {
+        let default = config.upstreams.iter().position(|u| u.default).unwrap_or(0);
+        config.upstreams[default].base_url = url.clone();
+        config = config.validate()?;
+    }
+    Ok(config)
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    context_proxy::logging::init(&config.log);
+    let server = Server::bind(config).await?;
+    let addr = server.local_addr();
+    print_listening("context-proxy", addr)?;
+    server.serve(shutdown_signal()).await;
+    Ok(())
+}
+
+fn print_listening(what: &str, addr: SocketAddr) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{what} listening on http://{addr}")?;
+    out.flush().context("cannot write to stdout")
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received");
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        match cli.command {
+            None => serve(load_config(&cli)?).await,
+        }
+    })
+}

@@ -1,0 +1,115 @@
+//! `POST /v1/chat/completions`: the proxy's own request path, as a short list of phases over
+//! one request (see DESIGN.md): parse → route → forward → respond.
+//!
+//! Context management (identify, plan, apply, tool loop, record) slots in between parse and
+//! forward; until a phase changes the request, the original bytes are forwarded as they came,
+//! so a request that needs no change reaches the upstream byte-identical.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response};
+use hyper::body::Incoming;
+use serde_json::Value;
+
+use crate::body::ProxyBody;
+use crate::error::{describe_json_error, ProxyError};
+use crate::relay::relay;
+use crate::request_body::read_limited;
+use crate::server::AppState;
+use crate::upstream::Outgoing;
+
+/// A parsed chat-completions request. `raw` is what the client sent; `body` the same as JSON,
+/// keys in their original order.
+pub struct ChatRequest {
+    pub raw: Bytes,
+    pub body: Value,
+}
+
+impl ChatRequest {
+    /// Parses `raw`: it must be a JSON object. Everything else is the upstream's to judge.
+    pub fn parse(raw: Bytes) -> Result<ChatRequest, ProxyError> {
+        let body: Value = serde_json::from_slice(&raw)
+            .map_err(|e| ProxyError::InvalidJson(describe_json_error(&raw, &e)))?;
+        if !body.is_object() {
+            return Err(ProxyError::InvalidRequest(format!(
+                "the request body must be a JSON object with \"model\" and \"messages\", not {}",
+                json_kind(&body)
+            )));
+        }
+        Ok(ChatRequest { raw, body })
+    }
+
+    /// The `model` field, when it is a string.
+    pub fn model(&self) -> Option<&str> {
+        self.body.get("model").and_then(Value::as_str)
+    }
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Runs the phases for one request.
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let (parts, body) = req.into_parts();
+
+    // parse
+    let raw = read_limited(body, &parts.headers, state.config.server.max_body_bytes).await?;
+    let request = ChatRequest::parse(raw)?;
+
+    // route
+    let upstream = state.upstreams.route(request.model());
+    tracing::debug!(upstream = %upstream.name, model = request.model().unwrap_or(""), "routed");
+
+    // forward
+    let incoming = upstream
+        .send(Outgoing {
+            method: Method::POST,
+            path: "/chat/completions",
+            query: parts.uri.query(),
+            headers: &parts.headers,
+            drop_headers: &[header::HOST, header::CONTENT_LENGTH],
+            body: request.raw.into(),
+        })
+        .await?;
+
+    // respond
+    Ok(relay(incoming))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_keeps_raw_bytes_and_key_order() {
+        let raw = Bytes::from_static(br#"{"z":1,"model":"m","a":{"y":2,"b":3}}"#);
+        let req = ChatRequest::parse(raw.clone()).unwrap();
+        assert_eq!(req.raw, raw);
+        assert_eq!(
+            serde_json::to_string(&req.body).unwrap(),
+            std::str::from_utf8(&raw).unwrap()
+        );
+        assert_eq!(req.model(), Some("m"));
+    }
+
+    #[test]
+    fn non_object_body_is_a_clear_400() {
+        let err = ChatRequest::parse(Bytes::from_static(b"[1,2]"))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("not an array"), "{err}");
+        assert_eq!(err.classify().0, http::StatusCode::BAD_REQUEST);
+    }
+}

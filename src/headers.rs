@@ -1,0 +1,67 @@
+//! Which headers cross the proxy. Hop-by-hop headers (RFC 9110 §7.6.1) and the ones named in
+//! `Connection` belong to one connection and are never forwarded, in either direction.
+
+use http::header::{self, HeaderMap, HeaderName};
+
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    HeaderName::from_static("keep-alive"),
+];
+
+/// Copies `from`, leaving out hop-by-hop headers, the headers `Connection` names, and `drop`.
+pub fn end_to_end(from: &HeaderMap, drop: &[HeaderName]) -> HeaderMap {
+    let named: Vec<String> = from
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect();
+    let mut out = HeaderMap::with_capacity(from.len());
+    for (name, value) in from {
+        if HOP_BY_HOP.contains(name)
+            || drop.contains(name)
+            || named.iter().any(|n| n == name.as_str())
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn drops_hop_by_hop_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Secret-Hop"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::HOST, HeaderValue::from_static("proxy"));
+        h.append("x-multi", HeaderValue::from_static("a"));
+        h.append("x-multi", HeaderValue::from_static("b"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
+        let out = end_to_end(&h, &[header::HOST]);
+        let names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["x-multi", "authorization"]);
+        assert_eq!(out.get_all("x-multi").iter().count(), 2);
+    }
+}

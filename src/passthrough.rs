@@ -1,0 +1,85 @@
+//! Every `/v1/…` route other than `POST /v1/chat/completions` (models, embeddings, responses,
+//! files, …): forwarded verbatim — method, path, query, end-to-end headers — with the body
+//! streamed both ways. A small JSON body is read first only to route by its `model`; anything
+//! else streams straight through and goes to the default upstream.
+
+use std::sync::Arc;
+
+use http::{header, HeaderMap, Request, Response};
+use hyper::body::Incoming;
+use serde::Deserialize;
+
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::relay::relay;
+use crate::request_body::{declared_length, read_limited};
+use crate::server::AppState;
+use crate::upstream::Outgoing;
+
+/// Forwards `req` to the upstream serving its model (or the default one).
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let (parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path()
+        .strip_prefix("/v1")
+        .unwrap_or(parts.uri.path());
+    let limit = state.config.server.max_body_bytes;
+
+    let (model, body) = if small_json(&parts.headers, limit) {
+        let bytes = read_limited(body, &parts.headers, limit).await?;
+        (model_of(&bytes), reqwest::Body::from(bytes))
+    } else {
+        (None, reqwest::Body::wrap(body))
+    };
+    let upstream = state.upstreams.route(model.as_deref());
+    tracing::debug!(upstream = %upstream.name, %path, "forwarding verbatim");
+    let incoming = upstream
+        .send(Outgoing {
+            method: parts.method.clone(),
+            path,
+            query: parts.uri.query(),
+            headers: &parts.headers,
+            drop_headers: &[header::HOST],
+            body,
+        })
+        .await?;
+    Ok(relay(incoming))
+}
+
+/// A JSON body whose declared length is within the limit: worth reading to route by model.
+fn small_json(headers: &HeaderMap, limit: usize) -> bool {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    json && declared_length(headers).is_some_and(|len| len > 0 && len <= limit as u64)
+}
+
+/// The top-level `model` string of a JSON body, if it has one.
+fn model_of(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct ModelOnly {
+        model: Option<String>,
+    }
+    serde_json::from_slice::<ModelOnly>(body).ok()?.model
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_is_found_or_not() {
+        assert_eq!(
+            model_of(br#"{"input":"x","model":"text-embedding-3-small"}"#).as_deref(),
+            Some("text-embedding-3-small")
+        );
+        assert_eq!(model_of(br#"{"input":"x"}"#), None);
+        assert_eq!(model_of(b"not json"), None);
+        assert_eq!(model_of(br#"{"model":5}"#), None);
+    }
+}

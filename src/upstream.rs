@@ -1,0 +1,333 @@
+//! The upstreams: which one serves a model, and sending a request to it.
+//!
+//! Each configured upstream has its own pooled reqwest client (rustls). A request is routed by
+//! its model name against the upstreams' patterns; a model no pattern matches goes to the
+//! default upstream. Timeouts: connecting, and the longest silence while waiting for the
+//! response headers or between two body chunks. There is deliberately no total timeout, so a
+//! long stream is never cut while it keeps sending.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::Method;
+
+use crate::config::UpstreamConfig;
+use crate::error::ProxyError;
+use crate::headers::end_to_end;
+
+/// One upstream API.
+#[derive(Debug)]
+pub struct Upstream {
+    pub name: String,
+    /// Base URL without a trailing slash, e.g. `https://api.openai.com/v1`.
+    base_url: String,
+    /// `Authorization` value replacing the client's, when the config gives this upstream a key.
+    authorization: Option<HeaderValue>,
+    patterns: Vec<String>,
+    read_timeout: Duration,
+    client: reqwest::Client,
+}
+
+/// Every configured upstream and the routing between them.
+#[derive(Debug)]
+pub struct Upstreams {
+    list: Vec<Upstream>,
+    default: usize,
+}
+
+/// What can go wrong while building the upstreams at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamSetupError {
+    #[error("upstream {upstream}: environment variable {var} (api_key_env) is not set")]
+    MissingKey { upstream: String, var: String },
+    #[error("upstream {upstream}: the key in {var} is not a valid header value")]
+    InvalidKey { upstream: String, var: String },
+    #[error("upstream {upstream}: cannot build the HTTP client: {source}")]
+    Client {
+        upstream: String,
+        source: reqwest::Error,
+    },
+}
+
+impl Upstreams {
+    /// Builds the clients. `env` reads an environment variable (injected for tests).
+    pub fn new(
+        configs: &[UpstreamConfig],
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Upstreams, UpstreamSetupError> {
+        let mut list = Vec::with_capacity(configs.len());
+        for cfg in configs {
+            let authorization = match &cfg.api_key_env {
+                None => None,
+                Some(var) => {
+                    let key = env(var).ok_or_else(|| UpstreamSetupError::MissingKey {
+                        upstream: cfg.name.clone(),
+                        var: var.clone(),
+                    })?;
+                    let mut value =
+                        HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                            UpstreamSetupError::InvalidKey {
+                                upstream: cfg.name.clone(),
+                                var: var.clone(),
+                            }
+                        })?;
+                    value.set_sensitive(true);
+                    Some(value)
+                }
+            };
+            let client = reqwest::Client::builder()
+                .connect_timeout(cfg.connect_timeout())
+                .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
+                .tcp_nodelay(true)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|source| UpstreamSetupError::Client {
+                    upstream: cfg.name.clone(),
+                    source,
+                })?;
+            list.push(Upstream {
+                name: cfg.name.clone(),
+                base_url: cfg.base_url.trim_end_matches('/').to_string(),
+                authorization,
+                patterns: cfg.models.clone(),
+                read_timeout: cfg.read_timeout(),
+                client,
+            });
+        }
+        let default = configs.iter().position(|c| c.default).unwrap_or(0);
+        Ok(Upstreams { list, default })
+    }
+
+    /// The upstream serving `model`: the first whose patterns match, else the default.
+    pub fn route(&self, model: Option<&str>) -> &Upstream {
+        model
+            .and_then(|m| {
+                self.list
+                    .iter()
+                    .find(|u| u.patterns.iter().any(|p| glob_match(p, m)))
+            })
+            .unwrap_or(&self.list[self.default])
+    }
+}
+
+/// What to send upstream.
+pub struct Outgoing<'a> {
+    pub method: Method,
+    /// Path below `/v1`, with its leading slash, e.g. `/chat/completions`.
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub headers: &'a HeaderMap,
+    /// Headers of the client's request not to forward (beyond hop-by-hop and `host`).
+    pub drop_headers: &'a [HeaderName],
+    pub body: reqwest::Body,
+}
+
+/// The upstream's answer: status, end-to-end headers and the body as a stream of chunks.
+pub struct Incoming {
+    pub status: http::StatusCode,
+    pub headers: HeaderMap,
+    pub body: reqwest::Response,
+    read_timeout: Duration,
+    upstream: String,
+}
+
+impl Upstream {
+    /// The full URL for `path` (below `/v1`) and `query`.
+    pub fn url(&self, path: &str, query: Option<&str>) -> String {
+        let mut url = String::with_capacity(self.base_url.len() + path.len() + 64);
+        url.push_str(&self.base_url);
+        url.push_str(path);
+        if let Some(q) = query {
+            url.push('?');
+            url.push_str(q);
+        }
+        url
+    }
+
+    /// Sends `out` and waits for the response headers (bounded by the read timeout).
+    pub async fn send(&self, out: Outgoing<'_>) -> Result<Incoming, ProxyError> {
+        let mut headers = end_to_end(out.headers, out.drop_headers);
+        headers.remove(header::HOST);
+        if let Some(auth) = &self.authorization {
+            headers.insert(header::AUTHORIZATION, auth.clone());
+        }
+        let request = self
+            .client
+            .request(out.method, self.url(out.path, out.query))
+            .headers(headers)
+            .body(out.body);
+        let response = match tokio::time::timeout(self.read_timeout, request.send()).await {
+            Err(_) => return Err(self.timeout_error()),
+            Ok(Err(e)) => return Err(self.send_error(&e)),
+            Ok(Ok(r)) => r,
+        };
+        let status = response.status();
+        let headers = end_to_end(response.headers(), &[]);
+        Ok(Incoming {
+            status,
+            headers,
+            body: response,
+            read_timeout: self.read_timeout,
+            upstream: self.name.clone(),
+        })
+    }
+
+    fn timeout_error(&self) -> ProxyError {
+        ProxyError::UpstreamTimeout {
+            upstream: self.name.clone(),
+            timeout_ms: self.read_timeout.as_millis() as u64,
+        }
+    }
+
+    fn send_error(&self, e: &reqwest::Error) -> ProxyError {
+        if e.is_timeout() {
+            return self.timeout_error();
+        }
+        ProxyError::UpstreamUnreachable {
+            upstream: self.name.clone(),
+            detail: error_chain(e),
+        }
+    }
+}
+
+/// An upstream body that failed or fell silent mid-way.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("upstream {upstream} sent nothing for {timeout_ms} ms")]
+    Idle { upstream: String, timeout_ms: u64 },
+    #[error("upstream {upstream} body failed: {detail}")]
+    Failed { upstream: String, detail: String },
+}
+
+impl Incoming {
+    /// The body as a stream of chunks; a silence longer than the read timeout ends it with
+    /// [`BodyError::Idle`]. Dropping the stream closes the upstream connection.
+    pub fn into_stream(self) -> impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static {
+        let Incoming {
+            body,
+            read_timeout,
+            upstream,
+            ..
+        } = self;
+        let chunks = body.bytes_stream();
+        futures_util::stream::unfold(Some((chunks, upstream)), move |state| async move {
+            let (mut chunks, upstream) = state?;
+            match tokio::time::timeout(read_timeout, chunks.next()).await {
+                Ok(None) => None,
+                Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((chunks, upstream)))),
+                Ok(Some(Err(e))) => {
+                    let err = BodyError::Failed {
+                        upstream,
+                        detail: error_chain(&e),
+                    };
+                    Some((Err(err), None))
+                }
+                Err(_) => {
+                    let err = BodyError::Idle {
+                        upstream,
+                        timeout_ms: read_timeout.as_millis() as u64,
+                    };
+                    Some((Err(err), None))
+                }
+            }
+        })
+    }
+}
+
+/// `e` and its sources, joined, for an error message a person can act on.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Matches `name` against `pattern`, where `*` is any run of characters and `?` any one.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ni));
+            pi += 1;
+        } else if let Some((sp, sn)) = star {
+            pi = sp + 1;
+            ni = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob() {
+        assert!(glob_match("gpt-4o*", "gpt-4o"));
+        assert!(glob_match("gpt-4o*", "gpt-4o-mini"));
+        assert!(!glob_match("gpt-4o*", "gpt-4"));
+        assert!(glob_match("claude-*", "claude-3-5-sonnet"));
+        assert!(glob_match("*sonnet*", "claude-3-5-sonnet-latest"));
+        assert!(glob_match("o?-mini", "o3-mini"));
+        assert!(!glob_match("o?-mini", "o3-mini-high"));
+        assert!(glob_match("*", ""));
+        assert!(!glob_match("", "x"));
+    }
+
+    fn cfg(name: &str, models: &[&str], default: bool) -> UpstreamConfig {
+        UpstreamConfig {
+            name: name.into(),
+            base_url: format!("http://{name}.invalid/v1/"),
+            models: models.iter().map(|s| s.to_string()).collect(),
+            default,
+            ..UpstreamConfig::default()
+        }
+    }
+
+    #[test]
+    fn routes_by_pattern_and_falls_back_to_default() {
+        let ups = Upstreams::new(
+            &[
+                cfg("openai", &["gpt-*", "o?-*"], false),
+                cfg("local", &["llama*"], true),
+            ],
+            |_| None,
+        )
+        .unwrap();
+        assert_eq!(ups.route(Some("gpt-4o")).name, "openai");
+        assert_eq!(ups.route(Some("o3-mini")).name, "openai");
+        assert_eq!(ups.route(Some("llama3")).name, "local");
+        assert_eq!(ups.route(Some("mistral")).name, "local");
+        assert_eq!(ups.route(None).name, "local");
+        assert_eq!(
+            ups.route(Some("gpt-4o"))
+                .url("/chat/completions", Some("a=1")),
+            "http://openai.invalid/v1/chat/completions?a=1"
+        );
+    }
+
+    #[test]
+    fn missing_key_env_is_named() {
+        let mut c = cfg("x", &[], true);
+        c.api_key_env = Some("NO_SUCH_KEY_VAR".into());
+        let err = Upstreams::new(&[c], |_| None).unwrap_err();
+        assert!(err.to_string().contains("NO_SUCH_KEY_VAR"), "{err}");
+    }
+}

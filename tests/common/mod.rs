@@ -1,0 +1,99 @@
+//! Shared set-up for the integration tests: the real proxy on 127.0.0.1:0 in front of the
+//! project's mock upstream, and a plain HTTP client.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use context_proxy::config::{Config, UpstreamConfig};
+use context_proxy::mock::{MockConfig, MockUpstream};
+use context_proxy::server::RunningServer;
+
+/// Longest a test waits for something that should happen at once (a failure guard, not a sleep).
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub struct Harness {
+    pub mock: MockUpstream,
+    pub proxy: RunningServer,
+    pub client: reqwest::Client,
+}
+
+/// A validated config whose single upstream is `base_url`, listening on a free port.
+pub fn config_for(base_url: &str) -> Config {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.shutdown_grace_ms = 10_000;
+    config.upstreams = vec![UpstreamConfig {
+        base_url: base_url.to_string(),
+        default: true,
+        ..UpstreamConfig::default()
+    }];
+    config.validate().unwrap()
+}
+
+impl Harness {
+    pub async fn start() -> Harness {
+        Harness::start_with(MockConfig::default(), |_| {}).await
+    }
+
+    pub async fn start_with(mock: MockConfig, edit: impl FnOnce(&mut Config)) -> Harness {
+        let mock = MockUpstream::start(mock).await.unwrap();
+        let mut config = config_for(&mock.base_url());
+        edit(&mut config);
+        let config = config.validate().unwrap();
+        let proxy = RunningServer::start(config).await.unwrap();
+        Harness {
+            mock,
+            proxy,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.proxy.addr(), path)
+    }
+
+    /// POSTs `body` (sent as-is) to the proxy's chat-completions route.
+    pub async fn chat_raw(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.client
+            .post(self.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer sk-test-client")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn chat(&self, body: &serde_json::Value) -> reqwest::Response {
+        self.chat_raw(body.to_string()).await
+    }
+}
+
+/// Asserts `body` is an OpenAI error with all four keys and returns its `error` object.
+pub fn assert_openai_error(body: &[u8]) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|e| {
+        panic!(
+            "error body is not JSON ({e}): {}",
+            String::from_utf8_lossy(body)
+        )
+    });
+    let err = v
+        .get("error")
+        .unwrap_or_else(|| panic!("no `error` key: {v}"))
+        .clone();
+    for key in ["message", "type", "param", "code"] {
+        assert!(err.get(key).is_some(), "error lacks {key}: {v}");
+    }
+    let message = err["message"].as_str().unwrap_or_default();
+    assert!(message.len() > 10, "message too short to act on: {v}");
+    err
+}
+
+/// Splits an SSE body into the `data:` payloads, in order.
+pub fn sse_data(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(str::to_string)
+        .collect()
+}
