@@ -6,13 +6,13 @@
 //! sends it → [`relay`] streams the answer back. Errors become responses in [`error`].
 
 #![forbid(unsafe_code)]
-
 pub mod body;
 pub mod chat;
 pub mod config;
 pub mod error;
 pub mod headers;
 pub mod logging;
+pub mod mock;
 pub mod passthrough;
 pub mod relay;
 pub mod request_body;
