@@ -6,6 +6,8 @@
 //! sends it → [`relay`] streams the answer back. Errors become responses in [`error`].
 
 #![forbid(unsafe_code)]
+
+pub mod bench;
 pub mod body;
 pub mod chat;
 pub mod config;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use context_proxy::config::Config;
+use context_proxy::mock::{MockConfig, MockUpstream};
 use context_proxy::server::Server;
 
 /// OpenAI-compatible reverse proxy that manages the context of tool-using agents.
@@ -23,14 +24,22 @@ struct Cli {
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
     /// Base URL of the default upstream (e.g. https://api.openai.com/v1); overrides its base_url.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "demo")]
     upstream: Option<String>,
+    /// Offline demo: also start the built-in mock upstream and send everything to it.
+    #[arg(long)]
+    demo: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    /// Run the mock upstream: an OpenAI-compatible stand-in for tests, demos and benchmarks.
+    MockUpstream(context_proxy::mock::MockArgs),
+    /// Measure the proxy's overhead against calling the mock upstream directly.
+    Bench(context_proxy::bench::BenchArgs),
+}
 
 fn load_config(cli: &Cli) -> anyhow::Result<Config> {
     let mut config = match &cli.config {
@@ -52,8 +61,20 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
     Ok(config)
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
+async fn serve(mut config: Config, demo: bool) -> anyhow::Result<()> {
     context_proxy::logging::init(&config.log);
+    // In the demo the mock lives as long as the proxy serves.
+    let _mock = if demo {
+        let mock = MockUpstream::bind("127.0.0.1:0".parse()?, MockConfig::default()).await?;
+        tracing::info!(upstream = %mock.base_url(), "demo: serving with the built-in mock upstream");
+        for upstream in &mut config.upstreams {
+            upstream.base_url = mock.base_url();
+            upstream.api_key_env = None;
+        }
+        Some(mock)
+    } else {
+        None
+    };
     let server = Server::bind(config).await?;
     let addr = server.local_addr();
     print_listening("context-proxy", addr)?;
@@ -105,7 +126,9 @@ fn main() -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         match cli.command {
-            None => serve(load_config(&cli)?).await,
+            None => serve(load_config(&cli)?, cli.demo).await,
+            Some(Command::MockUpstream(args)) => Ok(context_proxy::mock::run(args).await?),
+            Some(Command::Bench(args)) => Ok(context_proxy::bench::run(args).await?),
         }
     })
 }

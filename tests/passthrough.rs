@@ -39,7 +39,7 @@ async fn odd_but_valid_json_is_forwarded_byte_identical() {
     let bodies: [&[u8]; 4] = [
         b"  {\"messages\" : [ {\"role\":\"user\",\"content\":\"\\u0068i\"} ] ,\n\t\"model\":\"gpt-4o\"}  \n",
         br#"{"model":"gpt-4o","messages":[{"role":"user","content":"x"}],"seed":123456789012345678901234567890,"temperature":1.0000000000000000001}"#,
-        br#"{"model":"gpt-4o","model":"gpt-4o-mini","messages":[]}"#,
+        br#"{"model":"gpt-4o","model":"gpt-4o-mini","messages":[{"role":"user","content":"dup keys"}]}"#,
         "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"日本語 😀 \\ud83d\\ude00\"}]}".as_bytes(),
     ];
     for body in bodies {

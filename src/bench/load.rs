@@ -37,7 +37,8 @@ pub async fn run_load(
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency.max(1) {
-        let (client, url, body, next) = (client.clone(), url.to_string(), body.clone(), next.clone());
+        let (client, url, body, next) =
+            (client.clone(), url.to_string(), body.clone(), next.clone());
         workers.spawn(async move {
             let mut latencies = Vec::new();
             while next.fetch_add(1, Ordering::Relaxed) < requests {
@@ -70,5 +71,9 @@ pub async fn run_load(
         all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
             .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
     };
-    Ok(LoadResult { p50_ms: pct(0.50), p99_ms: pct(0.99), rps: all.len() as f64 / elapsed.as_secs_f64() })
+    Ok(LoadResult {
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        rps: all.len() as f64 / elapsed.as_secs_f64(),
+    })
 }

@@ -52,7 +52,10 @@ fn spawn_self(args: &[&str]) -> std::io::Result<(ChildGuard, SocketAddr)> {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;
-    let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| std::io::Error::other("no stdout"))?;
     let guard = ChildGuard(child);
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line)?;
@@ -123,8 +126,14 @@ struct Row {
 pub async fn run(args: BenchArgs) -> std::io::Result<()> {
     let (_mock, mock_addr) = spawn_self(&["mock-upstream", "--listen", "127.0.0.1:0"])?;
     let upstream = format!("http://{mock_addr}/v1");
-    let (proxy, proxy_addr) =
-        spawn_self(&["--config", "/dev/null", "--listen", "127.0.0.1:0", "--upstream", &upstream])?;
+    let (proxy, proxy_addr) = spawn_self(&[
+        "--config",
+        "/dev/null",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream,
+    ])?;
     let pid = proxy.0.id();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
@@ -133,7 +142,14 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
         .map_err(std::io::Error::other)?;
     // Let the proxy settle, then take its idle memory.
     let warm = serde_json::to_vec(&small_request()).map_err(std::io::Error::other)?;
-    run_load(&client, &format!("http://{proxy_addr}/v1/chat/completions"), &warm, 1, 50).await?;
+    run_load(
+        &client,
+        &format!("http://{proxy_addr}/v1/chat/completions"),
+        &warm,
+        1,
+        50,
+    )
+    .await?;
     let (idle_rss, _) = rss_mib(pid);
 
     let large = large_request(60_000);
@@ -144,7 +160,9 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
     for (name, body, base_requests) in &scenarios {
         let body = serde_json::to_vec(body).map_err(std::io::Error::other)?;
         for &concurrency in &args.concurrency {
-            let requests = ((*base_requests as f64) * args.scale * if concurrency > 1 { 2.0 } else { 1.0 }) as usize;
+            let requests = ((*base_requests as f64)
+                * args.scale
+                * if concurrency > 1 { 2.0 } else { 1.0 }) as usize;
             let requests = requests.max(concurrency * 4);
             let direct_url = format!("http://{mock_addr}/v1/chat/completions");
             let proxy_url = format!("http://{proxy_addr}/v1/chat/completions");
@@ -154,8 +172,10 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
             let mut direct_rounds = Vec::new();
             let mut proxied_rounds = Vec::new();
             for _ in 0..args.rounds.max(1) {
-                direct_rounds.push(run_load(&client, &direct_url, &body, concurrency, requests).await?);
-                proxied_rounds.push(run_load(&client, &proxy_url, &body, concurrency, requests).await?);
+                direct_rounds
+                    .push(run_load(&client, &direct_url, &body, concurrency, requests).await?);
+                proxied_rounds
+                    .push(run_load(&client, &proxy_url, &body, concurrency, requests).await?);
             }
             rows.push(Row {
                 scenario: name,
