@@ -7,4 +7,5 @@
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod store;
 pub mod tokens;
