@@ -30,6 +30,10 @@ impl Harness {
         Harness::open(Backend::Memory).await
     }
 
+    async fn fs() -> Harness {
+        Harness::open(Backend::Fs).await
+    }
+
     async fn open(backend: Backend) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(ManualClock::new(SystemTime::now()));
@@ -122,6 +126,7 @@ macro_rules! suite {
 }
 
 suite!(memory);
+suite!(fs);
 
 async fn round_trip_is_byte_exact(h: Harness) {
     let (t, s) = (tenant("k"), session("s"));

@@ -52,6 +52,14 @@ impl Tenant {
         }
     }
 
+    /// Whether `name` is a tenant id as [`Tenant::from_api_key`] makes them (used to recognise
+    /// the store's own directories).
+    pub(crate) fn is_valid(name: &str) -> bool {
+        name == ANONYMOUS
+            || (name.len() == TENANT_HEX_LEN
+                && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -354,9 +362,11 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a, Tenant::from_api_key(Some("sk-a")));
         assert_eq!(a.as_str().len(), TENANT_HEX_LEN);
+        assert!(Tenant::is_valid(a.as_str()));
         assert!(!a.as_str().contains("sk-a"));
         assert_eq!(Tenant::from_api_key(None).as_str(), "anonymous");
         assert_eq!(Tenant::from_api_key(Some("")).as_str(), "anonymous");
+        assert!(!Tenant::is_valid("../x"));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! live, so that every byte removed from a context can be read back (invariant *Reversible*).
 //!
 //! One [`Store`] trait, chosen once at start-up by [`open`] from [`StoreConfig`]:
-//! [`memory`](MemoryStore) (bounded, for tests), `fs` (the embedded default, a
+//! [`memory`](MemoryStore) (bounded, for tests), [`fs`](FsStore) (the embedded default, a
 //! directory tree a person can read, see the `fs` module) and, in a later version, `redis`. The
 //! same conformance suite (`conformance.rs`) runs against every backend.
 //!
@@ -36,6 +36,7 @@
 //! next to a file write or a Redis round trip.
 
 mod config;
+mod fs;
 mod ids;
 mod memory;
 mod sweeper;
@@ -51,6 +52,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 pub use config::{Backend, StoreConfig};
+pub use fs::FsStore;
 pub use ids::{ContentKind, ContentRef, SessionId, StateKey, Tenant};
 pub use memory::MemoryStore;
 
@@ -199,7 +201,9 @@ pub async fn open_with_clock(
     cfg.validate()?;
     let inner: Arc<dyn Store> = match cfg.backend {
         Backend::Memory => Arc::new(MemoryStore::new(cfg, clock)),
-        Backend::Fs => return Err(StoreError::Unavailable("fs")),
+        Backend::Fs => {
+            Arc::new(bounded("open", cfg.op_timeout(), FsStore::open(cfg, clock)).await?)
+        }
         Backend::Redis => return Err(StoreError::Unavailable("redis")),
     };
     Ok(Arc::new(Timed {
