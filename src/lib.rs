@@ -20,5 +20,6 @@ pub mod relay;
 pub mod request_body;
 pub mod router;
 pub mod server;
+pub mod store;
 pub mod tokens;
 pub mod upstream;

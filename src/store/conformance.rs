@@ -1,0 +1,398 @@
+//! The conformance suite: one set of tests every backend must pass, run against each one as
+//! [`open_with_clock`] builds it (so through the timeout layer), with a [`ManualClock`] so that
+//! retention is tested without sleeping. A new backend adds one `suite!` line.
+//!
+//! Backend-specific behaviour (the memory bound, the fs tree, crash leftovers) is tested in the
+//! backend's own module.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::{
+    open_with_clock, Backend, ContentKind, ContentRef, ManualClock, SessionId, StateKey, Store,
+    StoreConfig, Tenant,
+};
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// A store under test, with its clock and (for fs) the temporary directory it lives in.
+struct Harness {
+    store: Arc<dyn Store>,
+    clock: Arc<ManualClock>,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    async fn memory() -> Harness {
+        Harness::open(Backend::Memory).await
+    }
+
+    async fn fs() -> Harness {
+        Harness::open(Backend::Fs).await
+    }
+
+    async fn open(backend: Backend) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(SystemTime::now()));
+        let cfg = StoreConfig {
+            backend,
+            path: dir.path().join("data"),
+            op_timeout_ms: 30_000,
+            ..StoreConfig::default()
+        };
+        let store = open_with_clock(&cfg, clock.clone()).await.unwrap();
+        Harness {
+            store,
+            clock,
+            _dir: dir,
+        }
+    }
+}
+
+fn tenant(key: &str) -> Tenant {
+    Tenant::from_api_key(Some(key))
+}
+
+fn session(id: &str) -> SessionId {
+    SessionId::parse(id).unwrap()
+}
+
+fn key(k: &str) -> StateKey {
+    StateKey::parse(k).unwrap()
+}
+
+macro_rules! suite {
+    ($backend:ident) => {
+        mod $backend {
+            use super::*;
+
+            async fn harness() -> Harness {
+                Harness::$backend().await
+            }
+
+            #[tokio::test]
+            async fn round_trip_is_byte_exact() {
+                super::round_trip_is_byte_exact(harness().await).await
+            }
+            #[tokio::test]
+            async fn same_content_has_the_same_ref() {
+                super::same_content_has_the_same_ref(harness().await).await
+            }
+            #[tokio::test]
+            async fn concurrent_writers_of_the_same_content_all_succeed() {
+                super::concurrent_writers_of_the_same_content_all_succeed(harness().await).await
+            }
+            #[tokio::test]
+            async fn tenants_are_isolated() {
+                super::tenants_are_isolated(harness().await).await
+            }
+            #[tokio::test]
+            async fn what_was_never_stored_is_none() {
+                super::what_was_never_stored_is_none(harness().await).await
+            }
+            #[tokio::test]
+            async fn items_expire_after_the_retention_period() {
+                super::items_expire_after_the_retention_period(harness().await).await
+            }
+            #[tokio::test]
+            async fn reading_refreshes_retention() {
+                super::reading_refreshes_retention(harness().await).await
+            }
+            #[tokio::test]
+            async fn writing_again_refreshes_retention() {
+                super::writing_again_refreshes_retention(harness().await).await
+            }
+            #[tokio::test]
+            async fn the_log_is_append_only_json_lines() {
+                super::the_log_is_append_only_json_lines(harness().await).await
+            }
+            #[tokio::test]
+            async fn state_records_are_replaced_and_read_back() {
+                super::state_records_are_replaced_and_read_back(harness().await).await
+            }
+            #[tokio::test]
+            async fn ping_and_close() {
+                super::ping_and_close(harness().await).await
+            }
+            #[test]
+            fn arbitrary_strings_and_bytes_round_trip() {
+                super::arbitrary_strings_and_bytes_round_trip(Harness::$backend)
+            }
+        }
+    };
+}
+
+suite!(memory);
+suite!(fs);
+
+async fn round_trip_is_byte_exact(h: Harness) {
+    let (t, s) = (tenant("k"), session("s"));
+    let megabyte = "ab\u{4e2d}\u{1f600}\n".repeat(110_000);
+    assert!(megabyte.len() >= 1 << 20);
+    let contents = [
+        "",
+        "plain text",
+        "\u{4e2d}\u{6587}\u{5185}\u{5bb9}\u{ff0c}\u{65e5}\u{672c}\u{8a9e}\u{3001}\u{d55c}\u{ad6d}\u{c5b4}",
+        "emoji \u{1f469}\u{200d}\u{1f4bb} \u{1f680}\u{1f3f3}\u{fe0f}\u{200d}\u{1f308}",
+        "line\r\nendings\rand\ttabs\n\n",
+        "nul \0 and \u{feff}BOM and \u{7f}",
+        "  leading and trailing spaces  ",
+        megabyte.as_str(),
+    ];
+    for (i, content) in contents.into_iter().enumerate() {
+        let kind = ContentKind::ALL[i % ContentKind::ALL.len()];
+        let r = h.store.put_content(&t, &s, kind, content).await.unwrap();
+        assert_eq!(r, ContentRef::of(content));
+        let back = h.store.get_content(&t, &r).await.unwrap();
+        assert!(back.as_deref() == Some(content), "content {i} changed");
+    }
+}
+
+async fn same_content_has_the_same_ref(h: Harness) {
+    let t = tenant("k");
+    let a = h
+        .store
+        .put_content(&t, &session("s1"), ContentKind::ToolResult, "same")
+        .await
+        .unwrap();
+    let b = h
+        .store
+        .put_content(&t, &session("s2"), ContentKind::UserText, "same")
+        .await
+        .unwrap();
+    let c = h
+        .store
+        .put_content(&t, &session("s1"), ContentKind::ToolResult, "other")
+        .await
+        .unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert_eq!(
+        h.store.get_content(&t, &a).await.unwrap().as_deref(),
+        Some("same")
+    );
+}
+
+async fn concurrent_writers_of_the_same_content_all_succeed(h: Harness) {
+    let (t, s) = (tenant("k"), session("s"));
+    let content = "\u{540c}\u{65f6}\u{5199}\u{5165} ".repeat(20_000);
+    let writes = (0..8).map(|i| {
+        let kind = ContentKind::ALL[i % ContentKind::ALL.len()];
+        h.store.put_content(&t, &s, kind, &content)
+    });
+    for result in futures_util::future::join_all(writes).await {
+        assert_eq!(result.unwrap(), ContentRef::of(&content));
+    }
+    let back = h.store.get_content(&t, &ContentRef::of(&content)).await;
+    assert!(back.unwrap().as_deref() == Some(content.as_str()));
+}
+
+async fn tenants_are_isolated(h: Harness) {
+    let (alice, bob, anonymous) = (
+        tenant("sk-alice"),
+        tenant("sk-bob"),
+        Tenant::from_api_key(None),
+    );
+    let s = session("shared-name");
+    let r = h
+        .store
+        .put_content(&alice, &s, ContentKind::ToolResult, "alice's secret")
+        .await
+        .unwrap();
+    h.store
+        .append_log(&alice, &s, &json!({"who": "alice"}))
+        .await
+        .unwrap();
+    h.store
+        .put_state(&alice, &s, &key("k"), b"alice")
+        .await
+        .unwrap();
+    for other in [&bob, &anonymous] {
+        assert_eq!(h.store.get_content(other, &r).await.unwrap(), None);
+        assert!(h.store.read_log(other, &s).await.unwrap().is_empty());
+        assert_eq!(h.store.get_state(other, &s, &key("k")).await.unwrap(), None);
+    }
+    // Bob storing the same content gets the same ref, and his own copy.
+    let rb = h
+        .store
+        .put_content(&bob, &s, ContentKind::ToolResult, "alice's secret")
+        .await
+        .unwrap();
+    assert_eq!(rb, r);
+    assert!(h.store.get_content(&bob, &r).await.unwrap().is_some());
+    assert!(h.store.get_content(&anonymous, &r).await.unwrap().is_none());
+}
+
+async fn what_was_never_stored_is_none(h: Harness) {
+    let (t, s) = (tenant("k"), session("s"));
+    let never = ContentRef::of("never stored");
+    assert_eq!(h.store.get_content(&t, &never).await.unwrap(), None);
+    assert_eq!(h.store.get_state(&t, &s, &key("k")).await.unwrap(), None);
+    assert!(h.store.read_log(&t, &s).await.unwrap().is_empty());
+}
+
+async fn items_expire_after_the_retention_period(h: Harness) {
+    let (t, s) = (tenant("k"), session("s"));
+    let r = h
+        .store
+        .put_content(&t, &s, ContentKind::ToolResult, "x")
+        .await
+        .unwrap();
+    h.store.append_log(&t, &s, &json!({"n": 1})).await.unwrap();
+    h.store.put_state(&t, &s, &key("k"), b"v").await.unwrap();
+    h.clock.advance(30 * DAY);
+    assert_eq!(h.store.get_content(&t, &r).await.unwrap(), None);
+    assert!(h.store.read_log(&t, &s).await.unwrap().is_empty());
+    assert_eq!(h.store.get_state(&t, &s, &key("k")).await.unwrap(), None);
+    // An expired journal starts afresh rather than coming back to life.
+    h.store.append_log(&t, &s, &json!({"n": 2})).await.unwrap();
+    assert_eq!(h.store.read_log(&t, &s).await.unwrap(), [json!({"n": 2})]);
+    // Expired content can be stored again.
+    h.store
+        .put_content(&t, &s, ContentKind::ToolResult, "x")
+        .await
+        .unwrap();
+    assert_eq!(
+        h.store.get_content(&t, &r).await.unwrap().as_deref(),
+        Some("x")
+    );
+}
+
+async fn reading_refreshes_retention(h: Harness) {
+    let (t, s) = (tenant("k"), session("s"));
+    let r = h
+        .store
+        .put_content(&t, &s, ContentKind::ToolResult, "x")
+        .await
+        .unwrap();
+    h.store.append_log(&t, &s, &json!({"n": 1})).await.unwrap();
+    h.store.put_state(&t, &s, &key("k"), b"v").await.unwrap();
+    for _ in 0..3 {
+        h.clock.advance(20 * DAY);
+        assert!(h.store.get_content(&t, &r).await.unwrap().is_some());
+        assert_eq!(h.store.read_log(&t, &s).await.unwrap().len(), 1);
+        assert!(h
+            .store
+            .get_state(&t, &s, &key("k"))
+            .await
+            .unwrap()
+            .is_some());
+    }
+    h.clock.advance(30 * DAY);
+    assert_eq!(h.store.get_content(&t, &r).await.unwrap(), None);
+    assert!(h.store.read_log(&t, &s).await.unwrap().is_empty());
+    assert_eq!(h.store.get_state(&t, &s, &key("k")).await.unwrap(), None);
+}
+
+async fn writing_again_refreshes_retention(h: Harness) {
+    let (t, s) = (tenant("k"), session("s"));
+    let r = ContentRef::of("x");
+    for _ in 0..3 {
+        h.store
+            .put_content(&t, &s, ContentKind::ToolResult, "x")
+            .await
+            .unwrap();
+        h.store.append_log(&t, &s, &json!({})).await.unwrap();
+        h.clock.advance(20 * DAY);
+    }
+    assert!(h.store.get_content(&t, &r).await.unwrap().is_some());
+    assert_eq!(h.store.read_log(&t, &s).await.unwrap().len(), 3);
+}
+
+async fn the_log_is_append_only_json_lines(h: Harness) {
+    let (t, s1, s2) = (tenant("k"), session("s1"), session("s2"));
+    let records = [
+        json!({"event": "offload", "ref": ContentRef::of("x").as_str(), "tokens": 1200}),
+        json!({"event": "summary", "text": "line one\nline two \u{4e2d}\u{6587} \u{1f680}"}),
+        json!("a bare string"),
+        json!({"nested": {"z": 1, "a": [1, 2, {"b": null}]}}),
+    ];
+    let mut expected = Vec::new();
+    for record in &records {
+        h.store.append_log(&t, &s1, record).await.unwrap();
+        expected.push(record.clone());
+        assert_eq!(h.store.read_log(&t, &s1).await.unwrap(), expected);
+    }
+    h.store
+        .append_log(&t, &s2, &json!({"other": true}))
+        .await
+        .unwrap();
+    assert_eq!(h.store.read_log(&t, &s1).await.unwrap(), records);
+    assert_eq!(
+        h.store.read_log(&t, &s2).await.unwrap(),
+        [json!({"other": true})]
+    );
+    // Key order is kept (serde_json's `preserve_order`).
+    let back = &h.store.read_log(&t, &s1).await.unwrap()[3];
+    let keys: Vec<_> = back["nested"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["z", "a"]);
+}
+
+async fn state_records_are_replaced_and_read_back(h: Harness) {
+    let (t, s1, s2) = (tenant("k"), session("s1"), session("s2"));
+    let binary: Vec<u8> = (0..=255).collect();
+    h.store
+        .put_state(&t, &s1, &key("a"), b"first")
+        .await
+        .unwrap();
+    h.store
+        .put_state(&t, &s1, &key("b"), &binary)
+        .await
+        .unwrap();
+    h.store.put_state(&t, &s1, &key("e"), b"").await.unwrap();
+    h.store
+        .put_state(&t, &s1, &key("a"), b"second")
+        .await
+        .unwrap();
+    let get = |s: SessionId, k: &'static str| {
+        let (store, t) = (h.store.clone(), t.clone());
+        async move { store.get_state(&t, &s, &key(k)).await.unwrap() }
+    };
+    assert_eq!(get(s1.clone(), "a").await.as_deref(), Some(&b"second"[..]));
+    assert_eq!(get(s1.clone(), "b").await, Some(binary));
+    assert_eq!(get(s1.clone(), "e").await, Some(Vec::new()));
+    assert_eq!(get(s2, "a").await, None);
+}
+
+async fn ping_and_close(h: Harness) {
+    h.store.ping().await.unwrap();
+    h.store.close().await;
+    h.store.ping().await.unwrap();
+    let (t, s) = (tenant("k"), session("s"));
+    let r = h
+        .store
+        .put_content(&t, &s, ContentKind::ToolResult, "after close")
+        .await
+        .unwrap();
+    assert!(h.store.get_content(&t, &r).await.unwrap().is_some());
+}
+
+fn arbitrary_strings_and_bytes_round_trip<F, Fut>(make: F)
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Harness>,
+{
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let h = runtime.block_on(make());
+    let (t, s) = (tenant("k"), session("s"));
+    let config = ProptestConfig {
+        cases: 64,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(content in any::<String>(), value in proptest::collection::vec(any::<u8>(), 0..512))| {
+        runtime.block_on(async {
+            let r = h.store.put_content(&t, &s, ContentKind::ToolResult, &content).await.unwrap();
+            prop_assert_eq!(h.store.get_content(&t, &r).await.unwrap(), Some(content.clone()));
+            h.store.put_state(&t, &s, &key("v"), &value).await.unwrap();
+            prop_assert_eq!(h.store.get_state(&t, &s, &key("v")).await.unwrap(), Some(value.clone()));
+            let record = json!({ "text": content });
+            h.store.append_log(&t, &s, &record).await.unwrap();
+            let log = h.store.read_log(&t, &s).await.unwrap();
+            prop_assert_eq!(log.last(), Some(&record));
+            Ok::<(), TestCaseError>(())
+        })?;
+    });
+}

@@ -1,0 +1,442 @@
+//! The store: where offloaded content, the session journal and small session state records
+//! live, so that every byte removed from a context can be read back (invariant *Reversible*).
+//!
+//! One [`Store`] trait, chosen once at start-up by [`open`] from [`StoreConfig`]:
+//! [`memory`](MemoryStore) (bounded, for tests), [`fs`](FsStore) (the embedded default, a
+//! directory tree a person can read, see the `fs` module) and, in a later version, `redis`. The
+//! same conformance suite (`conformance.rs`) runs against every backend.
+//!
+//! What the trait promises, on every backend:
+//! - **Content-addressed.** Content is stored under [`ContentRef::of`] its bytes, an opaque id
+//!   (`ctx_` + 24 base32 characters of SHA-256), never a path. The same content gets the same
+//!   reference and is written once.
+//! - **Isolated.** Every item is scoped by [`Tenant`] (a hash of the API key); nothing stored
+//!   under one tenant can be read under another. The name types check their values when they
+//!   are made, so no backend is ever handed a name that could leave its root or key space.
+//! - **Retention.** An item is kept for `retention_days` after it was last written *or read*
+//!   (reading refreshes it), then reads answer `None` and a background sweeper (one task per
+//!   store, with a tracing span, stopped by [`Store::close`] or when the store is dropped)
+//!   deletes it. Time comes from a [`Clock`], so tests move a [`ManualClock`] instead of
+//!   sleeping.
+//! - **Bounded.** [`open`] wraps the backend so that every call fails with
+//!   [`StoreError::Timeout`] after `op_timeout_ms`; the memory backend holds at most
+//!   `memory_max_bytes`; the fs backend runs at most `max_blocking_ops` file operations at once.
+//!   Callers treat any [`StoreError`] as "serve the request without context management"
+//!   (invariant *Fail-open*).
+//!
+//! The shape fits Redis as it is: async calls, string names, byte values, per-item TTLs. A
+//! Redis backend keeps content at `cp:{<tenant>}:c:<ref>` (`SET … NX EX`, refreshed by
+//! `EXPIRE`, read with `GETEX … EX`), state at `cp:{<tenant>}:s:<session>:<key>`, and the
+//! journal as a list at `cp:{<tenant>}:l:<session>` (`RPUSH` + `EXPIRE`); the `{<tenant>}` hash
+//! tag keeps a tenant's keys in one Redis Cluster slot.
+//!
+//! Why `Arc<dyn Store>` with boxed futures (the `async-trait` crate) rather than an enum of
+//! backends: other modules hold the store without caring which one it is, and their tests can
+//! hand in a store that fails or stalls to check Fail-open. One allocation per call is nothing
+//! next to a file write or a Redis round trip.
+
+mod config;
+mod fs;
+mod ids;
+mod memory;
+mod sweeper;
+
+#[cfg(test)]
+mod conformance;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+pub use config::{Backend, StoreConfig};
+pub use fs::FsStore;
+pub use ids::{ContentKind, ContentRef, SessionId, StateKey, Tenant};
+pub use memory::MemoryStore;
+
+/// Why a store call failed. None of these reaches a client: the request is served without
+/// context management, with a warning log.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid {what} {value:?}: expected {expected}")]
+    Invalid {
+        what: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("invalid config: store.{key} {message}")]
+    Config { key: &'static str, message: String },
+    #[error("the {0} store backend is not available in this build yet; use store.backend = \"fs\" or \"memory\"")]
+    Unavailable(&'static str),
+    #[error("store {op} did not finish within {timeout_ms} ms (store.op_timeout_ms)")]
+    Timeout { op: &'static str, timeout_ms: u64 },
+    #[error("{len} bytes do not fit in the memory store's {limit} bytes (store.memory_max_bytes)")]
+    TooLarge { len: usize, limit: usize },
+    #[error("store {op} failed on {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("stored data at {location} is corrupt: {detail}")]
+    Corrupt { location: String, detail: String },
+    #[error("store task failed: {0}")]
+    Internal(String),
+}
+
+/// Where the store reads the time: retention is measured with it.
+pub trait Clock: Send + Sync + 'static {
+    fn now(&self) -> SystemTime;
+}
+
+/// The real wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// A clock that only moves when told to, for tests.
+#[derive(Debug)]
+pub struct ManualClock(Mutex<SystemTime>);
+
+impl ManualClock {
+    pub fn new(start: SystemTime) -> ManualClock {
+        ManualClock(Mutex::new(start))
+    }
+
+    pub fn advance(&self, by: Duration) {
+        let mut now = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *now += by;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> SystemTime {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Offloaded content, the session journal and session state records, scoped by tenant.
+///
+/// Every read and write of an item refreshes its retention.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Stores `content` (once: storing it again only refreshes it) and returns its reference,
+    /// which is always [`ContentRef::of`]`(content)`. `session` and `kind` say where a person
+    /// finds it; reading needs only the tenant and the reference.
+    async fn put_content(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        kind: ContentKind,
+        content: &str,
+    ) -> Result<ContentRef, StoreError>;
+
+    /// The content stored under `r` by `tenant`, byte-exact, or `None` when there is none (never
+    /// stored, expired, or stored by another tenant).
+    async fn get_content(
+        &self,
+        tenant: &Tenant,
+        r: &ContentRef,
+    ) -> Result<Option<String>, StoreError>;
+
+    /// Appends `record` as one JSON line to the session's journal (what was offloaded, what was
+    /// decided). Lines are never rewritten.
+    async fn append_log(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        record: &serde_json::Value,
+    ) -> Result<(), StoreError>;
+
+    /// The session's journal, oldest record first (empty when there is none). For tools, tests
+    /// and debugging: it reads the whole journal.
+    async fn read_log(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+    ) -> Result<Vec<serde_json::Value>, StoreError>;
+
+    /// Stores a small record of the session under `key`, replacing any previous one.
+    async fn put_state(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        key: &StateKey,
+        value: &[u8],
+    ) -> Result<(), StoreError>;
+
+    /// The record stored under `key`, or `None`.
+    async fn get_state(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        key: &StateKey,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Whether the store can serve (for `/readyz`).
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Stops the background sweeper and waits for it. Calls keep working; expired items are
+    /// just no longer deleted in the background.
+    async fn close(&self);
+}
+
+/// Opens the configured backend, with every call bounded by `op_timeout_ms`.
+pub async fn open(cfg: &StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    open_with_clock(cfg, Arc::new(SystemClock)).await
+}
+
+/// [`open`] with the clock retention is measured by.
+pub async fn open_with_clock(
+    cfg: &StoreConfig,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<dyn Store>, StoreError> {
+    cfg.validate()?;
+    let inner: Arc<dyn Store> = match cfg.backend {
+        Backend::Memory => Arc::new(MemoryStore::new(cfg, clock)),
+        Backend::Fs => {
+            Arc::new(bounded("open", cfg.op_timeout(), FsStore::open(cfg, clock)).await?)
+        }
+        Backend::Redis => return Err(StoreError::Unavailable("redis")),
+    };
+    Ok(Arc::new(Timed {
+        inner,
+        timeout: cfg.op_timeout(),
+    }))
+}
+
+/// Runs `fut`, failing with [`StoreError::Timeout`] after `timeout`.
+async fn bounded<T>(
+    op: &'static str,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::Timeout {
+            op,
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        }),
+    }
+}
+
+/// A backend with every call bounded by a timeout.
+struct Timed {
+    inner: Arc<dyn Store>,
+    timeout: Duration,
+}
+
+#[async_trait]
+impl Store for Timed {
+    async fn put_content(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        kind: ContentKind,
+        content: &str,
+    ) -> Result<ContentRef, StoreError> {
+        let fut = self.inner.put_content(tenant, session, kind, content);
+        bounded("put_content", self.timeout, fut).await
+    }
+
+    async fn get_content(
+        &self,
+        tenant: &Tenant,
+        r: &ContentRef,
+    ) -> Result<Option<String>, StoreError> {
+        bounded(
+            "get_content",
+            self.timeout,
+            self.inner.get_content(tenant, r),
+        )
+        .await
+    }
+
+    async fn append_log(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        record: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let fut = self.inner.append_log(tenant, session, record);
+        bounded("append_log", self.timeout, fut).await
+    }
+
+    async fn read_log(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+    ) -> Result<Vec<serde_json::Value>, StoreError> {
+        bounded(
+            "read_log",
+            self.timeout,
+            self.inner.read_log(tenant, session),
+        )
+        .await
+    }
+
+    async fn put_state(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        key: &StateKey,
+        value: &[u8],
+    ) -> Result<(), StoreError> {
+        let fut = self.inner.put_state(tenant, session, key, value);
+        bounded("put_state", self.timeout, fut).await
+    }
+
+    async fn get_state(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        key: &StateKey,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let fut = self.inner.get_state(tenant, session, key);
+        bounded("get_state", self.timeout, fut).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        bounded("ping", self.timeout, self.inner.ping()).await
+    }
+
+    async fn close(&self) {
+        self.inner.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store whose every call hangs, like a disk or server that stopped answering.
+    struct Stalled;
+
+    #[async_trait]
+    impl Store for Stalled {
+        async fn put_content(
+            &self,
+            _: &Tenant,
+            _: &SessionId,
+            _: ContentKind,
+            _: &str,
+        ) -> Result<ContentRef, StoreError> {
+            std::future::pending().await
+        }
+        async fn get_content(
+            &self,
+            _: &Tenant,
+            _: &ContentRef,
+        ) -> Result<Option<String>, StoreError> {
+            std::future::pending().await
+        }
+        async fn append_log(
+            &self,
+            _: &Tenant,
+            _: &SessionId,
+            _: &serde_json::Value,
+        ) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
+        async fn read_log(
+            &self,
+            _: &Tenant,
+            _: &SessionId,
+        ) -> Result<Vec<serde_json::Value>, StoreError> {
+            std::future::pending().await
+        }
+        async fn put_state(
+            &self,
+            _: &Tenant,
+            _: &SessionId,
+            _: &StateKey,
+            _: &[u8],
+        ) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
+        async fn get_state(
+            &self,
+            _: &Tenant,
+            _: &SessionId,
+            _: &StateKey,
+        ) -> Result<Option<Vec<u8>>, StoreError> {
+            std::future::pending().await
+        }
+        async fn ping(&self) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
+        async fn close(&self) {}
+    }
+
+    #[tokio::test]
+    async fn every_call_is_bounded_by_the_timeout() {
+        let store = Timed {
+            inner: Arc::new(Stalled),
+            timeout: Duration::from_millis(20),
+        };
+        let t = Tenant::from_api_key(None);
+        let s = SessionId::parse("s").unwrap();
+        let k = StateKey::parse("k").unwrap();
+        let r = ContentRef::of("x");
+        let v = serde_json::json!({});
+        let errors = [
+            store
+                .put_content(&t, &s, ContentKind::ToolResult, "x")
+                .await
+                .unwrap_err(),
+            store.get_content(&t, &r).await.unwrap_err(),
+            store.append_log(&t, &s, &v).await.unwrap_err(),
+            store.read_log(&t, &s).await.unwrap_err(),
+            store.put_state(&t, &s, &k, b"v").await.unwrap_err(),
+            store.get_state(&t, &s, &k).await.unwrap_err(),
+            store.ping().await.unwrap_err(),
+        ];
+        for err in errors {
+            assert!(
+                matches!(err, StoreError::Timeout { timeout_ms: 20, .. }),
+                "{err}"
+            );
+            assert!(err.to_string().contains("store.op_timeout_ms"), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn redis_is_refused_with_a_clear_error() {
+        let cfg = StoreConfig {
+            backend: Backend::Redis,
+            ..StoreConfig::default()
+        };
+        let err = open(&cfg).await.err().unwrap();
+        assert!(matches!(err, StoreError::Unavailable("redis")), "{err}");
+        assert!(err.to_string().contains("not available"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_invalid_config_is_refused_before_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StoreConfig {
+            path: dir.path().join("data"),
+            retention_days: 0,
+            ..StoreConfig::default()
+        };
+        let err = open(&cfg).await.err().unwrap();
+        assert!(err.to_string().contains("store.retention_days"), "{err}");
+        assert!(!cfg.path.exists());
+    }
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let clock = ManualClock::new(start);
+        assert_eq!(clock.now(), start);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(clock.now(), start + Duration::from_secs(5));
+    }
+}
