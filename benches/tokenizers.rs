@@ -171,7 +171,7 @@ fn counter() {
     warm_counter.count_request(&body);
     let (warm, n_warm) = median_time(51, || warm_counter.count_request(&body).total);
 
-    // The next turn: the client resends the history plus one new tool result.
+    // The next turn: the client resends the history plus one new message.
     let mut next = body.clone();
     if let Some(messages) = next.get_mut("messages").and_then(Value::as_array_mut) {
         messages.push(json!({"role": "user", "content": conversation_text(2500, 0xfeed)}));
