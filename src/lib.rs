@@ -8,3 +8,4 @@ pub mod body;
 pub mod config;
 pub mod error;
 pub mod tokens;
+pub mod traffic;
