@@ -11,11 +11,13 @@
 //!
 //! Layout: `rng` (randomness), `words`/`prose`/`code`/`shell`/`records` (content), `chat`
 //! (message shapes), `tools` (schemas), `coding`/`research`/`support` (the agents), `session`
-//! (the stored form and its requests).
+//! (the stored form and its requests), `corpus` (files and statistics), `cli` (the command).
 
 mod chat;
+pub mod cli;
 mod code;
 mod coding;
+pub mod corpus;
 mod prose;
 mod records;
 mod research;
@@ -28,6 +30,8 @@ mod words;
 
 use serde::{Deserialize, Serialize};
 
+pub use cli::{run, GenTrafficArgs};
+pub use corpus::{load_dir, stats, write_dir, CorpusIndex, CorpusStats};
 pub use session::Session;
 
 use chat::{Echo, Transcript};
