@@ -22,4 +22,5 @@ pub mod router;
 pub mod server;
 pub mod store;
 pub mod tokens;
+pub mod traffic;
 pub mod upstream;
