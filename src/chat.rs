@@ -1,9 +1,9 @@
 //! `POST /v1/chat/completions`: the proxy's own request path, as a short list of phases over
-//! one request (see DESIGN.md): parse → route → forward → respond.
+//! one request (see DESIGN.md): parse → route → manage (identify, plan, apply: see
+//! [`crate::context`]) → forward → respond.
 //!
-//! Context management (identify, plan, apply, tool loop, record) slots in between parse and
-//! forward; until a phase changes the request, the original bytes are forwarded as they came,
-//! so a request that needs no change reaches the upstream byte-identical.
+//! Until a phase changes the request, the original bytes are forwarded as they came, so a
+//! request that needs no change reaches the upstream byte-identical.
 
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use serde_json::Value;
 
 use crate::body::ProxyBody;
+use crate::context::{Managed, ACTIONS_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER};
 use crate::error::{describe_json_error, ProxyError};
 use crate::relay::relay;
 use crate::request_body::read_limited;
@@ -66,11 +67,22 @@ pub async fn handle(
 
     // parse
     let raw = read_limited(body, &parts.headers, state.config.server.max_body_bytes).await?;
-    let request = ChatRequest::parse(raw)?;
+    let mut request = ChatRequest::parse(raw)?;
+    let mode = state
+        .context
+        .mode(&parts.headers)
+        .map_err(ProxyError::InvalidRequest)?;
 
     // route
     let upstream = state.upstreams.route(request.model());
     tracing::debug!(upstream = %upstream.name, model = request.model().unwrap_or(""), "routed");
+
+    // manage: identify, plan, apply
+    let managed = state
+        .context
+        .manage(&parts.headers, &mut request.body, mode, upstream.encoding)
+        .await;
+    let outgoing = managed.body.clone().unwrap_or(request.raw);
 
     // forward
     let incoming = upstream
@@ -80,12 +92,29 @@ pub async fn handle(
             query: parts.uri.query(),
             headers: &parts.headers,
             drop_headers: &[header::HOST, header::CONTENT_LENGTH],
-            body: request.raw.into(),
+            body: outgoing.into(),
         })
         .await?;
 
     // respond
-    Ok(relay(incoming))
+    let mut response = relay(incoming);
+    context_headers(response.headers_mut(), &managed);
+    Ok(response)
+}
+
+/// `x-context-tokens-before`, `x-context-tokens-after`, `x-context-actions`.
+fn context_headers(headers: &mut http::HeaderMap, managed: &Managed) {
+    let report = &managed.report;
+    let pairs = [
+        (TOKENS_BEFORE_HEADER, report.tokens_before.to_string()),
+        (TOKENS_AFTER_HEADER, report.tokens_after.to_string()),
+        (ACTIONS_HEADER, report.actions()),
+    ];
+    for (name, value) in pairs {
+        if let Ok(v) = http::HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    }
 }
 
 #[cfg(test)]

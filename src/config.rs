@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::context::ContextConfig;
+use crate::store::StoreConfig;
+use crate::tokens::{CountSettings, Encoding};
+
 /// Everything the proxy can be told. Sections mirror `config.toml`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -20,6 +24,12 @@ pub struct Config {
     pub upstream: Option<UpstreamConfig>,
     /// Several upstreams routed by model name pattern.
     pub upstreams: Vec<UpstreamConfig>,
+    /// Context management.
+    pub context: ContextConfig,
+    /// Where offloaded content and session state live.
+    pub store: StoreConfig,
+    /// Token counting estimates and cache.
+    pub tokens: CountSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -105,6 +115,9 @@ pub struct UpstreamConfig {
     pub read_timeout_ms: u64,
     /// Idle pooled connections kept per host.
     pub pool_max_idle_per_host: usize,
+    /// Tokenizer of this upstream's models (`o200k_base`, `cl100k_base`); by default chosen
+    /// from the model name.
+    pub encoding: Option<Encoding>,
 }
 
 impl Default for UpstreamConfig {
@@ -118,6 +131,7 @@ impl Default for UpstreamConfig {
             connect_timeout_ms: 5_000,
             read_timeout_ms: 300_000,
             pool_max_idle_per_host: 256,
+            encoding: None,
         }
     }
 }
@@ -219,6 +233,10 @@ impl Config {
                 "server.max_body_bytes must be above 0".into(),
             ));
         }
+        self.context.validate().map_err(ConfigError::Invalid)?;
+        self.store
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.server.max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "server.max_connections must be above 0".into(),

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod body;
 pub mod chat;
 pub mod config;
+pub mod context;
 pub mod error;
 pub mod headers;
 pub mod logging;

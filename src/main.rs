@@ -39,6 +39,8 @@ enum Command {
     MockUpstream(context_proxy::mock::MockArgs),
     /// Measure the proxy's overhead against calling the mock upstream directly.
     Bench(context_proxy::bench::BenchArgs),
+    /// Write the sample agent traffic (seeded, deterministic) that the benchmarks replay.
+    GenTraffic(context_proxy::traffic::GenTrafficArgs),
 }
 
 fn load_config(cli: &Cli) -> anyhow::Result<Config> {
@@ -129,6 +131,7 @@ fn main() -> anyhow::Result<()> {
             None => serve(load_config(&cli)?, cli.demo).await,
             Some(Command::MockUpstream(args)) => Ok(context_proxy::mock::run(args).await?),
             Some(Command::Bench(args)) => Ok(context_proxy::bench::run(args).await?),
+            Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
         }
     })
 }

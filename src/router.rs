@@ -58,7 +58,7 @@ async fn route(
             if req.method() != Method::GET && req.method() != Method::HEAD {
                 return Err(method_not_allowed(&req, "GET"));
             }
-            Ok(health(&state, path == "/readyz"))
+            Ok(health(&state, path == "/readyz").await)
         }
         "/v1/chat/completions" if req.method() == Method::POST => chat::handle(state, req).await,
         _ if path.starts_with("/v1/") => passthrough::handle(state, req).await,
@@ -77,13 +77,21 @@ fn method_not_allowed(req: &Request<Incoming>, allowed: &'static str) -> ProxyEr
     }
 }
 
-/// `/healthz`: the process serves. `/readyz`: it serves and is not draining.
-fn health(state: &AppState, readiness: bool) -> Response<ProxyBody> {
-    let draining = state.draining.load(Ordering::SeqCst);
-    let (status, text) = if readiness && draining {
-        (StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"draining"}"#)
+/// `/healthz`: the process serves. `/readyz`: it serves, is not draining, and its store
+/// answers.
+async fn health(state: &AppState, readiness: bool) -> Response<ProxyBody> {
+    let (status, text) = if !readiness {
+        (StatusCode::OK, r#"{"status":"ok"}"#.to_string())
+    } else if state.draining.load(Ordering::SeqCst) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"status":"draining"}"#.to_string(),
+        )
+    } else if let Err(e) = state.context.store().ping().await {
+        let body = serde_json::json!({"status": "store unavailable", "error": e.to_string()});
+        (StatusCode::SERVICE_UNAVAILABLE, body.to_string())
     } else {
-        (StatusCode::OK, r#"{"status":"ok"}"#)
+        (StatusCode::OK, r#"{"status":"ok"}"#.to_string())
     };
     let mut resp = Response::new(full(text));
     *resp.status_mut() = status;

@@ -22,24 +22,34 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::config::Config;
+use crate::context::ContextManager;
 use crate::router;
+use crate::store::StoreError;
+use crate::tokens::{Counter, Encoding};
 use crate::upstream::{UpstreamSetupError, Upstreams};
 
 /// What every request handler shares.
-#[derive(Debug)]
 pub struct AppState {
     pub config: Config,
     pub upstreams: Upstreams,
+    pub context: ContextManager,
     /// Set once shutdown begins: `/readyz` then answers 503 so load balancers move away.
     pub draining: AtomicBool,
 }
 
 impl AppState {
-    pub fn new(config: Config) -> Result<AppState, UpstreamSetupError> {
+    /// Builds the upstream clients and opens the store.
+    pub async fn new(config: Config) -> Result<AppState, ServerError> {
         let upstreams = Upstreams::new(&config.upstreams, |var| std::env::var(var).ok())?;
+        let store = crate::store::open(&config.store)
+            .await
+            .map_err(ServerError::Store)?;
+        let counter = Counter::new(Encoding::O200kBase, config.tokens.clone());
+        let context = ContextManager::new(config.context.clone(), counter, store);
         Ok(AppState {
             config,
             upstreams,
+            context,
             draining: AtomicBool::new(false),
         })
     }
@@ -55,6 +65,8 @@ pub enum ServerError {
     },
     #[error(transparent)]
     Upstream(#[from] UpstreamSetupError),
+    #[error("cannot open the store: {0}")]
+    Store(StoreError),
 }
 
 /// A bound, not yet serving, proxy.
@@ -70,7 +82,7 @@ impl Server {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| ServerError::Bind { addr, source })?;
-        let state = Arc::new(AppState::new(config)?);
+        let state = Arc::new(AppState::new(config).await?);
         Ok(Server { listener, state })
     }
 
@@ -158,6 +170,7 @@ impl Server {
             }
         }
         while tasks.join_next().await.is_some() {}
+        state.context.store().close().await;
     }
 }
 

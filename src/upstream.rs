@@ -28,6 +28,8 @@ pub struct Upstream {
     patterns: Vec<String>,
     read_timeout: Duration,
     client: reqwest::Client,
+    /// Tokenizer override for this upstream's models.
+    pub encoding: Option<crate::tokens::Encoding>,
 }
 
 /// Every configured upstream and the routing between them.
@@ -94,6 +96,7 @@ impl Upstreams {
                 patterns: cfg.models.clone(),
                 read_timeout: cfg.read_timeout(),
                 client,
+                encoding: cfg.encoding,
             });
         }
         let default = configs.iter().position(|c| c.default).unwrap_or(0);

@@ -179,6 +179,15 @@ const TAG_ARRAY: u8 = 7;
 const TAG_OBJECT: u8 = 8;
 
 /// Feeds the canonical bytes of `value` to `hasher`: a tag per node, lengths before contents.
+/// A hash of `value`'s content that is the same in every process (XXH3-128, seed 0), for keys
+/// that are persisted (conversation prefixes). Not keyed: use it where a collision can only
+/// hurt the one who crafted it.
+pub fn stable_hash(value: &Value) -> u128 {
+    let mut hasher = Xxh3::new();
+    write_value(&mut hasher, value);
+    hasher.digest128()
+}
+
 fn write_value(hasher: &mut Xxh3, value: &Value) {
     match value {
         Value::Null => hasher.update(&[TAG_NULL]),

@@ -17,6 +17,7 @@ mod encoding;
 mod message;
 mod tools;
 
+pub use cache::stable_hash;
 pub use counter::{CountSettings, Counter, RequestCount};
 pub use encoding::{Encoding, UnknownEncoding};
 pub use message::{REPLY_PRIMING, TOKENS_PER_MESSAGE, TOKENS_PER_NAME, TOKENS_PER_TOOL_CALL};

@@ -1,0 +1,466 @@
+//! The context engine: decides what to truncate, compact and move out of one request, and
+//! builds the new messages. Pure: messages, their token counts, the settings and the decision
+//! recorded for this conversation's prefix go in; the new messages, the store writes they
+//! depend on, the new decision and a report come out. No I/O, no clock, no randomness.
+//!
+//! Stages, in order:
+//! 1. **Truncate** any tool result or user text over the hard cap (head and tail stay).
+//! 2. **Compact** tool results over `tool_result_max_tokens` before the compaction boundary into
+//!    a preview and a reference. The boundary only moves forward, and only in batches: when the
+//!    results that aged out of the recent window would save `compact_batch_tokens`, or the
+//!    request is over budget; it then jumps to the start of the recent window. Between moves
+//!    the compacted prefix is byte-identical from one request to the next.
+//! 3. **Move out** (auto when compaction is not enough, compress): the oldest whole units after
+//!    the leading system/developer messages, up to the target, are replaced by one marker
+//!    message; they never include the latest user message or the recent window.
+//!
+//! Every removed byte is in a [`Write`]; a conversation that is not well formed is left as it
+//! came.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::markers;
+use super::settings::{Mode, Settings};
+use super::units::{is_instruction, role, segment};
+use crate::store::{ContentKind, ContentRef};
+
+/// Tokens the engine reserves for a truncation marker inside the hard cap.
+const TRUNCATION_MARKER_TOKENS: usize = 120;
+
+/// What the engine needs from outside: counting and content addressing. Both are pure
+/// functions of their input; callers may cache them.
+pub trait Env {
+    /// Tokens of one message, framing included.
+    fn count_message(&self, message: &Value) -> usize;
+    /// The content-addressed reference of `text`.
+    fn reference(&self, text: &str) -> ContentRef;
+}
+
+/// Where the conversation's boundaries stand; recorded against the prefix it covers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Tool results of messages before this index are compacted (when over the threshold).
+    pub compact_before: usize,
+    /// Messages from the first non-instruction message up to this index are moved out.
+    pub offload_before: usize,
+}
+
+impl Decision {
+    /// How many leading messages this decision depends on.
+    pub fn prefix_len(&self) -> usize {
+        self.compact_before.max(self.offload_before)
+    }
+}
+
+/// Where the content of a write comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// The text content of `messages[i]` of the input.
+    MessageText(usize),
+    /// Text built by the engine (moved-out messages, one JSON message per line).
+    Owned(String),
+}
+
+/// Content the output depends on: it must be in the store before the output is sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Write {
+    pub reference: ContentRef,
+    pub kind: ContentKind,
+    pub source: Source,
+}
+
+/// What was done, for headers and logs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    pub tokens_before: usize,
+    pub tokens_after: usize,
+    pub truncated: usize,
+    pub compacted: usize,
+    pub offloaded: usize,
+    /// Why the engine left the request alone although it could have acted.
+    pub skipped: Option<String>,
+}
+
+impl Report {
+    /// The `x-context-actions` header value.
+    pub fn actions(&self) -> String {
+        if let Some(why) = &self.skipped {
+            return format!("skipped ({why})");
+        }
+        let mut parts = Vec::new();
+        for (n, what) in [
+            (self.truncated, "truncated"),
+            (self.compacted, "compacted"),
+            (self.offloaded, "offloaded"),
+        ] {
+            if n > 0 {
+                parts.push(format!("{what}={n}"));
+            }
+        }
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(",")
+        }
+    }
+}
+
+/// The engine's answer.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The new messages, or `None` when the request is forwarded unchanged.
+    pub messages: Option<Vec<Value>>,
+    pub writes: Vec<Write>,
+    pub decision: Decision,
+    pub report: Report,
+}
+
+/// One request's conversation, as counted.
+pub struct Input<'a> {
+    pub messages: &'a [Value],
+    /// Tokens of each message, framing included (same length as `messages`).
+    pub counts: &'a [usize],
+    /// Tokens outside the messages: reply priming, tool schemas, response format.
+    pub fixed: usize,
+}
+
+/// The text of a message's content: a string, or an array made only of text parts.
+pub fn content_text(message: &Value) -> Option<Cow<'_, str>> {
+    match message.get("content")? {
+        Value::String(s) => Some(Cow::Borrowed(s)),
+        Value::Array(parts) if !parts.is_empty() => {
+            let texts: Option<Vec<&str>> = parts
+                .iter()
+                .map(|p| match p.get("type").and_then(Value::as_str) {
+                    Some("text") => p.get("text").and_then(Value::as_str),
+                    _ => None,
+                })
+                .collect();
+            Some(Cow::Owned(texts?.join("\n")))
+        }
+        _ => None,
+    }
+}
+
+/// `message` with its content replaced by `text`, every other field kept in place.
+fn with_content(message: &Value, text: String) -> Value {
+    let mut m = message.clone();
+    if let Some(content) = m.get_mut("content") {
+        *content = Value::String(text);
+    }
+    m
+}
+
+/// What happened to one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Truncated,
+    Compacted,
+}
+
+/// The request being rebuilt.
+struct Work<'a> {
+    input: &'a Input<'a>,
+    env: &'a dyn Env,
+    /// Per message: its replacement and why.
+    replaced: Vec<Option<(Change, Value)>>,
+    /// Per message: its tokens as it now stands.
+    counts: Vec<usize>,
+    writes: Vec<Write>,
+}
+
+impl Work<'_> {
+    fn total(&self) -> usize {
+        self.input.fixed + self.counts.iter().sum::<usize>()
+    }
+
+    fn write(&mut self, reference: ContentRef, kind: ContentKind, source: Source) {
+        if !self.writes.iter().any(|w| w.reference == reference) {
+            self.writes.push(Write {
+                reference,
+                kind,
+                source,
+            });
+        }
+    }
+
+    fn replace(&mut self, i: usize, change: Change, message: Value) {
+        self.counts[i] = self.env.count_message(&message);
+        self.replaced[i] = Some((change, message));
+    }
+
+    fn is_compacted(&self, i: usize) -> bool {
+        matches!(self.replaced[i], Some((Change::Compacted, _)))
+    }
+
+    /// Stage 1 on message `i`.
+    fn truncate(&mut self, i: usize, cap: usize) {
+        let message = &self.input.messages[i];
+        let kind = match role(message) {
+            "tool" => ContentKind::ToolResult,
+            "user" => ContentKind::UserText,
+            _ => return,
+        };
+        let tokens = self.input.counts[i];
+        if tokens <= cap {
+            return;
+        }
+        let Some(text) = content_text(message) else {
+            return;
+        };
+        let reference = self.env.reference(&text);
+        let keep = cap.saturating_sub(TRUNCATION_MARKER_TOKENS);
+        let new_text = markers::truncated(&text, tokens, keep, &reference);
+        self.write(reference, kind, Source::MessageText(i));
+        self.replace(i, Change::Truncated, with_content(message, new_text));
+    }
+
+    /// Whether message `i` is a tool result compaction would shrink.
+    fn compactable(&self, i: usize, threshold: usize) -> bool {
+        role(&self.input.messages[i]) == "tool"
+            && self.input.counts[i] > threshold
+            && content_text(&self.input.messages[i]).is_some()
+    }
+
+    /// Stage 2 on message `i` (a compactable tool result).
+    fn compact(&mut self, i: usize, settings: &Settings) {
+        let message = &self.input.messages[i];
+        let Some(text) = content_text(message) else {
+            return;
+        };
+        let reference = self.env.reference(&text);
+        let preview = markers::compacted(
+            &text,
+            self.input.counts[i],
+            &reference,
+            settings.preview_head_lines,
+            settings.preview_tail_lines,
+        );
+        self.write(reference, ContentKind::ToolResult, Source::MessageText(i));
+        self.replace(i, Change::Compacted, with_content(message, preview));
+    }
+}
+
+/// Plans and applies context management to one request.
+pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn Env) -> Outcome {
+    let n = input.messages.len();
+    let before = input.fixed + input.counts.iter().sum::<usize>();
+    let unchanged = |report: Report| Outcome {
+        messages: None,
+        writes: Vec::new(),
+        decision: prior,
+        report,
+    };
+    let mut report = Report {
+        tokens_before: before,
+        tokens_after: before,
+        ..Report::default()
+    };
+    if settings.mode == Mode::Off || n == 0 {
+        return unchanged(report);
+    }
+    let units = match segment(input.messages) {
+        Ok(units) => units,
+        Err(malformed) => {
+            report.skipped = Some(format!("malformed conversation: {malformed}"));
+            return unchanged(report);
+        }
+    };
+
+    let mut work = Work {
+        input,
+        env,
+        replaced: vec![None; n],
+        counts: input.counts.to_vec(),
+        writes: Vec::new(),
+    };
+
+    // 1. Truncate.
+    for i in 0..n {
+        work.truncate(i, settings.truncate_tokens);
+    }
+
+    // 2. Compact, with the boundary moving in batches.
+    let recent_start = n.saturating_sub(settings.keep_recent);
+    let mut decision = Decision {
+        compact_before: prior.compact_before.min(n),
+        offload_before: prior.offload_before.min(n),
+    };
+    if settings.mode.compacts() {
+        let threshold = settings.tool_result_max_tokens;
+        let pending: usize = (decision.compact_before..recent_start)
+            .filter(|&i| work.compactable(i, threshold))
+            .map(|i| work.counts[i])
+            .sum();
+        let over_budget = work.total() > settings.budget;
+        if pending > 0 && (pending >= settings.compact_batch_tokens || over_budget) {
+            decision.compact_before = decision.compact_before.max(recent_start);
+        }
+        for i in 0..decision.compact_before {
+            if work.compactable(i, threshold) {
+                work.compact(i, settings);
+            }
+        }
+    }
+
+    // 3. Move the oldest units out.
+    let span = if settings.mode.offloads() {
+        offload_span(
+            &mut work,
+            &units,
+            settings,
+            before,
+            recent_start,
+            &mut decision,
+        )
+    } else {
+        None
+    };
+
+    // Last resort while still over budget: the compaction boundary moves up to the current
+    // turn (whose results the model is answering now), recent window included.
+    if settings.mode.compacts() && work.total() > settings.budget {
+        let last_user = input
+            .messages
+            .iter()
+            .rposition(|m| role(m) == "user")
+            .unwrap_or(0);
+        if last_user > decision.compact_before {
+            decision.compact_before = last_user;
+        }
+    }
+    if settings.mode.compacts() {
+        let from = span.as_ref().map_or(0, |s| s.end);
+        for i in from..decision.compact_before {
+            if work.is_compacted(i) {
+                continue;
+            }
+            if work.compactable(i, settings.tool_result_max_tokens) {
+                work.compact(i, settings);
+            }
+        }
+    }
+
+    assemble(work, span, decision, report)
+}
+
+/// Stage 3: chooses the run of whole units to move out and records it in `decision`.
+fn offload_span(
+    work: &mut Work<'_>,
+    units: &[Range<usize>],
+    settings: &Settings,
+    before: usize,
+    recent_start: usize,
+    decision: &mut Decision,
+) -> Option<Range<usize>> {
+    let messages = work.input.messages;
+    let first = units
+        .iter()
+        .position(|u| !is_instruction(&messages[u.start]))?;
+    let start = units[first].start;
+    let last_user = messages
+        .iter()
+        .rposition(|m| role(m) == "user")
+        .unwrap_or(0);
+    let limit = units[first..]
+        .iter()
+        .find(|u| is_instruction(&messages[u.start]))
+        .map_or(messages.len(), |u| u.start)
+        .min(recent_start)
+        .min(last_user);
+    // The prior boundary, kept if it is still a unit boundary within the limit.
+    let mut end = start;
+    let mut total = work.total();
+    let mut next = first;
+    while next < units.len() && units[next].end <= decision.offload_before.min(limit) {
+        total -= work.counts[units[next].clone()].iter().sum::<usize>();
+        end = units[next].end;
+        next += 1;
+    }
+    let compaction_fell_short = settings.mode == Mode::Auto
+        && before > settings.budget
+        && total as f64 > settings.auto_compact_ratio * before as f64;
+    if total > settings.budget || compaction_fell_short {
+        while next < units.len() && units[next].end <= limit && total > settings.target {
+            total -= work.counts[units[next].clone()].iter().sum::<usize>();
+            end = units[next].end;
+            next += 1;
+        }
+    }
+    decision.offload_before = end;
+    (end > start).then_some(start..end)
+}
+
+/// Builds the output messages and the final report.
+fn assemble(
+    mut work: Work<'_>,
+    span: Option<Range<usize>>,
+    decision: Decision,
+    mut report: Report,
+) -> Outcome {
+    let input = work.input;
+    let n = input.messages.len();
+    let span = span.unwrap_or(0..0);
+    let mut out = Vec::with_capacity(n);
+    let mut tokens_after = input.fixed;
+    for i in 0..n {
+        if i == span.start && !span.is_empty() {
+            let moved = &input.messages[span.clone()];
+            let mut lines = String::new();
+            for m in moved {
+                lines.push_str(&m.to_string());
+                lines.push('\n');
+            }
+            let moved_tokens: usize = input.counts[span.clone()].iter().sum();
+            let reference = work.env.reference(&lines);
+            let marker = serde_json::json!({
+                "role": "user",
+                "content": markers::offloaded(moved.len(), moved_tokens, &reference),
+            });
+            tokens_after += work.env.count_message(&marker);
+            out.push(marker);
+            // The moved run holds these messages whole: their own writes are not needed.
+            work.writes
+                .retain(|w| !matches!(w.source, Source::MessageText(i) if span.contains(&i)));
+            work.write(reference, ContentKind::Messages, Source::Owned(lines));
+            report.offloaded = moved.len();
+        }
+        if span.contains(&i) {
+            continue;
+        }
+        tokens_after += work.counts[i];
+        match work.replaced[i].take() {
+            Some((change, message)) => {
+                match change {
+                    Change::Truncated => report.truncated += 1,
+                    Change::Compacted => report.compacted += 1,
+                }
+                out.push(message);
+            }
+            None => out.push(input.messages[i].clone()),
+        }
+    }
+    report.tokens_after = tokens_after;
+    let changed = report.offloaded + report.truncated + report.compacted > 0;
+    Outcome {
+        messages: changed.then_some(out),
+        writes: work.writes,
+        decision,
+        report,
+    }
+}
+
+/// Counting with the real tokenizer and addressing with SHA-256, without extra caches.
+impl Env for crate::tokens::Counter {
+    fn count_message(&self, message: &Value) -> usize {
+        crate::tokens::Counter::count_message(self, message)
+    }
+
+    fn reference(&self, text: &str) -> ContentRef {
+        ContentRef::of(text)
+    }
+}

@@ -1,0 +1,243 @@
+//! Identify: which tenant and session a request belongs to, the rolling hashes of its
+//! conversation prefixes, and the decisions remembered against those prefixes, so that the
+//! next request of a conversation reuses them instead of deciding again.
+//!
+//! Decisions live in memory (bounded) and in the store's session state, so they survive a
+//! restart (fs) and are shared by replicas (redis).
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::engine::Decision;
+use super::units::{is_instruction, role};
+use crate::store::{SessionId, StateKey, Store, StoreError, Tenant};
+use crate::tokens::stable_hash;
+
+/// Request header naming the session.
+pub const SESSION_HEADER: &str = "x-context-session";
+
+/// Whose request this is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    pub tenant: Tenant,
+    pub session: SessionId,
+}
+
+/// The API key of a request: `Authorization: Bearer …`, or Azure's `api-key`.
+fn api_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(auth) = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        let key = auth
+            .strip_prefix("Bearer ")
+            .or_else(|| auth.strip_prefix("bearer "))
+            .unwrap_or(auth);
+        return Some(key.trim());
+    }
+    headers
+        .get("api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+/// Tenant from the API key; session from `x-context-session`, else from the conversation's
+/// first messages (its instructions and first user message).
+pub fn identify(headers: &HeaderMap, messages: &[Value]) -> Identity {
+    let tenant = Tenant::from_api_key(api_key(headers));
+    let session = match headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
+        Some(given) => {
+            SessionId::parse(given).unwrap_or_else(|_| SessionId::derive(given.as_bytes()))
+        }
+        None => {
+            let first_user = messages
+                .iter()
+                .position(|m| role(m) == "user")
+                .map_or(0, |i| i + 1);
+            let opening: Vec<&Value> = messages[..first_user.min(messages.len())]
+                .iter()
+                .filter(|m| is_instruction(m) || role(m) == "user")
+                .collect();
+            let mut hasher = Xxh3::new();
+            for m in opening {
+                hasher.update(&stable_hash(m).to_le_bytes());
+            }
+            SessionId::derive(&hasher.digest128().to_le_bytes())
+        }
+    };
+    Identity { tenant, session }
+}
+
+/// `hashes[k]` identifies `messages[..k]`: a rolling hash over each message's content hash.
+pub struct Prefixes {
+    hashes: Vec<u128>,
+}
+
+impl Prefixes {
+    pub fn of(messages: &[Value]) -> Prefixes {
+        let mut hashes = Vec::with_capacity(messages.len() + 1);
+        let mut current = 0u128;
+        hashes.push(current);
+        for m in messages {
+            let mut hasher = Xxh3::new();
+            hasher.update(&current.to_le_bytes());
+            hasher.update(&stable_hash(m).to_le_bytes());
+            current = hasher.digest128();
+            hashes.push(current);
+        }
+        Prefixes { hashes }
+    }
+
+    /// The hash of the first `len` messages, if there are that many.
+    pub fn get(&self, len: usize) -> Option<u128> {
+        self.hashes.get(len).copied()
+    }
+}
+
+/// One remembered decision and the prefix it was made for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Recorded {
+    prefix_len: usize,
+    prefix_hash: String,
+    decision: Decision,
+}
+
+/// Decisions remembered per session: a few recent ones, newest first (a session may hold
+/// several branches of a conversation).
+pub struct Decisions {
+    store: Arc<dyn Store>,
+    memory: DashMap<Identity, Vec<Recorded>>,
+    max_sessions: usize,
+}
+
+const PER_SESSION: usize = 8;
+
+fn state_key() -> Result<StateKey, StoreError> {
+    StateKey::parse("decisions")
+}
+
+impl Decisions {
+    pub fn new(store: Arc<dyn Store>, max_sessions: usize) -> Decisions {
+        Decisions {
+            store,
+            memory: DashMap::new(),
+            max_sessions: max_sessions.max(1),
+        }
+    }
+
+    async fn entries(&self, id: &Identity) -> Result<Vec<Recorded>, StoreError> {
+        if let Some(e) = self.memory.get(id) {
+            return Ok(e.clone());
+        }
+        let stored = self
+            .store
+            .get_state(&id.tenant, &id.session, &state_key()?)
+            .await?;
+        let entries: Vec<Recorded> = stored
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        self.remember(id, entries.clone());
+        Ok(entries)
+    }
+
+    fn remember(&self, id: &Identity, entries: Vec<Recorded>) {
+        if self.memory.len() >= self.max_sessions && !self.memory.contains_key(id) {
+            // Simple bound: forget everything; the store still has it.
+            self.memory.clear();
+        }
+        self.memory.insert(id.clone(), entries);
+    }
+
+    /// The decision recorded for the longest prefix this conversation shares, or none.
+    pub async fn lookup(&self, id: &Identity, prefixes: &Prefixes) -> Result<Decision, StoreError> {
+        let entries = self.entries(id).await?;
+        Ok(entries
+            .iter()
+            .filter(|r| {
+                prefixes
+                    .get(r.prefix_len)
+                    .is_some_and(|h| format!("{h:032x}") == r.prefix_hash)
+            })
+            .max_by_key(|r| r.prefix_len)
+            .map(|r| r.decision)
+            .unwrap_or_default())
+    }
+
+    /// Remembers `decision` against the prefix it covers. Returns whether it was new.
+    pub async fn record(
+        &self,
+        id: &Identity,
+        prefixes: &Prefixes,
+        decision: Decision,
+    ) -> Result<bool, StoreError> {
+        let prefix_len = decision.prefix_len();
+        let Some(hash) = prefixes.get(prefix_len).filter(|_| prefix_len > 0) else {
+            return Ok(false);
+        };
+        let entry = Recorded {
+            prefix_len,
+            prefix_hash: format!("{hash:032x}"),
+            decision,
+        };
+        let mut entries = self.entries(id).await?;
+        if entries.contains(&entry) {
+            return Ok(false);
+        }
+        entries.insert(0, entry);
+        entries.truncate(PER_SESSION);
+        let bytes =
+            serde_json::to_vec(&entries).map_err(|e| StoreError::Internal(e.to_string()))?;
+        self.remember(id, entries);
+        self.store
+            .put_state(&id.tenant, &id.session, &state_key()?, &bytes)
+            .await?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn prefixes_depend_on_content_and_order() {
+        let a = [
+            json!({"role": "user", "content": "a"}),
+            json!({"role": "assistant", "content": "b"}),
+        ];
+        let b = [
+            json!({"role": "user", "content": "a"}),
+            json!({"role": "assistant", "content": "c"}),
+        ];
+        let (pa, pb) = (Prefixes::of(&a), Prefixes::of(&b));
+        assert_eq!(pa.get(1), pb.get(1));
+        assert_ne!(pa.get(2), pb.get(2));
+        assert_eq!(pa.get(3), None);
+    }
+
+    #[test]
+    fn session_from_header_or_opening() {
+        let msgs = [
+            json!({"role": "system", "content": "s"}),
+            json!({"role": "user", "content": "u"}),
+        ];
+        let mut more = msgs.to_vec();
+        more.push(json!({"role": "assistant", "content": "later"}));
+        let h = HeaderMap::new();
+        assert_eq!(identify(&h, &msgs), identify(&h, &more));
+        let mut h2 = HeaderMap::new();
+        h2.insert(SESSION_HEADER, "My Session/1".parse().unwrap());
+        assert_ne!(identify(&h2, &msgs).session, identify(&h, &msgs).session);
+        let mut k1 = HeaderMap::new();
+        k1.insert("authorization", "Bearer sk-a".parse().unwrap());
+        let mut k2 = HeaderMap::new();
+        k2.insert("authorization", "Bearer sk-b".parse().unwrap());
+        assert_ne!(identify(&k1, &msgs).tenant, identify(&k2, &msgs).tenant);
+    }
+}

@@ -1,0 +1,150 @@
+//! Units: the pieces a conversation may be cut into. An assistant message with tool calls and
+//! the tool results answering it form one unit; every other message is a unit alone. A unit
+//! is never split nor reordered. A conversation whose tool messages do not line up with their
+//! calls is malformed: the engine then leaves it exactly as it came.
+
+use std::ops::Range;
+
+use serde_json::Value;
+
+/// Why a conversation cannot be cut into units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Malformed {
+    /// Not an array of objects with a string `role`.
+    NotMessages(usize),
+    /// A `tool` message that answers no call of the assistant message just before it.
+    OrphanToolResult(usize),
+    /// A tool call with no result before the next non-tool message.
+    MissingToolResult(usize),
+}
+
+impl std::fmt::Display for Malformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Malformed::NotMessages(i) => {
+                write!(f, "messages[{i}] is not a message object with a role")
+            }
+            Malformed::OrphanToolResult(i) => {
+                write!(f, "messages[{i}] is a tool result without its call")
+            }
+            Malformed::MissingToolResult(i) => {
+                write!(f, "messages[{i}] has a tool call without a result")
+            }
+        }
+    }
+}
+
+/// The role of a message, or `""` when it has none.
+pub fn role(message: &Value) -> &str {
+    message.get("role").and_then(Value::as_str).unwrap_or("")
+}
+
+/// Whether a message is part of the fixed instructions (never moved out).
+pub fn is_instruction(message: &Value) -> bool {
+    matches!(role(message), "system" | "developer")
+}
+
+fn call_ids(message: &Value) -> Vec<&str> {
+    message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .filter_map(|c| c.get("id").and_then(Value::as_str))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Cuts `messages` into units (contiguous ranges covering every message in order).
+pub fn segment(messages: &[Value]) -> Result<Vec<Range<usize>>, Malformed> {
+    let mut units = Vec::with_capacity(messages.len());
+    let mut i = 0;
+    while i < messages.len() {
+        let m = &messages[i];
+        if !m.is_object() || m.get("role").and_then(Value::as_str).is_none() {
+            return Err(Malformed::NotMessages(i));
+        }
+        match role(m) {
+            "tool" => return Err(Malformed::OrphanToolResult(i)),
+            "assistant" if !call_ids(m).is_empty() => {
+                let mut pending = call_ids(m);
+                let start = i;
+                i += 1;
+                while i < messages.len() && role(&messages[i]) == "tool" {
+                    let id = messages[i]
+                        .get("tool_call_id")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    match pending.iter().position(|p| *p == id) {
+                        Some(k) => {
+                            pending.swap_remove(k);
+                        }
+                        None => return Err(Malformed::OrphanToolResult(i)),
+                    }
+                    i += 1;
+                }
+                if !pending.is_empty() {
+                    return Err(Malformed::MissingToolResult(start));
+                }
+                units.push(start..i);
+            }
+            _ => {
+                units.push(i..i + 1);
+                i += 1;
+            }
+        }
+    }
+    Ok(units)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(ids: &[&str]) -> Value {
+        let calls: Vec<Value> = ids
+            .iter()
+            .map(|id| json!({"id": id, "type": "function", "function": {"name": "f", "arguments": "{}"}}))
+            .collect();
+        json!({"role": "assistant", "content": null, "tool_calls": calls})
+    }
+
+    fn result(id: &str) -> Value {
+        json!({"role": "tool", "tool_call_id": id, "content": "r"})
+    }
+
+    #[test]
+    fn tool_chains_are_one_unit() {
+        let msgs = vec![
+            json!({"role": "system", "content": "s"}),
+            json!({"role": "user", "content": "u"}),
+            call(&["a", "b"]),
+            result("b"),
+            result("a"),
+            json!({"role": "assistant", "content": "done"}),
+        ];
+        assert_eq!(segment(&msgs).unwrap(), vec![0..1, 1..2, 2..5, 5..6]);
+    }
+
+    #[test]
+    fn malformed_conversations_are_reported() {
+        let orphan = vec![json!({"role": "user", "content": "u"}), result("x")];
+        assert_eq!(segment(&orphan), Err(Malformed::OrphanToolResult(1)));
+        let missing = vec![
+            call(&["a", "b"]),
+            result("a"),
+            json!({"role": "user", "content": "u"}),
+        ];
+        assert_eq!(segment(&missing), Err(Malformed::MissingToolResult(0)));
+        let wrong = vec![call(&["a"]), result("b")];
+        assert_eq!(segment(&wrong), Err(Malformed::OrphanToolResult(1)));
+        assert_eq!(segment(&[json!("text")]), Err(Malformed::NotMessages(0)));
+        assert_eq!(
+            segment(&[json!({"content": "x"})]),
+            Err(Malformed::NotMessages(0))
+        );
+    }
+}

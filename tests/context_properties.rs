@@ -1,0 +1,316 @@
+//! Property tests for the invariants of DESIGN.md, on the pure context engine with the real
+//! tokenizer, over generated conversations: user text, assistant text, parallel tool calls,
+//! huge and tiny tool results, CJK and emoji, images.
+
+use std::collections::HashMap;
+
+use context_proxy::context::engine::{self, content_text, Decision, Input, Outcome, Source};
+use context_proxy::context::units::{is_instruction, role, segment};
+use context_proxy::context::{ContextConfig, Mode, Settings};
+use context_proxy::tokens::{CountSettings, Counter, Encoding};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+fn counter() -> Counter {
+    Counter::new(Encoding::O200kBase, CountSettings::default())
+}
+
+/// A piece of text of roughly `size` characters from a few scripts.
+fn text(seed: u64, size: usize) -> String {
+    const PIECES: [&str; 6] = [
+        "fn main() { println!(\"hello\"); }\n",
+        "The quick brown fox jumps over the lazy dog. ",
+        "日本語のテキストと中文内容。",
+        "emoji 🚀🔥 mixed ",
+        "{\"key\": [1, 2, 3], \"nested\": {\"a\": null}}\n",
+        "    at module.function (file.rs:42:7)\n",
+    ];
+    let mut out = String::with_capacity(size + 64);
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while out.len() < size {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push_str(PIECES[(x % PIECES.len() as u64) as usize]);
+        if x % 5 == 0 {
+            out.push_str(&format!("line {}\n", x % 1000));
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+enum Turn {
+    User(usize),
+    UserImage(usize),
+    Assistant(usize),
+    Tools(Vec<usize>),
+}
+
+fn turn() -> impl Strategy<Value = Turn> {
+    let size = prop_oneof![3 => 1usize..200, 2 => 200usize..4000, 1 => 4000usize..60_000];
+    prop_oneof![
+        3 => size.clone().prop_map(Turn::User),
+        1 => (1usize..300).prop_map(Turn::UserImage),
+        2 => (1usize..600).prop_map(Turn::Assistant),
+        4 => prop::collection::vec(size, 1..4).prop_map(Turn::Tools),
+    ]
+}
+
+fn build(turns: &[Turn], seed: u64) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": "You are an agent."})];
+    let mut call = 0;
+    for (k, t) in turns.iter().enumerate() {
+        let s = seed.wrapping_add(k as u64 * 7919);
+        match t {
+            Turn::User(n) => messages.push(json!({"role": "user", "content": text(s, *n)})),
+            Turn::UserImage(n) => messages.push(json!({"role": "user", "content": [
+                {"type": "text", "text": text(s, *n)},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+            ]})),
+            Turn::Assistant(n) => {
+                messages.push(json!({"role": "assistant", "content": text(s, *n)}))
+            }
+            Turn::Tools(sizes) => {
+                let ids: Vec<String> = sizes
+                    .iter()
+                    .map(|_| {
+                        call += 1;
+                        format!("call_{call}")
+                    })
+                    .collect();
+                let calls: Vec<Value> = ids
+                    .iter()
+                    .map(|id| json!({"id": id, "type": "function", "function": {"name": "read", "arguments": "{\"p\":1}"}}))
+                    .collect();
+                messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+                for (id, n) in ids.iter().zip(sizes) {
+                    messages.push(json!({"role": "tool", "tool_call_id": id, "content": text(s ^ (*n as u64), *n)}));
+                }
+            }
+        }
+    }
+    messages.push(json!({"role": "user", "content": "What next?"}));
+    messages
+}
+
+fn settings(mode: Mode, budget: usize, keep_recent: usize) -> Settings {
+    let cfg = ContextConfig {
+        max_context_tokens: Some(budget),
+        keep_recent_messages: keep_recent,
+        tool_result_max_tokens: 300,
+        truncate_tool_result_tokens: 6000,
+        compact_batch_tokens: 1500,
+        ..ContextConfig::default()
+    };
+    cfg.resolve("gpt-4o", mode)
+}
+
+fn run(messages: &[Value], s: &Settings, prior: Decision) -> Outcome {
+    let c = counter();
+    let counts: Vec<usize> = messages.iter().map(|m| c.count_message(m)).collect();
+    engine::run(
+        &Input {
+            messages,
+            counts: &counts,
+            fixed: 3,
+        },
+        s,
+        prior,
+        &c,
+    )
+}
+
+/// The stored texts of an outcome, by reference.
+fn stored(messages: &[Value], outcome: &Outcome) -> HashMap<String, String> {
+    outcome
+        .writes
+        .iter()
+        .map(|w| {
+            let text = match &w.source {
+                Source::Owned(t) => t.clone(),
+                Source::MessageText(i) => content_text(&messages[*i]).unwrap().into_owned(),
+            };
+            assert_eq!(
+                context_proxy::store::ContentRef::of(&text),
+                w.reference,
+                "ref is not content-addressed"
+            );
+            (w.reference.to_string(), text)
+        })
+        .collect()
+}
+
+fn refs_in(text: &str) -> Vec<String> {
+    text.match_indices("ctx_")
+        .map(|(i, _)| text[i..i + 28].to_string())
+        .collect()
+}
+
+fn mode() -> impl Strategy<Value = Mode> {
+    prop_oneof![Just(Mode::Auto), Just(Mode::Compact), Just(Mode::Compress)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    /// Units intact, instructions and the latest user message kept, nothing reordered, and
+    /// every removed byte in the store, readable byte-exact.
+    #[test]
+    fn output_is_valid_and_reversible(turns in prop::collection::vec(turn(), 1..24), seed in any::<u64>(),
+                                      mode in mode(), budget in 800usize..40_000, keep in 0usize..8) {
+        let messages = build(&turns, seed);
+        let s = settings(mode, budget, keep);
+        let outcome = run(&messages, &s, Decision::default());
+        let Some(out) = &outcome.messages else { return Ok(()) };
+        let store = stored(&messages, &outcome);
+
+        // Valid conversation: every call with its results, in units.
+        prop_assert!(segment(out).is_ok(), "output is malformed");
+        // Instructions first and untouched; latest user message last and untouched.
+        prop_assert_eq!(&out[0], &messages[0]);
+        prop_assert_eq!(out.last(), messages.last());
+
+        // Every output message is an input message (same or rewritten in place, same order)
+        // or the one marker for a moved run; every input message is accounted for.
+        let mut i = 0;
+        for m in out {
+            let text = content_text(m).map(|t| t.into_owned()).unwrap_or_default();
+            if role(m) == "user" && text.starts_with("[context-proxy:") && text.contains("earlier messages") {
+                let r = refs_in(&text)[0].clone();
+                let lines = store.get(&r).expect("moved run is stored");
+                for line in lines.lines() {
+                    let moved: Value = serde_json::from_str(line).unwrap();
+                    prop_assert_eq!(&moved, &messages[i], "moved run differs from the input");
+                    prop_assert!(!is_instruction(&moved));
+                    i += 1;
+                }
+                continue;
+            }
+            let original = &messages[i];
+            prop_assert_eq!(role(m), role(original));
+            if m != original {
+                let refs = refs_in(&text);
+                prop_assert!(!refs.is_empty(), "a rewritten message names no reference");
+                let full = store.get(&refs[0]).expect("rewritten content is stored");
+                let original_text = content_text(original).unwrap().into_owned();
+                prop_assert_eq!(full, &original_text);
+                let (mut a, mut b) = (m.clone(), original.clone());
+                a.as_object_mut().unwrap().remove("content");
+                b.as_object_mut().unwrap().remove("content");
+                prop_assert_eq!(a, b, "fields besides content changed");
+            }
+            i += 1;
+        }
+        prop_assert_eq!(i, messages.len());
+        prop_assert!(outcome.report.tokens_after <= outcome.report.tokens_before);
+    }
+
+    /// The same input and state give byte-identical output.
+    #[test]
+    fn deterministic(turns in prop::collection::vec(turn(), 1..16), seed in any::<u64>(), budget in 800usize..20_000) {
+        let messages = build(&turns, seed);
+        let s = settings(Mode::Auto, budget, 4);
+        let a = run(&messages, &s, Decision::default());
+        let b = run(&messages, &s, Decision::default());
+        prop_assert_eq!(serde_json::to_string(&a.messages).unwrap(), serde_json::to_string(&b.messages).unwrap());
+        prop_assert_eq!(a.decision, b.decision);
+        prop_assert_eq!(a.writes, b.writes);
+    }
+
+    /// Within budget when it can be: if what can never be moved out fits, the output fits.
+    #[test]
+    fn within_budget_when_possible(turns in prop::collection::vec(turn(), 1..24), seed in any::<u64>(),
+                                   budget in 2000usize..30_000, keep in 0usize..6) {
+        let messages = build(&turns, seed);
+        let s = settings(Mode::Auto, budget, keep);
+        let outcome = run(&messages, &s, Decision::default());
+        let c = counter();
+        let units = segment(&messages).unwrap();
+        let n = messages.len();
+        let last_user = messages.iter().rposition(|m| role(m) == "user").unwrap();
+        let limit = n.saturating_sub(keep).min(last_user);
+        let protected_from = units.iter().find(|u| u.end > limit).map_or(n, |u| u.start);
+        // Worst case for what stays: instructions, a marker, and the protected tail as it came
+        // but with each message capped by truncation.
+        let tail: usize = messages[protected_from..].iter().map(|m| c.count_message(m).min(s.truncate_tokens + 200)).sum();
+        let bound = 3 + c.count_message(&messages[0]) + 200 + tail;
+        if bound <= s.budget {
+            prop_assert!(outcome.report.tokens_after <= s.budget,
+                "after {} > budget {} though the protected part is only {}", outcome.report.tokens_after, s.budget, bound);
+        }
+    }
+
+    /// Stable as the conversation grows one turn at a time: boundaries only move forward, and
+    /// while they stand still every earlier message keeps its exact bytes.
+    #[test]
+    fn stable_as_the_conversation_grows(turns in prop::collection::vec(turn(), 4..28), seed in any::<u64>(),
+                                        budget in 3000usize..40_000) {
+        let full = build(&turns, seed);
+        let s = settings(Mode::Auto, budget, 4);
+        // Request ends: after each user message or tool result run, as an agent would send.
+        let ends: Vec<usize> = (1..=full.len())
+            .filter(|&e| matches!(role(&full[e - 1]), "user" | "tool") && (e == full.len() || role(&full[e]) != "tool"))
+            .collect();
+        let mut prior = Decision::default();
+        let mut previous: Option<Vec<Value>> = None;
+        let mut moves = 0;
+        for &end in &ends {
+            let messages = &full[..end];
+            let outcome = run(messages, &s, prior);
+            prop_assert!(outcome.decision.compact_before >= prior.compact_before.min(end));
+            prop_assert!(outcome.decision.offload_before >= prior.offload_before.min(end));
+            let out = outcome.messages.clone().unwrap_or_else(|| messages.to_vec());
+            if outcome.decision == prior {
+                if let Some(prev) = &previous {
+                    prop_assert!(out.len() >= prev.len());
+                    for (k, (a, b)) in prev.iter().zip(&out).enumerate() {
+                        prop_assert_eq!(a, b, "message {} changed without a boundary move", k);
+                    }
+                }
+            } else {
+                moves += 1;
+            }
+            prior = outcome.decision;
+            previous = Some(out);
+        }
+        // Boundaries move in batches, not on every request: each move needs a batch's worth of
+        // new tokens (compaction) or a climb from the target back over the budget.
+        let c = counter();
+        let added: usize = full[ends[0]..].iter().map(|m| c.count_message(m)).sum();
+        let step = s.compact_batch_tokens.min(s.budget - s.target).max(1);
+        prop_assert!(moves <= 1 + 2 * added / step, "{} moves for {} added tokens", moves, added);
+    }
+}
+
+#[test]
+fn malformed_conversations_are_left_as_they_came() {
+    let messages = vec![
+        json!({"role": "user", "content": "x".repeat(50_000)}),
+        json!({"role": "tool", "tool_call_id": "nobody", "content": "y".repeat(50_000)}),
+        json!({"role": "user", "content": "next"}),
+    ];
+    let outcome = run(
+        &messages,
+        &settings(Mode::Auto, 1000, 0),
+        Decision::default(),
+    );
+    assert!(outcome.messages.is_none());
+    assert!(outcome.writes.is_empty());
+    assert!(
+        outcome.report.actions().starts_with("skipped (malformed"),
+        "{}",
+        outcome.report.actions()
+    );
+}
+
+#[test]
+fn off_changes_nothing() {
+    let messages = build(&[Turn::Tools(vec![50_000, 50_000]), Turn::User(10)], 1);
+    let outcome = run(
+        &messages,
+        &settings(Mode::Off, 1000, 0),
+        Decision::default(),
+    );
+    assert!(outcome.messages.is_none());
+}
