@@ -104,7 +104,7 @@ pub fn stats(sessions: &[Session]) -> CorpusStats {
     for below in BUCKETS.iter().copied().map(Some).chain([None]) {
         let count = sizes
             .iter()
-            .filter(|&&n| n >= min && below.map_or(true, |b| n < b))
+            .filter(|&&n| n >= min && below.is_none_or(|b| n < b))
             .count();
         buckets.push(SizeBucket { min, below, count });
         min = below.unwrap_or(min);

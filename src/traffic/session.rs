@@ -204,7 +204,7 @@ impl Session {
                             return Err(format!("session {id}: message {i}: call {call_id} has no result right after it"));
                         }
                     }
-                    if m["content"].is_null() && calls.map_or(true, |c| c.is_empty()) {
+                    if m["content"].is_null() && calls.is_none_or(|c| c.is_empty()) {
                         return Err(format!("session {id}: message {i}: assistant message with neither content nor calls"));
                     }
                     i += calls.map_or(0, Vec::len);
