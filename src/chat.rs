@@ -5,6 +5,7 @@
 //! Until a phase changes the request, the original bytes are forwarded as they came, so a
 //! request that needs no change reaches the upstream byte-identical.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -15,7 +16,8 @@ use serde_json::Value;
 use crate::body::ProxyBody;
 use crate::context::{Managed, ACTIONS_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER};
 use crate::error::{describe_json_error, ProxyError};
-use crate::relay::relay;
+use crate::metrics::{Metrics, UsageProbe};
+use crate::relay::relay_observed;
 use crate::request_body::read_limited;
 use crate::server::AppState;
 use crate::upstream::Outgoing;
@@ -83,6 +85,7 @@ pub async fn handle(
         .manage(&parts.headers, &mut request.body, mode, upstream.encoding)
         .await;
     let outgoing = managed.body.clone().unwrap_or(request.raw);
+    record(&state.metrics, &managed);
 
     // forward
     let incoming = upstream
@@ -97,9 +100,42 @@ pub async fn handle(
         .await?;
 
     // respond
-    let mut response = relay(incoming);
+    // Read the upstream's usage.prompt_tokens as it passes, to compare with our count.
+    let counted = managed.report.tokens_after;
+    let mut probe = UsageProbe::default();
+    let usage_state = state.clone();
+    let mut response = relay_observed(incoming, move |chunk| {
+        if probe.prompt_tokens().is_none() {
+            probe.feed(chunk);
+            if let Some(billed) = probe.prompt_tokens() {
+                usage_state.metrics.record_usage(counted, billed);
+            }
+        }
+    });
     context_headers(response.headers_mut(), &managed);
     Ok(response)
+}
+
+/// Counts what context management did.
+fn record(metrics: &Metrics, managed: &Managed) {
+    let add = |c: &std::sync::atomic::AtomicU64, n: usize| c.fetch_add(n as u64, Ordering::Relaxed);
+    add(&metrics.chat_requests, 1);
+    add(&metrics.tokens_before, managed.report.tokens_before);
+    add(&metrics.tokens_after, managed.report.tokens_after);
+    if managed.body.is_some() {
+        add(&metrics.context_rewritten, 1);
+    }
+    if managed.fail_open {
+        add(&metrics.context_fail_open, 1);
+    }
+    if managed
+        .report
+        .skipped
+        .as_deref()
+        .is_some_and(|s| s.starts_with("malformed"))
+    {
+        add(&metrics.context_malformed, 1);
+    }
 }
 
 /// `x-context-tokens-before`, `x-context-tokens-after`, `x-context-actions`.

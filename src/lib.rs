@@ -15,6 +15,7 @@ pub mod context;
 pub mod error;
 pub mod headers;
 pub mod logging;
+pub mod metrics;
 pub mod mock;
 pub mod passthrough;
 pub mod relay;

@@ -18,13 +18,22 @@ use crate::upstream::{BodyError, Incoming};
 
 /// The client's response for `incoming`.
 pub fn relay(incoming: Incoming) -> http::Response<ProxyBody> {
+    relay_observed(incoming, |_| {})
+}
+
+/// [`relay`], showing every chunk to `observe` as it passes (it must not block). `observe` is
+/// dropped when the body ends or the client goes away.
+pub fn relay_observed(
+    incoming: Incoming,
+    observe: impl FnMut(&Bytes) + Send + 'static,
+) -> http::Response<ProxyBody> {
     let status = incoming.status;
     let headers = incoming.headers.clone();
     let is_event_stream = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let body = relay_body(incoming.into_stream(), is_event_stream);
+    let body = relay_body(incoming.into_stream(), is_event_stream, observe);
     let mut response = http::Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -34,10 +43,12 @@ pub fn relay(incoming: Incoming) -> http::Response<ProxyBody> {
 fn relay_body(
     chunks: impl futures_util::Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
     is_event_stream: bool,
+    mut observe: impl FnMut(&Bytes) + Send + 'static,
 ) -> ProxyBody {
     let mut at_event_boundary = true;
     let frames = chunks.map(move |item| match item {
         Ok(bytes) => {
+            observe(&bytes);
             if !bytes.is_empty() {
                 at_event_boundary = bytes.ends_with(b"\n\n") || bytes.ends_with(b"\r\n\r\n");
             }
@@ -95,7 +106,7 @@ mod tests {
 
     #[tokio::test]
     async fn event_stream_failure_at_boundary_ends_with_error_event() {
-        let (bytes, aborted) = collect(relay_body(failing("data: {}\n\n"), true)).await;
+        let (bytes, aborted) = collect(relay_body(failing("data: {}\n\n"), true, |_| {})).await;
         assert!(!aborted);
         let text = String::from_utf8(bytes).unwrap();
         let last = text.trim_end().rsplit("\n\n").next().unwrap();
@@ -106,9 +117,9 @@ mod tests {
 
     #[tokio::test]
     async fn failure_mid_event_or_in_json_aborts() {
-        let (_, aborted) = collect(relay_body(failing("data: {\"id\""), true)).await;
+        let (_, aborted) = collect(relay_body(failing("data: {\"id\""), true, |_| {})).await;
         assert!(aborted);
-        let (_, aborted) = collect(relay_body(failing("{\"id\":"), false)).await;
+        let (_, aborted) = collect(relay_body(failing("{\"id\":"), false, |_| {})).await;
         assert!(aborted);
     }
 }

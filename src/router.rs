@@ -60,6 +60,17 @@ async fn route(
             }
             Ok(health(&state, path == "/readyz").await)
         }
+        "/metrics" => {
+            if req.method() != Method::GET {
+                return Err(method_not_allowed(&req, "GET"));
+            }
+            let mut resp = Response::new(full(state.metrics.render()));
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            Ok(resp)
+        }
         "/v1/chat/completions" if req.method() == Method::POST => chat::handle(state, req).await,
         _ if path.starts_with("/v1/") => passthrough::handle(state, req).await,
         _ => Err(ProxyError::NotFound {

@@ -33,6 +33,7 @@ pub struct AppState {
     pub config: Config,
     pub upstreams: Upstreams,
     pub context: ContextManager,
+    pub metrics: crate::metrics::Metrics,
     /// Set once shutdown begins: `/readyz` then answers 503 so load balancers move away.
     pub draining: AtomicBool,
 }
@@ -50,6 +51,7 @@ impl AppState {
             config,
             upstreams,
             context,
+            metrics: crate::metrics::Metrics::default(),
             draining: AtomicBool::new(false),
         })
     }

@@ -244,3 +244,41 @@ async fn over_budget_conversations_move_old_units_out_and_stay_valid() {
         .contains("earlier messages"));
     assert_eq!(got.last().unwrap(), messages.last().unwrap());
 }
+
+#[tokio::test]
+async fn metrics_compare_the_proxy_count_with_the_upstream_usage() {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation()}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let billed = resp.json::<Value>().await.unwrap()["usage"]["prompt_tokens"]
+        .as_u64()
+        .unwrap();
+    let text = h
+        .client
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let metric = |name: &str| -> i64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("{name} missing in\n{text}"))
+    };
+    assert_eq!(metric("context_proxy_chat_requests_total "), 1);
+    assert_eq!(metric("context_proxy_context_rewritten_total "), 1);
+    assert_eq!(metric("context_proxy_usage_samples_total "), 1);
+    let after = metric("context_proxy_tokens_after_total ");
+    assert_eq!(
+        metric("context_proxy_usage_diff_tokens_sum "),
+        billed as i64 - after
+    );
+}

@@ -48,6 +48,18 @@ pub struct Managed {
     /// The body to send instead of the client's, when it changed.
     pub body: Option<Bytes>,
     pub report: Report,
+    /// The request was left unchanged because something around the engine failed.
+    pub fail_open: bool,
+}
+
+impl Managed {
+    fn unchanged(report: Report) -> Managed {
+        Managed {
+            body: None,
+            report,
+            fail_open: false,
+        }
+    }
 }
 
 /// Shared state of context management.
@@ -139,10 +151,10 @@ impl ContextManager {
         };
         let Some(messages) = body.get("messages").and_then(Value::as_array) else {
             report.skipped = Some("no messages array".into());
-            return Managed { body: None, report };
+            return Managed::unchanged(report);
         };
         if mode == Mode::Off {
-            return Managed { body: None, report };
+            return Managed::unchanged(report);
         }
         let settings = self.config.resolve(&model, mode);
         // Nothing to truncate or compact and within budget: no decision can change it.
@@ -153,7 +165,7 @@ impl ContextManager {
                     .tool_result_max_tokens
                     .min(settings.truncate_tokens)
         {
-            return Managed { body: None, report };
+            return Managed::unchanged(report);
         }
         let identity = identify(headers, messages);
         let prefixes = Prefixes::of(messages);
@@ -187,7 +199,11 @@ impl ContextManager {
                     skipped: Some("store unavailable".into()),
                     ..Report::default()
                 };
-                return Managed { body: None, report };
+                return Managed {
+                    body: None,
+                    report,
+                    fail_open: true,
+                };
             }
             self.remember_decision(
                 &identity,
@@ -211,6 +227,7 @@ impl ContextManager {
                             skipped: Some("serialization".into()),
                             ..report
                         },
+                        fail_open: true,
                     };
                 }
             };
@@ -227,6 +244,7 @@ impl ContextManager {
             return Managed {
                 body: Some(bytes),
                 report,
+                fail_open: false,
             };
         }
         self.remember_decision(
@@ -239,7 +257,7 @@ impl ContextManager {
         )
         .await;
         tracing::debug!(tokens = report.tokens_before, actions = %report.actions(), budget = settings.budget, "context plan: no change");
-        Managed { body: None, report }
+        Managed::unchanged(report)
     }
 
     /// Writes every piece of content the new request refers to (unless already stored).
