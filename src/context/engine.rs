@@ -464,3 +464,161 @@ impl Env for crate::tokens::Counter {
         ContentRef::of(text)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::settings::ContextConfig;
+    use crate::tokens::{CountSettings, Counter, Encoding};
+    use serde_json::json;
+
+    fn counter() -> Counter {
+        Counter::new(Encoding::O200kBase, CountSettings::default())
+    }
+
+    fn settings(mode: Mode, budget: usize) -> Settings {
+        ContextConfig {
+            max_context_tokens: Some(budget),
+            keep_recent_messages: 2,
+            tool_result_max_tokens: 200,
+            truncate_tool_result_tokens: 2000,
+            compact_batch_tokens: 1000,
+            ..ContextConfig::default()
+        }
+        .resolve("gpt-4o", mode)
+    }
+
+    fn lines(n: usize) -> String {
+        (0..n)
+            .map(|i| format!("output line {i} of the command\n"))
+            .collect()
+    }
+
+    fn tool_round(id: &str, result: String) -> [Value; 2] {
+        [
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "run", "arguments": "{}"}}]}),
+            json!({"role": "tool", "tool_call_id": id, "content": result}),
+        ]
+    }
+
+    fn run_on(messages: &[Value], s: &Settings, prior: Decision) -> Outcome {
+        let c = counter();
+        let counts: Vec<usize> = messages.iter().map(|m| c.count_message(m)).collect();
+        run(
+            &Input {
+                messages,
+                counts: &counts,
+                fixed: 3,
+            },
+            s,
+            prior,
+            &c,
+        )
+    }
+
+    #[test]
+    fn truncation_caps_the_current_turn_and_stores_the_whole() {
+        let mut messages = vec![json!({"role": "user", "content": "run it"})];
+        messages.extend(tool_round("c1", lines(3000)));
+        let out = run_on(
+            &messages,
+            &settings(Mode::Compact, 1_000_000),
+            Decision::default(),
+        );
+        let new = out.messages.unwrap();
+        let text = new[2]["content"].as_str().unwrap();
+        assert!(text.starts_with("output line 0"));
+        assert!(text.contains("[context-proxy: truncated"));
+        assert!(text.trim_end().ends_with("output line 2999 of the command"));
+        assert!(counter().count_message(&new[2]) <= 2000);
+        assert_eq!(out.report.actions(), "truncated=1");
+        assert_eq!(out.writes.len(), 1);
+        assert_eq!(out.writes[0].source, Source::MessageText(2));
+        assert_eq!(out.writes[0].kind, ContentKind::ToolResult);
+    }
+
+    #[test]
+    fn compaction_boundary_waits_for_a_batch() {
+        // One old result worth ~800 tokens: below the 1000-token batch, so nothing moves.
+        let mut messages = vec![json!({"role": "user", "content": "go"})];
+        messages.extend(tool_round("c1", lines(90)));
+        messages.push(json!({"role": "assistant", "content": "ok"}));
+        messages.push(json!({"role": "user", "content": "next"}));
+        let s = settings(Mode::Compact, 1_000_000);
+        let out = run_on(&messages, &s, Decision::default());
+        assert!(out.messages.is_none());
+        assert_eq!(out.decision, Decision::default());
+        // A second old result brings the pending savings over the batch: the boundary jumps
+        // to the recent window and both are compacted at once.
+        messages.extend(tool_round("c2", lines(90)));
+        messages.push(json!({"role": "assistant", "content": "ok"}));
+        messages.push(json!({"role": "user", "content": "again"}));
+        let out = run_on(&messages, &s, Decision::default());
+        assert_eq!(out.decision.compact_before, messages.len() - 2);
+        assert_eq!(out.report.compacted, 2);
+        let new = out.messages.unwrap();
+        assert!(new[2]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("[context-proxy: tool result compacted"));
+        assert_eq!(new[2]["tool_call_id"], "c1");
+    }
+
+    #[test]
+    fn over_budget_moves_whole_old_units_out_but_never_the_latest_user_turn() {
+        let mut messages = vec![json!({"role": "system", "content": "sys"})];
+        for i in 0..20 {
+            messages.push(
+                json!({"role": "user", "content": format!("question {i} {}", "word ".repeat(100))}),
+            );
+            messages.extend(tool_round(&format!("c{i}"), format!("short answer {i}")));
+        }
+        messages.push(json!({"role": "user", "content": "final question"}));
+        let s = settings(Mode::Auto, 1500);
+        let out = run_on(&messages, &s, Decision::default());
+        let new = out.messages.unwrap();
+        assert_eq!(new[0], messages[0]);
+        assert!(new[1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("earlier messages"));
+        assert_eq!(new.last(), messages.last());
+        assert!(segment(&new).is_ok());
+        assert!(out.report.tokens_after <= s.budget, "{:?}", out.report);
+        let moved = out
+            .writes
+            .iter()
+            .find(|w| w.kind == ContentKind::Messages)
+            .unwrap();
+        let Source::Owned(lines) = &moved.source else {
+            panic!("moved run not owned")
+        };
+        assert_eq!(lines.lines().count(), out.report.offloaded);
+        // Re-running with the decision reproduces the same bytes.
+        let again = run_on(&messages, &s, out.decision);
+        assert_eq!(again.messages.unwrap(), new);
+    }
+
+    #[test]
+    fn compact_mode_never_moves_units_and_compress_mode_never_compacts() {
+        let mut messages = vec![json!({"role": "user", "content": "go"})];
+        for i in 0..6 {
+            messages.extend(tool_round(&format!("c{i}"), lines(100)));
+        }
+        messages.push(json!({"role": "user", "content": "next"}));
+        let compact = run_on(
+            &messages,
+            &settings(Mode::Compact, 500),
+            Decision::default(),
+        );
+        assert_eq!(compact.report.offloaded, 0);
+        assert!(compact.report.compacted > 0);
+        let compress = run_on(
+            &messages,
+            &settings(Mode::Compress, 500),
+            Decision::default(),
+        );
+        assert_eq!(compress.report.compacted, 0);
+        assert!(compress.report.offloaded > 0);
+    }
+}
