@@ -187,13 +187,13 @@ impl ContextManager {
             fixed,
         };
         let outcome = engine::run(&input, &settings, prior, &env);
-        report = outcome.report.clone();
+        let report = outcome.report.clone();
 
-        if let Some(new_messages) = outcome.messages {
-            // Reversible: everything removed is stored before the smaller request goes out.
+        // Reversible: everything removed is stored before the smaller request goes out.
+        if outcome.messages.is_some() {
             if let Err(e) = self.write_all(&identity, messages, &outcome.writes).await {
                 tracing::warn!(error = %e, "context store write failed: forwarding the request unchanged");
-                report = Report {
+                let report = Report {
                     tokens_before: count.total,
                     tokens_after: count.total,
                     skipped: Some("store unavailable".into()),
@@ -205,47 +205,6 @@ impl ContextManager {
                     fail_open: true,
                 };
             }
-            self.remember_decision(
-                &identity,
-                &prefixes,
-                prior,
-                outcome.decision,
-                &report,
-                &outcome.writes,
-            )
-            .await;
-            if let Some(slot) = body.get_mut("messages") {
-                *slot = Value::Array(new_messages);
-            }
-            let bytes = match serde_json::to_vec(body) {
-                Ok(b) => Bytes::from(b),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot serialize the managed request: forwarding it unchanged");
-                    return Managed {
-                        body: None,
-                        report: Report {
-                            skipped: Some("serialization".into()),
-                            ..report
-                        },
-                        fail_open: true,
-                    };
-                }
-            };
-            tracing::debug!(
-                before = report.tokens_before,
-                after = report.tokens_after,
-                actions = %report.actions(),
-                compact_before = outcome.decision.compact_before,
-                offload_before = outcome.decision.offload_before,
-                budget = settings.budget,
-                micros = started.elapsed().as_micros() as u64,
-                "context plan applied"
-            );
-            return Managed {
-                body: Some(bytes),
-                report,
-                fail_open: false,
-            };
         }
         self.remember_decision(
             &identity,
@@ -256,8 +215,29 @@ impl ContextManager {
             &outcome.writes,
         )
         .await;
-        tracing::debug!(tokens = report.tokens_before, actions = %report.actions(), budget = settings.budget, "context plan: no change");
-        Managed::unchanged(report)
+        tracing::debug!(
+            before = report.tokens_before,
+            after = report.tokens_after,
+            actions = %report.actions(),
+            compact_before = outcome.decision.compact_before,
+            offload_before = outcome.decision.offload_before,
+            budget = settings.budget,
+            micros = started.elapsed().as_micros() as u64,
+            "context plan"
+        );
+        let Some(new_messages) = outcome.messages else {
+            return Managed::unchanged(report);
+        };
+        if let Some(slot) = body.get_mut("messages") {
+            *slot = Value::Array(new_messages);
+        }
+        // A `Value` always serializes (its keys are strings).
+        let bytes = Bytes::from(body.to_string());
+        Managed {
+            body: Some(bytes),
+            report,
+            fail_open: false,
+        }
     }
 
     /// Writes every piece of content the new request refers to (unless already stored).
