@@ -91,7 +91,7 @@ async fn manager() -> ContextManager {
 }
 
 async fn planning() {
-    let messages = conversation(110_000);
+    let messages = conversation(100_000);
     let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
     let tokens: usize = messages
         .iter()
