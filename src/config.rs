@@ -89,7 +89,8 @@ impl Default for LogConfig {
 pub struct UpstreamConfig {
     /// A short name used in logs and errors.
     pub name: String,
-    /// Base URL including the version prefix, e.g. `https://api.openai.com/v1`.
+    /// Base URL including the version prefix, e.g. `https://api.openai.com/v1` (no query or
+    /// fragment: the request's path and query are appended).
     pub base_url: String,
     /// Name of an environment variable holding this upstream's API key. When set, the proxy
     /// sends `Authorization: Bearer <key>` instead of the client's header.
@@ -208,6 +209,11 @@ impl Config {
                     "{key}.base_url must start with http:// or https://"
                 )));
             }
+            if url.query().is_some() || url.fragment().is_some() {
+                return Err(ConfigError::Invalid(format!(
+                    "{key}.base_url must not have a query or fragment (the request's are appended)"
+                )));
+            }
             if u.connect_timeout_ms == 0 || u.read_timeout_ms == 0 {
                 return Err(ConfigError::Invalid(format!(
                     "{key}.connect_timeout_ms and read_timeout_ms must be above 0"
@@ -260,6 +266,12 @@ mod tests {
         let text = "[[upstreams]]\nname = \"x\"\nbase_url = \"ftp://h\"\n";
         let err = Config::from_toml(text).unwrap().validate().unwrap_err();
         assert!(err.to_string().contains("upstreams[0] (x)"), "{err}");
+        let text = "[[upstreams]]\nname = \"q\"\nbase_url = \"http://h/v1?k=1\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(
+            err.to_string().contains("upstreams[0] (q).base_url"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -17,9 +17,9 @@ use crate::body::{BoxError, ProxyBody};
 use crate::upstream::{BodyError, Incoming};
 
 /// The client's response for `incoming`.
-pub fn relay(incoming: Incoming) -> http::Response<ProxyBody> {
+pub fn relay(mut incoming: Incoming) -> http::Response<ProxyBody> {
     let status = incoming.status;
-    let headers = incoming.headers.clone();
+    let headers = std::mem::take(&mut incoming.headers);
     let is_event_stream = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
