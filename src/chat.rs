@@ -93,7 +93,7 @@ pub async fn handle(
             method: Method::POST,
             path: "/chat/completions",
             query: parts.uri.query(),
-            headers: &parts.headers,
+            headers: parts.headers,
             drop_headers: &[header::HOST, header::CONTENT_LENGTH],
             body: outgoing.into(),
         })

@@ -45,6 +45,11 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
     /// Most connections served at once; further ones wait in the accept queue.
     pub max_connections: usize,
+    /// Threads that run the connections: 0 is one per CPU core (tokio's multi-thread runtime);
+    /// 1 runs everything on one thread (tokio's current-thread runtime), which costs the least
+    /// per request and adds the least latency, but lets one CPU-heavy request hold up the
+    /// others; n > 1 is a multi-thread runtime with n workers.
+    pub worker_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +60,7 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 10_000,
             shutdown_grace_ms: 30_000,
             max_connections: 10_000,
+            worker_threads: 0,
         }
     }
 }
@@ -99,7 +105,8 @@ impl Default for LogConfig {
 pub struct UpstreamConfig {
     /// A short name used in logs and errors.
     pub name: String,
-    /// Base URL including the version prefix, e.g. `https://api.openai.com/v1`.
+    /// Base URL including the version prefix, e.g. `https://api.openai.com/v1` (no query or
+    /// fragment: the request's path and query are appended).
     pub base_url: String,
     /// Name of an environment variable holding this upstream's API key. When set, the proxy
     /// sends `Authorization: Bearer <key>` instead of the client's header.
@@ -222,6 +229,11 @@ impl Config {
                     "{key}.base_url must start with http:// or https://"
                 )));
             }
+            if url.query().is_some() || url.fragment().is_some() {
+                return Err(ConfigError::Invalid(format!(
+                    "{key}.base_url must not have a query or fragment (the request's are appended)"
+                )));
+            }
             if u.connect_timeout_ms == 0 || u.read_timeout_ms == 0 {
                 return Err(ConfigError::Invalid(format!(
                     "{key}.connect_timeout_ms and read_timeout_ms must be above 0"
@@ -278,6 +290,12 @@ mod tests {
         let text = "[[upstreams]]\nname = \"x\"\nbase_url = \"ftp://h\"\n";
         let err = Config::from_toml(text).unwrap().validate().unwrap_err();
         assert!(err.to_string().contains("upstreams[0] (x)"), "{err}");
+        let text = "[[upstreams]]\nname = \"q\"\nbase_url = \"http://h/v1?k=1\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(
+            err.to_string().contains("upstreams[0] (q).base_url"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -14,8 +14,10 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     HeaderName::from_static("keep-alive"),
 ];
 
-/// Copies `from`, leaving out hop-by-hop headers, the headers `Connection` names, and `drop`.
-pub fn end_to_end(from: &HeaderMap, drop: &[HeaderName]) -> HeaderMap {
+/// `from` without hop-by-hop headers, the headers `Connection` names, and `drop`, in the same
+/// order. When there is nothing to leave out (the usual case for a response), `from` is
+/// returned as it is, without a copy.
+pub fn end_to_end(from: HeaderMap, drop: &[HeaderName]) -> HeaderMap {
     let named: Vec<String> = from
         .get_all(header::CONNECTION)
         .iter()
@@ -24,15 +26,17 @@ pub fn end_to_end(from: &HeaderMap, drop: &[HeaderName]) -> HeaderMap {
         .map(|name| name.trim().to_ascii_lowercase())
         .filter(|name| !name.is_empty())
         .collect();
+    let leave_out = |name: &HeaderName| {
+        HOP_BY_HOP.contains(name) || drop.contains(name) || named.iter().any(|n| n == name.as_str())
+    };
+    if !from.keys().any(leave_out) {
+        return from;
+    }
     let mut out = HeaderMap::with_capacity(from.len());
-    for (name, value) in from {
-        if HOP_BY_HOP.contains(name)
-            || drop.contains(name)
-            || named.iter().any(|n| n == name.as_str())
-        {
-            continue;
+    for (name, value) in &from {
+        if !leave_out(name) {
+            out.append(name.clone(), value.clone());
         }
-        out.append(name.clone(), value.clone());
     }
     out
 }
@@ -59,9 +63,29 @@ mod tests {
         h.append("x-multi", HeaderValue::from_static("a"));
         h.append("x-multi", HeaderValue::from_static("b"));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
-        let out = end_to_end(&h, &[header::HOST]);
+        let out = end_to_end(h, &[header::HOST]);
         let names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["x-multi", "authorization"]);
         assert_eq!(out.get_all("x-multi").iter().count(), 2);
+    }
+
+    #[test]
+    fn nothing_to_drop_keeps_everything_in_order() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.append("x-multi", HeaderValue::from_static("a"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2"));
+        h.append("x-multi", HeaderValue::from_static("b"));
+        let out = end_to_end(h.clone(), &[header::HOST]);
+        assert_eq!(out, h);
+        let pairs = |m: &HeaderMap| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.to_str().unwrap()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pairs(&out), pairs(&h));
     }
 }

@@ -42,7 +42,7 @@ pub async fn handle(
             method: parts.method.clone(),
             path,
             query: parts.uri.query(),
-            headers: &parts.headers,
+            headers: parts.headers,
             drop_headers: &[header::HOST],
             body,
         })

@@ -24,11 +24,11 @@ pub fn relay(incoming: Incoming) -> http::Response<ProxyBody> {
 /// [`relay`], showing every chunk to `observe` as it passes (it must not block). `observe` is
 /// dropped when the body ends or the client goes away.
 pub fn relay_observed(
-    incoming: Incoming,
+    mut incoming: Incoming,
     observe: impl FnMut(&Bytes) + Send + 'static,
 ) -> http::Response<ProxyBody> {
     let status = incoming.status;
-    let headers = incoming.headers.clone();
+    let headers = std::mem::take(&mut incoming.headers);
     let is_event_stream = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

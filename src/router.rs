@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use tracing::Instrument;
+use tracing::{Instrument, Level};
 
 use crate::body::{full, ProxyBody};
 use crate::error::ProxyError;
@@ -25,26 +25,28 @@ pub const REQUEST_ID: &str = "x-context-request-id";
 /// Handles one request; never fails (errors become OpenAI-shaped responses).
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<ProxyBody> {
     let id = request_id(&req);
-    let span = tracing::info_span!("request", id = %id);
+    // A header value made of visible ASCII only, so always a `str`.
+    let span = tracing::info_span!("request", id = %id.to_str().unwrap_or_default());
     let started = Instant::now();
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
+    // What the per-request line needs, taken only when that line is logged.
+    let line =
+        tracing::enabled!(Level::INFO).then(|| (req.method().clone(), req.uri().path().to_owned()));
     let mut response = route(state, req)
         .instrument(span.clone())
         .await
         .unwrap_or_else(ProxyError::into_response);
-    span.in_scope(|| {
-        tracing::info!(
-            %method,
-            %path,
-            status = response.status().as_u16(),
-            headers_ms = started.elapsed().as_secs_f64() * 1e3,
-            "response"
-        )
-    });
-    if let Ok(value) = HeaderValue::from_str(&id) {
-        response.headers_mut().insert(REQUEST_ID, value);
+    if let Some((method, path)) = line {
+        span.in_scope(|| {
+            tracing::info!(
+                %method,
+                %path,
+                status = response.status().as_u16(),
+                headers_ms = started.elapsed().as_secs_f64() * 1e3,
+                "response"
+            )
+        });
     }
+    response.headers_mut().insert(REQUEST_ID, id);
     response
 }
 
@@ -113,11 +115,13 @@ async fn health(state: &AppState, readiness: bool) -> Response<ProxyBody> {
     resp
 }
 
-/// The client's `x-context-request-id` when it is short and printable, else a new one.
-fn request_id(req: &Request<Incoming>) -> String {
-    if let Some(given) = req.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
-        if !given.is_empty() && given.len() <= 128 && given.bytes().all(|b| b.is_ascii_graphic()) {
-            return given.to_string();
+/// The client's `x-context-request-id` when it is short and printable, else a new one
+/// (`req_` and 18 hex digits: a per-process prefix, then a counter).
+fn request_id(req: &Request<Incoming>) -> HeaderValue {
+    if let Some(given) = req.headers().get(REQUEST_ID) {
+        let bytes = given.as_bytes();
+        if !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(u8::is_ascii_graphic) {
+            return given.clone();
         }
     }
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -129,8 +133,35 @@ fn request_id(req: &Request<Incoming>) -> String {
             .unwrap_or(0);
         nanos ^ std::process::id().rotate_left(16)
     });
-    format!(
-        "req_{prefix:08x}{:010x}",
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut id = *b"req_000000000000000000";
+    hex_into(&mut id[4..12], u64::from(*prefix));
+    hex_into(&mut id[12..], count);
+    HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("req_invalid"))
+}
+
+/// Writes the low `4 * out.len()` bits of `value` into `out` as lowercase hex digits.
+fn hex_into(out: &mut [u8], mut value: u64) {
+    for digit in out.iter_mut().rev() {
+        *digit = b"0123456789abcdef"[(value & 0xf) as usize];
+        value >>= 4;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_digits_are_zero_padded_low_bits() {
+        let mut out = [0u8; 10];
+        hex_into(&mut out, 0xab);
+        assert_eq!(&out, format!("{:010x}", 0xab).as_bytes());
+        let mut out = [0u8; 8];
+        hex_into(&mut out, 0xdead_beef);
+        assert_eq!(&out, b"deadbeef");
+        let mut out = [0u8; 4];
+        hex_into(&mut out, 0x1_2345);
+        assert_eq!(&out, b"2345");
+    }
 }

@@ -6,6 +6,7 @@
 //! response headers or between two body chunks. There is deliberately no total timeout, so a
 //! long stream is never cut while it keeps sending.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,8 +22,12 @@ use crate::headers::end_to_end;
 #[derive(Debug)]
 pub struct Upstream {
     pub name: String,
-    /// Base URL without a trailing slash, e.g. `https://api.openai.com/v1`.
-    base_url: String,
+    /// The same, shared with the responses in flight (for their error messages).
+    label: Arc<str>,
+    /// Base URL, parsed once: every request's URL is this with its path and query replaced.
+    base: reqwest::Url,
+    /// The base URL's path without a trailing slash, e.g. `/v1` (empty for the root).
+    base_path: String,
     /// `Authorization` value replacing the client's, when the config gives this upstream a key.
     authorization: Option<HeaderValue>,
     patterns: Vec<String>,
@@ -46,6 +51,8 @@ pub enum UpstreamSetupError {
     MissingKey { upstream: String, var: String },
     #[error("upstream {upstream}: the key in {var} is not a valid header value")]
     InvalidKey { upstream: String, var: String },
+    #[error("upstream {upstream}: base_url {url:?} is not a URL without query or fragment")]
+    BaseUrl { upstream: String, url: String },
     #[error("upstream {upstream}: cannot build the HTTP client: {source}")]
     Client {
         upstream: String,
@@ -89,9 +96,18 @@ impl Upstreams {
                     upstream: cfg.name.clone(),
                     source,
                 })?;
+            let base = reqwest::Url::parse(&cfg.base_url)
+                .ok()
+                .filter(|u| u.query().is_none() && u.fragment().is_none())
+                .ok_or_else(|| UpstreamSetupError::BaseUrl {
+                    upstream: cfg.name.clone(),
+                    url: cfg.base_url.clone(),
+                })?;
             list.push(Upstream {
                 name: cfg.name.clone(),
-                base_url: cfg.base_url.trim_end_matches('/').to_string(),
+                label: Arc::from(cfg.name.as_str()),
+                base_path: base.path().trim_end_matches('/').to_string(),
+                base,
                 authorization,
                 patterns: cfg.models.clone(),
                 read_timeout: cfg.read_timeout(),
@@ -121,7 +137,8 @@ pub struct Outgoing<'a> {
     /// Path below `/v1`, with its leading slash, e.g. `/chat/completions`.
     pub path: &'a str,
     pub query: Option<&'a str>,
-    pub headers: &'a HeaderMap,
+    /// The client's request headers (taken: only the end-to-end ones are sent on).
+    pub headers: HeaderMap,
     /// Headers of the client's request not to forward (beyond hop-by-hop and `host`).
     pub drop_headers: &'a [HeaderName],
     pub body: reqwest::Body,
@@ -133,19 +150,20 @@ pub struct Incoming {
     pub headers: HeaderMap,
     pub body: reqwest::Response,
     read_timeout: Duration,
-    upstream: String,
+    upstream: Arc<str>,
 }
 
 impl Upstream {
-    /// The full URL for `path` (below `/v1`) and `query`.
-    pub fn url(&self, path: &str, query: Option<&str>) -> String {
-        let mut url = String::with_capacity(self.base_url.len() + path.len() + 64);
-        url.push_str(&self.base_url);
-        url.push_str(path);
-        if let Some(q) = query {
-            url.push('?');
-            url.push_str(q);
-        }
+    /// The full URL for `path` (below `/v1`) and `query`: the base URL, parsed at start-up,
+    /// with its path extended (parsing a whole URL per request costs more than the rest of
+    /// building the request).
+    pub fn url(&self, path: &str, query: Option<&str>) -> reqwest::Url {
+        let mut full_path = String::with_capacity(self.base_path.len() + path.len());
+        full_path.push_str(&self.base_path);
+        full_path.push_str(path);
+        let mut url = self.base.clone();
+        url.set_path(&full_path);
+        url.set_query(query);
         url
     }
 
@@ -156,24 +174,24 @@ impl Upstream {
         if let Some(auth) = &self.authorization {
             headers.insert(header::AUTHORIZATION, auth.clone());
         }
-        let request = self
-            .client
-            .request(out.method, self.url(out.path, out.query))
-            .headers(headers)
-            .body(out.body);
-        let response = match tokio::time::timeout(self.read_timeout, request.send()).await {
-            Err(_) => return Err(self.timeout_error()),
-            Ok(Err(e)) => return Err(self.send_error(&e)),
-            Ok(Ok(r)) => r,
-        };
+        let mut request = reqwest::Request::new(out.method, self.url(out.path, out.query));
+        *request.headers_mut() = headers;
+        *request.body_mut() = Some(out.body);
+        let response =
+            match tokio::time::timeout(self.read_timeout, self.client.execute(request)).await {
+                Err(_) => return Err(self.timeout_error()),
+                Ok(Err(e)) => return Err(self.send_error(&e)),
+                Ok(Ok(r)) => r,
+            };
+        let mut response = response;
         let status = response.status();
-        let headers = end_to_end(response.headers(), &[]);
+        let headers = end_to_end(std::mem::take(response.headers_mut()), &[]);
         Ok(Incoming {
             status,
             headers,
             body: response,
             read_timeout: self.read_timeout,
-            upstream: self.name.clone(),
+            upstream: self.label.clone(),
         })
     }
 
@@ -222,14 +240,14 @@ impl Incoming {
                 Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((chunks, upstream)))),
                 Ok(Some(Err(e))) => {
                     let err = BodyError::Failed {
-                        upstream,
+                        upstream: upstream.to_string(),
                         detail: error_chain(&e),
                     };
                     Some((Err(err), None))
                 }
                 Err(_) => {
                     let err = BodyError::Idle {
-                        upstream,
+                        upstream: upstream.to_string(),
                         timeout_ms: read_timeout.as_millis() as u64,
                     };
                     Some((Err(err), None))
@@ -321,9 +339,40 @@ mod tests {
         assert_eq!(ups.route(None).name, "local");
         assert_eq!(
             ups.route(Some("gpt-4o"))
-                .url("/chat/completions", Some("a=1")),
+                .url("/chat/completions", Some("a=1"))
+                .as_str(),
             "http://openai.invalid/v1/chat/completions?a=1"
         );
+    }
+
+    #[test]
+    fn urls_join_base_path_and_request_path() {
+        let up = |base: &str| {
+            let mut c = cfg("x", &[], true);
+            c.base_url = base.into();
+            Upstreams::new(&[c], |_| None).unwrap()
+        };
+        let url = |base: &str, path: &str, query: Option<&str>| {
+            up(base).route(None).url(path, query).to_string()
+        };
+        assert_eq!(
+            url("http://h:8/v1", "/models", None),
+            "http://h:8/v1/models"
+        );
+        assert_eq!(url("http://h/v1/", "/models", None), "http://h/v1/models");
+        assert_eq!(url("http://h", "/models", None), "http://h/models");
+        assert_eq!(
+            url("http://h/", "/a/b", Some("x=1&y=%20two")),
+            "http://h/a/b?x=1&y=%20two"
+        );
+        assert_eq!(
+            url("https://h/openai/v1", "/files/f-1/content", Some("")),
+            "https://h/openai/v1/files/f-1/content?"
+        );
+        let mut c = cfg("q", &[], true);
+        c.base_url = "http://h/v1?k=1".into();
+        let err = Upstreams::new(&[c], |_| None).unwrap_err();
+        assert!(err.to_string().contains("base_url"), "{err}");
     }
 
     #[test]

@@ -15,15 +15,6 @@ pub struct LoadResult {
     pub rps: f64,
 }
 
-impl LoadResult {
-    /// The round with the median p50 (rounds alternate between targets, so the median round
-    /// is the least disturbed by a passing burst of noise).
-    pub fn median_round(mut rounds: Vec<LoadResult>) -> LoadResult {
-        rounds.sort_by(|a, b| a.p50_ms.total_cmp(&b.p50_ms));
-        rounds[rounds.len() / 2]
-    }
-}
-
 /// Sends `requests` POSTs of `body` to `url` from `concurrency` workers.
 pub async fn run_load(
     client: &reqwest::Client,

@@ -4,18 +4,27 @@
 //! It starts the mock upstream and the proxy as child processes of the current executable
 //! (so the proxy's RSS is its own), then for each scenario (a small request, a ~60k-token
 //! request) and each concurrency (1, 32) runs the same load against the mock directly and
-//! through the proxy, interleaved, and prints p50/p99 latency, requests per second and the
-//! proxy's resident memory.
+//! through the proxy, interleaved, and prints p50/p99 latency, requests per second, the CPU
+//! time each process spent per request and the proxy's resident memory.
+//!
+//! All three processes share the machine's cores, so at high concurrency throughput is bound
+//! by the CPU time of one request summed over the processes it crosses: the proxied path pays
+//! for the proxy on top of the load generator and the mock. The CPU table says how much of the
+//! direct throughput that leaves ("CPU-bound ratio").
 
+mod cpu;
 mod load;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use serde_json::{json, Value};
+use tracing::Instrument;
 
 use crate::tokens::Encoding;
+use cpu::{CpuPerRequest, Processes};
 use load::{run_load, LoadResult};
 
 /// Options of the `bench` subcommand.
@@ -30,6 +39,31 @@ pub struct BenchArgs {
     /// Rounds per measurement: direct and proxied alternate, and the median round is reported.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Config file for the proxy (default: none, so every setting has its default).
+    #[arg(long, value_name = "FILE", default_value = "/dev/null")]
+    pub proxy_config: std::path::PathBuf,
+    /// Scenarios to run.
+    #[arg(long, value_delimiter = ',', default_values_t = [Scenario::Small, Scenario::Large])]
+    pub scenarios: Vec<Scenario>,
+}
+
+/// One request shape the benchmark sends.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// A short chat request (two messages).
+    Small,
+    /// A ~60k-token tool-using conversation.
+    #[value(name = "60k")]
+    Large,
+}
+
+impl std::fmt::Display for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Scenario::Small => "small",
+            Scenario::Large => "60k",
+        })
+    }
 }
 
 /// A child process that is killed when dropped.
@@ -115,20 +149,104 @@ fn large_request(tokens: usize) -> Value {
     json!({"model": "gpt-4o", "messages": messages})
 }
 
+/// One measured run: latency and throughput, and what each process spent on the CPU.
+#[derive(Debug, Clone, Copy)]
+struct Round {
+    load: LoadResult,
+    cpu: CpuPerRequest,
+}
+
+impl Round {
+    /// The round with the median p50 (rounds alternate between targets, so the median round
+    /// is the least disturbed by a passing burst of noise).
+    fn median(mut rounds: Vec<Round>) -> Round {
+        rounds.sort_by(|a, b| a.load.p50_ms.total_cmp(&b.load.p50_ms));
+        rounds[rounds.len() / 2]
+    }
+}
+
+/// How often the mock is told to forget the requests it recorded while a run goes on.
+const MOCK_RESET_INTERVAL: Duration = Duration::from_millis(50);
+
+/// What every measured run uses: the processes to account, the load generator's client, and
+/// the mock (to keep its request log short).
+struct Bench {
+    processes: Processes,
+    client: reqwest::Client,
+    mock: SocketAddr,
+}
+
+impl Bench {
+    /// Runs one load and takes the CPU time of every process around it, keeping the mock's
+    /// request log short meanwhile.
+    async fn measure(
+        &self,
+        url: &str,
+        body: &[u8],
+        concurrency: usize,
+        requests: usize,
+    ) -> std::io::Result<Round> {
+        let janitor = tokio::spawn(
+            keep_mock_log_short(self.client.clone(), self.mock)
+                .instrument(tracing::info_span!("mock_reset")),
+        );
+        let before = self.processes.snapshot();
+        let load = run_load(&self.client, url, body, concurrency, requests).await;
+        let cpu = before.per_request(&self.processes.snapshot(), requests);
+        janitor.abort();
+        Ok(Round { load: load?, cpu })
+    }
+}
+
+/// Tells the mock to forget its recorded requests every [`MOCK_RESET_INTERVAL`] until aborted.
+///
+/// The mock keeps every request it receives, headers and body (for `GET /_mock/received`):
+/// left alone, its memory grows by ~5 KB per small request and ~300 KB per 60k request, and
+/// the page faults of that growth, not the serving, become a large and erratic part of its
+/// CPU time (up to half of it in the direct small runs). Forgetting every 50 ms bounds the
+/// log to a few MB at a cost of one control request per ~1000 measured ones.
+async fn keep_mock_log_short(client: reqwest::Client, mock: SocketAddr) {
+    let mut tick = tokio::time::interval(MOCK_RESET_INTERVAL);
+    loop {
+        tick.tick().await;
+        if let Err(e) = reset_mock(&client, mock).await {
+            tracing::warn!(error = %e, "cannot reset the mock's request log");
+        }
+    }
+}
+
+/// `POST /_mock/reset`: the mock forgets its recorded requests (and queued replies, of which
+/// the benchmark has none).
+async fn reset_mock(client: &reqwest::Client, mock: SocketAddr) -> std::io::Result<()> {
+    let resp = client
+        .post(format!("http://{mock}/_mock/reset"))
+        .send()
+        .await
+        .map_err(std::io::Error::other)?;
+    if !resp.status().is_success() {
+        return Err(std::io::Error::other(format!(
+            "POST /_mock/reset answered {}",
+            resp.status()
+        )));
+    }
+    Ok(())
+}
+
 struct Row {
     scenario: &'static str,
     concurrency: usize,
-    direct: LoadResult,
-    proxied: LoadResult,
+    direct: Round,
+    proxied: Round,
 }
 
 /// Runs the benchmark and prints the table.
 pub async fn run(args: BenchArgs) -> std::io::Result<()> {
-    let (_mock, mock_addr) = spawn_self(&["mock-upstream", "--listen", "127.0.0.1:0"])?;
+    let (mock, mock_addr) = spawn_self(&["mock-upstream", "--listen", "127.0.0.1:0"])?;
     let upstream = format!("http://{mock_addr}/v1");
+    let proxy_config = args.proxy_config.to_string_lossy();
     let (proxy, proxy_addr) = spawn_self(&[
         "--config",
-        "/dev/null",
+        &proxy_config,
         "--listen",
         "127.0.0.1:0",
         "--upstream",
@@ -140,6 +258,15 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
         .tcp_nodelay(true)
         .build()
         .map_err(std::io::Error::other)?;
+    let bench = Bench {
+        processes: Processes {
+            bench: std::process::id(),
+            mock: mock.0.id(),
+            proxy: pid,
+        },
+        client: client.clone(),
+        mock: mock_addr,
+    };
     // Let the proxy settle, then take its idle memory.
     let warm = serde_json::to_vec(&small_request()).map_err(std::io::Error::other)?;
     run_load(
@@ -152,10 +279,16 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
     .await?;
     let (idle_rss, _) = rss_mib(pid);
 
-    let large = large_request(60_000);
-    let large_tokens = Encoding::O200kBase.count(&large.to_string());
-    let scenarios: [(&'static str, Value, usize); 2] =
-        [("small", small_request(), 4000), ("60k tokens", large, 300)];
+    let mut scenarios: Vec<(&'static str, Value, usize)> = Vec::new();
+    let mut large_tokens = None;
+    if args.scenarios.contains(&Scenario::Small) {
+        scenarios.push(("small", small_request(), 4000));
+    }
+    if args.scenarios.contains(&Scenario::Large) {
+        let large = large_request(60_000);
+        large_tokens = Some(Encoding::O200kBase.count(&large.to_string()));
+        scenarios.push(("60k tokens", large, 300));
+    }
     let mut rows = Vec::new();
     for (name, body, base_requests) in &scenarios {
         let body = serde_json::to_vec(body).map_err(std::io::Error::other)?;
@@ -169,19 +302,20 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
             // Warm both paths (connection pools, allocator), then alternate rounds.
             run_load(&client, &direct_url, &body, concurrency, concurrency * 4).await?;
             run_load(&client, &proxy_url, &body, concurrency, concurrency * 4).await?;
+            reset_mock(&client, mock_addr).await?;
             let mut direct_rounds = Vec::new();
             let mut proxied_rounds = Vec::new();
             for _ in 0..args.rounds.max(1) {
-                direct_rounds
-                    .push(run_load(&client, &direct_url, &body, concurrency, requests).await?);
-                proxied_rounds
-                    .push(run_load(&client, &proxy_url, &body, concurrency, requests).await?);
+                let direct = bench.measure(&direct_url, &body, concurrency, requests);
+                direct_rounds.push(direct.await?);
+                let proxied = bench.measure(&proxy_url, &body, concurrency, requests);
+                proxied_rounds.push(proxied.await?);
             }
             rows.push(Row {
                 scenario: name,
                 concurrency,
-                direct: LoadResult::median_round(direct_rounds),
-                proxied: LoadResult::median_round(proxied_rounds),
+                direct: Round::median(direct_rounds),
+                proxied: Round::median(proxied_rounds),
             });
         }
     }
@@ -190,28 +324,54 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
     Ok(())
 }
 
-fn print_report(rows: &[Row], idle_rss: f64, rss: f64, peak: f64, large_tokens: usize) {
+fn print_report(rows: &[Row], idle_rss: f64, rss: f64, peak: f64, large_tokens: Option<usize>) {
     println!("context-proxy bench: direct to the mock upstream vs through the proxy (non-streaming chat completions)");
-    println!("the 60k scenario's body is {large_tokens} o200k tokens");
+    if let Some(tokens) = large_tokens {
+        println!("the 60k scenario's body is {tokens} o200k tokens");
+    }
     println!();
     println!(
         "| scenario | conc | direct p50 ms | direct p99 ms | direct req/s | proxy p50 ms | proxy p99 ms | proxy req/s | added p50 ms | added p99 ms | throughput |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
+        let (d, p) = (&r.direct.load, &r.proxied.load);
         println!(
             "| {} | {} | {:.3} | {:.3} | {:.0} | {:.3} | {:.3} | {:.0} | {:+.3} | {:+.3} | {:.0}% |",
             r.scenario,
             r.concurrency,
-            r.direct.p50_ms,
-            r.direct.p99_ms,
-            r.direct.rps,
-            r.proxied.p50_ms,
-            r.proxied.p99_ms,
-            r.proxied.rps,
-            r.proxied.p50_ms - r.direct.p50_ms,
-            r.proxied.p99_ms - r.direct.p99_ms,
-            100.0 * r.proxied.rps / r.direct.rps,
+            d.p50_ms,
+            d.p99_ms,
+            d.rps,
+            p.p50_ms,
+            p.p99_ms,
+            p.rps,
+            p.p50_ms - d.p50_ms,
+            p.p99_ms - d.p99_ms,
+            100.0 * p.rps / d.rps,
+        );
+    }
+    println!();
+    println!("CPU time per request, µs (all threads, user + kernel):");
+    println!();
+    println!(
+        "| scenario | conc | direct: bench | mock | total | proxied: bench | mock | proxy | total | CPU-bound ratio |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let (d, p) = (&r.direct.cpu, &r.proxied.cpu);
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0}% |",
+            r.scenario,
+            r.concurrency,
+            d.bench_us,
+            d.mock_us,
+            d.bench_us + d.mock_us,
+            p.bench_us,
+            p.mock_us,
+            p.proxy_us,
+            p.total_us(),
+            100.0 * (d.bench_us + d.mock_us) / p.total_us(),
         );
     }
     println!();
