@@ -391,8 +391,11 @@ fn offload_span(
             next += 1;
         }
     }
+    if end == start {
+        return None;
+    }
     decision.offload_before = end;
-    (end > start).then_some(start..end)
+    Some(start..end)
 }
 
 /// Builds the output messages and the final report.
