@@ -94,7 +94,13 @@ pub async fn handle(
             path: "/chat/completions",
             query: parts.uri.query(),
             headers: parts.headers,
-            drop_headers: &[header::HOST, header::CONTENT_LENGTH],
+            // Content-Length follows the body we send. Accept-Encoding is left out so the answer
+            // comes uncompressed and the proxy can read its usage as it streams past.
+            drop_headers: &[
+                header::HOST,
+                header::CONTENT_LENGTH,
+                header::ACCEPT_ENCODING,
+            ],
             body: outgoing.into(),
         })
         .await?;

@@ -256,3 +256,29 @@ async fn requests_are_routed_by_model_pattern_with_a_default() {
     assert_eq!(openai.received().len(), 3);
     assert_eq!(local.received().len(), 3);
 }
+
+#[tokio::test]
+async fn chat_answers_come_uncompressed_other_routes_keep_accept_encoding() {
+    let h = Harness::start().await;
+    let resp = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("accept-encoding", "gzip, deflate")
+        .header("content-type", "application/json")
+        .body(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let resp = h
+        .client
+        .get(h.url("/v1/models"))
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let received = h.mock.received();
+    assert!(received[0].headers.get("accept-encoding").is_none());
+    assert_eq!(received[1].headers["accept-encoding"], "gzip");
+}
