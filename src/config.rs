@@ -35,6 +35,11 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
     /// Most connections served at once; further ones wait in the accept queue.
     pub max_connections: usize,
+    /// Threads that run the connections: 0 is one per CPU core (tokio's multi-thread runtime);
+    /// 1 runs everything on one thread (tokio's current-thread runtime), which costs the least
+    /// per request and adds the least latency, but lets one CPU-heavy request hold up the
+    /// others; n > 1 is a multi-thread runtime with n workers.
+    pub worker_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -45,6 +50,7 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 10_000,
             shutdown_grace_ms: 30_000,
             max_connections: 10_000,
+            worker_threads: 0,
         }
     }
 }

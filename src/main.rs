@@ -120,15 +120,32 @@ async fn shutdown_signal() {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    match cli.command {
+        None => {
+            let config = load_config(&cli)?;
+            runtime(config.server.worker_threads)?.block_on(serve(config, cli.demo))
+        }
+        Some(Command::MockUpstream(args)) => {
+            Ok(runtime(0)?.block_on(context_proxy::mock::run(args))?)
+        }
+        Some(Command::Bench(args)) => Ok(runtime(0)?.block_on(context_proxy::bench::run(args))?),
+    }
+}
+
+/// The async runtime for `worker_threads` (`server.worker_threads`): 0 is one worker per core,
+/// 1 the current-thread runtime, n a multi-thread runtime with n workers.
+fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = match worker_threads {
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+    };
+    builder
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async move {
-        match cli.command {
-            None => serve(load_config(&cli)?, cli.demo).await,
-            Some(Command::MockUpstream(args)) => Ok(context_proxy::mock::run(args).await?),
-            Some(Command::Bench(args)) => Ok(context_proxy::bench::run(args).await?),
-        }
-    })
+        .context("cannot start the async runtime")
 }

@@ -39,6 +39,9 @@ pub struct BenchArgs {
     /// Rounds per measurement: direct and proxied alternate, and the median round is reported.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Config file for the proxy (default: none, so every setting has its default).
+    #[arg(long, value_name = "FILE", default_value = "/dev/null")]
+    pub proxy_config: std::path::PathBuf,
     /// Scenarios to run.
     #[arg(long, value_delimiter = ',', default_values_t = [Scenario::Small, Scenario::Large])]
     pub scenarios: Vec<Scenario>,
@@ -240,9 +243,10 @@ struct Row {
 pub async fn run(args: BenchArgs) -> std::io::Result<()> {
     let (mock, mock_addr) = spawn_self(&["mock-upstream", "--listen", "127.0.0.1:0"])?;
     let upstream = format!("http://{mock_addr}/v1");
+    let proxy_config = args.proxy_config.to_string_lossy();
     let (proxy, proxy_addr) = spawn_self(&[
         "--config",
-        "/dev/null",
+        &proxy_config,
         "--listen",
         "127.0.0.1:0",
         "--upstream",
