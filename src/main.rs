@@ -62,7 +62,7 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
 }
 
 async fn serve(mut config: Config, demo: bool) -> anyhow::Result<()> {
-    context_proxy::logging::init(&config.log);
+    let _log = context_proxy::logging::init(&config.log);
     // In the demo the mock lives as long as the proxy serves.
     let _mock = if demo {
         let mock = MockUpstream::bind("127.0.0.1:0".parse()?, MockConfig::default()).await?;
