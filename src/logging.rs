@@ -14,6 +14,12 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogConfig, LogFormat};
 
+/// Lines that may wait for the writer thread before logging blocks (~0.1 s of backlog at 20k
+/// requests/s; the writer drains far faster). The queue's slots are allocated up front:
+/// tracing-appender's default of 128 000 lines costs 4 MiB of RSS, and 8192 (a 256 KiB block)
+/// left glibc's allocator holding ~10 MiB more after large requests (BENCHMARKS.md).
+const QUEUED_LINES: usize = 2048;
+
 /// Keeps the log writer running; dropping it writes out what is still queued and stops it.
 #[must_use = "dropping the guard stops the log writer"]
 pub struct LogGuard {
@@ -27,6 +33,7 @@ pub fn init(cfg: &LogConfig) -> LogGuard {
         .or_else(|_| EnvFilter::try_new(&cfg.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let (writer, guard) = NonBlockingBuilder::default()
+        .buffered_lines_limit(QUEUED_LINES)
         .lossy(false)
         .thread_name("log-writer")
         .finish(std::io::BufWriter::new(std::io::stderr()));
