@@ -17,7 +17,7 @@ use crate::body::ProxyBody;
 use crate::context::{Managed, ACTIONS_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER};
 use crate::error::{describe_json_error, ProxyError};
 use crate::metrics::{Metrics, UsageProbe};
-use crate::relay::relay_observed;
+use crate::relay::{relay, relay_observed};
 use crate::request_body::read_limited;
 use crate::server::AppState;
 use crate::upstream::Outgoing;
@@ -105,19 +105,23 @@ pub async fn handle(
         })
         .await?;
 
-    // respond
-    // Read the upstream's usage.prompt_tokens as it passes, to compare with our count.
-    let counted = managed.report.tokens_after;
-    let mut probe = UsageProbe::default();
-    let usage_state = state.clone();
-    let mut response = relay_observed(incoming, move |chunk| {
-        if probe.prompt_tokens().is_none() {
-            probe.feed(chunk);
-            if let Some(billed) = probe.prompt_tokens() {
-                usage_state.metrics.record_usage(counted, billed);
+    // respond; when the request was counted, read the upstream's usage.prompt_tokens as it
+    // passes, to compare with our count.
+    let mut response = if managed.counted {
+        let counted = managed.report.tokens_after;
+        let mut probe = UsageProbe::default();
+        let usage_state = state.clone();
+        relay_observed(incoming, move |chunk| {
+            if probe.prompt_tokens().is_none() {
+                probe.feed(chunk);
+                if let Some(billed) = probe.prompt_tokens() {
+                    usage_state.metrics.record_usage(counted, billed);
+                }
             }
-        }
-    });
+        })
+    } else {
+        relay(incoming)
+    };
     context_headers(response.headers_mut(), &managed);
     Ok(response)
 }
@@ -144,9 +148,13 @@ fn record(metrics: &Metrics, managed: &Managed) {
     }
 }
 
-/// `x-context-tokens-before`, `x-context-tokens-after`, `x-context-actions`.
+/// `x-context-tokens-before`, `x-context-tokens-after` (when counted) and `x-context-actions`.
 fn context_headers(headers: &mut http::HeaderMap, managed: &Managed) {
     let report = &managed.report;
+    if !managed.counted {
+        headers.insert(ACTIONS_HEADER, http::HeaderValue::from_static("off"));
+        return;
+    }
     let pairs = [
         (TOKENS_BEFORE_HEADER, report.tokens_before.to_string()),
         (TOKENS_AFTER_HEADER, report.tokens_after.to_string()),

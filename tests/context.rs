@@ -166,6 +166,11 @@ async fn mode_off_forwards_byte_identical_and_bad_modes_are_rejected() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-context-actions"), "off");
+    assert!(
+        resp.headers().get("x-context-tokens-before").is_none(),
+        "off does not count"
+    );
     assert_eq!(&h.mock.received()[0].body[..], body.as_bytes());
 
     let resp = h

@@ -253,6 +253,8 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
         &upstream,
     ])?;
     let pid = proxy.0.id();
+    // Before any request: the process, its runtime and its clients, no tokenizer tables yet.
+    let (start_rss, _) = rss_mib(pid);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .tcp_nodelay(true)
@@ -267,7 +269,8 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
         client: client.clone(),
         mock: mock_addr,
     };
-    // Let the proxy settle, then take its idle memory.
+    // Let the proxy settle (the first chat request loads the BPE tables), then take its idle
+    // memory.
     let warm = serde_json::to_vec(&small_request()).map_err(std::io::Error::other)?;
     run_load(
         &client,
@@ -320,11 +323,13 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
         }
     }
     let (rss, peak) = rss_mib(pid);
-    print_report(&rows, idle_rss, rss, peak, large_tokens);
+    print_report(&rows, [start_rss, idle_rss, rss, peak], large_tokens);
     Ok(())
 }
 
-fn print_report(rows: &[Row], idle_rss: f64, rss: f64, peak: f64, large_tokens: Option<usize>) {
+/// `rss`: at start, idle after the first requests, after the runs, peak (MiB).
+fn print_report(rows: &[Row], rss: [f64; 4], large_tokens: Option<usize>) {
+    let [start_rss, idle_rss, after_rss, peak] = rss;
     println!("context-proxy bench: direct to the mock upstream vs through the proxy (non-streaming chat completions)");
     if let Some(tokens) = large_tokens {
         println!("the 60k scenario's body is {tokens} o200k tokens");
@@ -375,5 +380,7 @@ fn print_report(rows: &[Row], idle_rss: f64, rss: f64, peak: f64, large_tokens: 
         );
     }
     println!();
-    println!("proxy RSS: idle {idle_rss:.1} MiB, after the runs {rss:.1} MiB, peak {peak:.1} MiB");
+    println!(
+        "proxy RSS: at start {start_rss:.1} MiB, idle after the first requests (BPE tables loaded) {idle_rss:.1} MiB, after the runs {after_rss:.1} MiB, peak {peak:.1} MiB"
+    );
 }

@@ -50,6 +50,8 @@ pub struct Managed {
     pub report: Report,
     /// The request was left unchanged because something around the engine failed.
     pub fail_open: bool,
+    /// The request was counted (`report`'s token figures mean something); false in mode off.
+    pub counted: bool,
 }
 
 impl Managed {
@@ -58,6 +60,7 @@ impl Managed {
             body: None,
             report,
             fail_open: false,
+            counted: true,
         }
     }
 }
@@ -135,6 +138,15 @@ impl ContextManager {
         encoding: Option<Encoding>,
     ) -> Managed {
         let started = Instant::now();
+        if mode == Mode::Off {
+            // Untouched and uncounted: pass-through never loads the BPE tables.
+            return Managed {
+                body: None,
+                report: Report::default(),
+                fail_open: false,
+                counted: false,
+            };
+        }
         let model = body
             .get("model")
             .and_then(Value::as_str)
@@ -153,9 +165,6 @@ impl ContextManager {
             report.skipped = Some("no messages array".into());
             return Managed::unchanged(report);
         };
-        if mode == Mode::Off {
-            return Managed::unchanged(report);
-        }
         let settings = self.config.resolve(&model, mode);
         // Nothing to truncate or compact and within budget: no decision can change it.
         let largest = count.per_message.iter().copied().max().unwrap_or(0);
@@ -203,6 +212,7 @@ impl ContextManager {
                     body: None,
                     report,
                     fail_open: true,
+                    counted: true,
                 };
             }
         }
@@ -237,6 +247,7 @@ impl ContextManager {
             body: Some(bytes),
             report,
             fail_open: false,
+            counted: true,
         }
     }
 
