@@ -381,6 +381,6 @@ fn print_report(rows: &[Row], rss: [f64; 4], large_tokens: Option<usize>) {
     }
     println!();
     println!(
-        "proxy RSS: at start {start_rss:.1} MiB, idle after the first requests (BPE tables loaded) {idle_rss:.1} MiB, after the runs {after_rss:.1} MiB, peak {peak:.1} MiB"
+        "proxy RSS: at start {start_rss:.1} MiB, idle after the first requests {idle_rss:.1} MiB (BPE tables load on the first counted request), after the runs {after_rss:.1} MiB, peak {peak:.1} MiB"
     );
 }
