@@ -177,13 +177,12 @@ impl Upstream {
         let mut request = reqwest::Request::new(out.method, self.url(out.path, out.query));
         *request.headers_mut() = headers;
         *request.body_mut() = Some(out.body);
-        let response =
+        let mut response =
             match tokio::time::timeout(self.read_timeout, self.client.execute(request)).await {
                 Err(_) => return Err(self.timeout_error()),
                 Ok(Err(e)) => return Err(self.send_error(&e)),
                 Ok(Ok(r)) => r,
             };
-        let mut response = response;
         let status = response.status();
         let headers = end_to_end(std::mem::take(response.headers_mut()), &[]);
         Ok(Incoming {

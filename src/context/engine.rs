@@ -146,6 +146,21 @@ pub fn content_text(message: &Value) -> Option<Cow<'_, str>> {
     }
 }
 
+/// Whether [`content_text`] has something for `message`, without building it.
+fn has_text_content(message: &Value) -> bool {
+    match message.get("content") {
+        Some(Value::String(_)) => true,
+        Some(Value::Array(parts)) => {
+            !parts.is_empty()
+                && parts.iter().all(|p| {
+                    p.get("type").and_then(Value::as_str) == Some("text")
+                        && p.get("text").is_some_and(Value::is_string)
+                })
+        }
+        _ => false,
+    }
+}
+
 /// `message` with its content replaced by `text`, every other field kept in place.
 fn with_content(message: &Value, text: String) -> Value {
     let mut m = message.clone();
@@ -223,7 +238,7 @@ impl Work<'_> {
     fn compactable(&self, i: usize, threshold: usize) -> bool {
         role(&self.input.messages[i]) == "tool"
             && self.input.counts[i] > threshold
-            && content_text(&self.input.messages[i]).is_some()
+            && has_text_content(&self.input.messages[i])
     }
 
     /// Stage 2 on message `i` (a compactable tool result).
@@ -623,5 +638,29 @@ mod tests {
         );
         assert_eq!(compress.report.compacted, 0);
         assert!(compress.report.offloaded > 0);
+    }
+}
+
+#[cfg(test)]
+mod content_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn has_text_content_agrees_with_content_text() {
+        let cases = [
+            json!({"content": "x"}),
+            json!({"content": ""}),
+            json!({"content": null}),
+            json!({"content": []}),
+            json!({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}),
+            json!({"content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]}),
+            json!({"content": [{"type": "text"}]}),
+            json!({"content": 5}),
+            json!({}),
+        ];
+        for m in cases {
+            assert_eq!(has_text_content(&m), content_text(&m).is_some(), "{m}");
+        }
     }
 }
