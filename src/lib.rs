@@ -22,6 +22,7 @@ pub mod relay;
 pub mod request_body;
 pub mod router;
 pub mod server;
+pub mod state;
 pub mod store;
 pub mod tokens;
 pub mod traffic;
