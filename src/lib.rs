@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod mock;
 pub mod passthrough;
 pub mod relay;
+pub mod reload;
 pub mod request_body;
 pub mod router;
 pub mod server;
