@@ -333,8 +333,7 @@ impl<'a> Matcher<'a> {
 fn first_line(s: &str) -> String {
     s.lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .next_back()
+        .rfind(|l| !l.is_empty())
         .unwrap_or(s)
         .to_string()
 }

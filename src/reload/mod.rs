@@ -246,7 +246,7 @@ pub fn remove(body: &mut Value, names: &ToolNames, client_had_tools: bool) {
                 .get("function")
                 .and_then(|f| f.get("name"))
                 .and_then(Value::as_str);
-            !name.is_some_and(|n| names.tool(n).is_some())
+            name.is_none_or(|n| names.tool(n).is_none())
         });
     }
 }
