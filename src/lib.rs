@@ -20,6 +20,7 @@ pub mod mock;
 pub mod passthrough;
 pub mod relay;
 pub mod request_body;
+pub mod response;
 pub mod router;
 pub mod server;
 pub mod store;
