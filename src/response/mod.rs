@@ -2,13 +2,16 @@
 //!
 //! - [`sse`]: an incremental event-stream reader that gives each event's fields and its exact
 //!   raw bytes, so events can be relayed, dropped or rewritten one by one.
+//! - [`usage`]: the upstream's token usage, summed over several calls and written back.
 //!
 //! Everything here is pure: bytes and JSON in, values out; no I/O, no clock. It shares nothing
 //! with the mock upstream's wire code, so the two cannot agree on a mistake.
 
 pub mod sse;
+pub mod usage;
 
 pub use sse::{Event, Events, SseConfig, SseError, SseReader};
+pub use usage::Usage;
 
 #[cfg(test)]
 mod fixtures;
