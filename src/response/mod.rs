@@ -5,17 +5,20 @@
 //! - [`accumulate`]: a chat completion assembled from stream chunks (or read from a JSON body)
 //!   into one view, with the tool calls reported as they start.
 //! - [`usage`]: the upstream's token usage, summed over several calls and written back.
+//! - [`probe`]: the usage of an answer of either shape, read as it streams past.
 //!
 //! Everything here is pure: bytes and JSON in, values out; no I/O, no clock. It shares nothing
 //! with the mock upstream's wire code, so the two cannot agree on a mistake.
 
 pub mod accumulate;
+pub mod probe;
 pub mod sse;
 pub mod usage;
 
 pub use accumulate::{
     ChatAccumulator, Choice, ChunkError, Completion, ShapeError, ToolCall, ToolCallDelta,
 };
+pub use probe::{ProbeConfig, UsageProbe};
 pub use sse::{Event, Events, SseConfig, SseError, SseReader};
 pub use usage::Usage;
 
