@@ -4,6 +4,7 @@
 //!   raw bytes, so events can be relayed, dropped or rewritten one by one.
 //! - [`accumulate`]: a chat completion assembled from stream chunks (or read from a JSON body)
 //!   into one view, with the tool calls reported as they start.
+//! - [`hide`]: the proxy's own tool calls dropped from a stream's chunks, the others renumbered.
 //! - [`usage`]: the upstream's token usage, summed over several calls and written back.
 //! - [`probe`]: the usage of an answer of either shape, read as it streams past.
 //!
@@ -11,6 +12,7 @@
 //! with the mock upstream's wire code, so the two cannot agree on a mistake.
 
 pub mod accumulate;
+pub mod hide;
 pub mod probe;
 pub mod sse;
 pub mod usage;
@@ -18,6 +20,7 @@ pub mod usage;
 pub use accumulate::{
     ChatAccumulator, Choice, ChunkError, Completion, ShapeError, ToolCall, ToolCallDelta,
 };
+pub use hide::{Filtered, ToolCallFilter};
 pub use probe::{ProbeConfig, UsageProbe};
 pub use sse::{Event, Events, SseConfig, SseError, SseReader};
 pub use usage::Usage;
