@@ -678,4 +678,75 @@ mod tests {
             Err(ShapeError::NotACompletion)
         ));
     }
+
+    /// A tool-call fragment with any mix of the optional keys.
+    fn fragment() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        (
+            proptest::option::of(0u64..3),
+            proptest::option::of("[a-c]"),
+            proptest::option::of("[a-z_]{0,6}"),
+            "[ -~]{0,8}",
+            any::<bool>(),
+        )
+            .prop_map(|(index, id, name, args, custom)| {
+                let mut f = Map::new();
+                if let Some(index) = index {
+                    f.insert("index".into(), index.into());
+                }
+                if let Some(id) = id {
+                    f.insert("id".into(), id.into());
+                }
+                let mut body = Map::new();
+                if let Some(name) = name {
+                    body.insert("name".into(), name.into());
+                }
+                let (key, text_key) = if custom {
+                    ("custom", "input")
+                } else {
+                    ("function", "arguments")
+                };
+                body.insert(text_key.into(), args.into());
+                f.insert(key.into(), Value::Object(body));
+                Value::Object(f)
+            })
+    }
+
+    proptest::proptest! {
+        /// Whatever the fragments, nothing panics and every argument byte lands in exactly one
+        /// call; a `ToolCallFilter` then keeps every visible fragment and numbers calls densely.
+        #[test]
+        fn any_fragments_are_assembled_without_loss(
+            chunks in proptest::collection::vec(
+                (0u64..2, proptest::collection::vec(fragment(), 0..4)), 0..12),
+        ) {
+            let mut acc = ChatAccumulator::new();
+            let mut filter = crate::response::ToolCallFilter::new();
+            let mut sent = 0;
+            let mut client_indices = HashMap::new();
+            for (choice, fragments) in chunks {
+                sent += fragments.iter().map(|f| {
+                    let body = f.get("function").or(f.get("custom")).unwrap();
+                    body.get("arguments").or(body.get("input")).unwrap().as_str().unwrap().len()
+                }).sum::<usize>();
+                let mut chunk = json!({"choices": [{"index": choice, "delta": {"tool_calls": fragments}}]});
+                let deltas = acc.push(&chunk).unwrap();
+                let hide = |d: &ToolCallDelta| acc.tool_call(d.choice, d.call).unwrap().name == "a";
+                let kept = deltas.iter().filter(|d| !hide(d)).count();
+                filter.apply(&mut chunk, &deltas, hide);
+                let out = chunk["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default();
+                proptest::prop_assert_eq!(out.len(), kept);
+                let seen = client_indices.entry(choice).or_insert_with(std::collections::BTreeSet::new);
+                for entry in out {
+                    let index = entry["index"].as_u64().unwrap();
+                    proptest::prop_assert!(index as usize <= seen.len(), "dense client indices");
+                    seen.insert(index);
+                }
+            }
+            let got: usize = acc.completion().choices.iter()
+                .flat_map(|c| &c.tool_calls).map(|c| c.arguments.len()).sum();
+            proptest::prop_assert_eq!(got, sent);
+            let _ = acc.to_completion();
+        }
+    }
 }
