@@ -21,6 +21,7 @@ pub mod passthrough;
 pub mod relay;
 pub mod reload;
 pub mod request_body;
+pub mod response;
 pub mod router;
 pub mod server;
 pub mod state;
