@@ -22,7 +22,7 @@ pub use accumulate::{
 };
 pub use hide::{Filtered, ToolCallFilter};
 pub use probe::{ProbeConfig, UsageProbe};
-pub use sse::{Event, Events, SseConfig, SseError, SseReader};
+pub use sse::{data_event, Event, Events, SseConfig, SseError, SseReader};
 pub use usage::Usage;
 
 #[cfg(test)]

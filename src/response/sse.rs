@@ -88,6 +88,12 @@ pub enum SseError {
     NoDone,
 }
 
+/// One `data:` event carrying `value`, LF-terminated: what replaces an event the proxy
+/// rewrote. JSON text has no raw line breaks, so one `data` line always suffices.
+pub fn data_event(value: &serde_json::Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
 /// The incremental reader. [`push`](Self::push) bytes, then take events with
 /// [`next_event`](Self::next_event) (or both at once with [`feed`](Self::feed)); at the end of
 /// the body call [`finish`](Self::finish) and drain it the same way.
@@ -506,6 +512,18 @@ mod tests {
             (&b"\n"[..], None)
         );
         assert!(events[6].is_done());
+    }
+
+    #[test]
+    fn a_written_event_reads_back() {
+        let value = serde_json::json!({"text": "two\nlines\r\n", "n": 1});
+        let raw = data_event(&value);
+        let (events, err) = read_chunked([&raw[..], b"data: [DONE]\n\n"]);
+        assert_eq!(err, None);
+        assert_eq!(events[0].raw, raw);
+        let back: serde_json::Value =
+            serde_json::from_str(events[0].data.as_deref().unwrap()).unwrap();
+        assert_eq!(back, value);
     }
 
     #[test]
