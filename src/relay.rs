@@ -65,6 +65,24 @@ pub fn relay_observed(
     response
 }
 
+/// A response built by the proxy (`status`, end-to-end `headers`, the body as `chunks`),
+/// relayed the same way as an upstream's, with `observer`.
+pub fn respond_observed(
+    status: http::StatusCode,
+    headers: http::HeaderMap,
+    chunks: impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
+    observer: impl Observer,
+) -> http::Response<ProxyBody> {
+    let is_event_stream = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let mut response = http::Response::new(relay_body(chunks, is_event_stream, observer));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
 type Chunks = Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>>;
 
 /// The upstream's chunks with an observer: tells it each chunk, and the end once (on drop at

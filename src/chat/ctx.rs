@@ -31,8 +31,15 @@ pub struct ChatCtx {
     pub managed: Managed,
     /// The upstream request as built by `forward`, ready to be sent again.
     pub outgoing: Option<UpstreamRequest>,
-    /// Upstream calls made for this request.
-    pub upstream_calls: u32,
+    /// Set when the proxy offered its own tools: what the tool loop needs.
+    pub reload: Option<super::tool_loop::Reload>,
+    /// The JSON body differs from the raw bytes beyond what `managed.body` holds (hidden
+    /// exchanges put back, tools added): `forward` serializes it.
+    pub body_changed: bool,
+    /// Hidden exchanges of the proxy's tools put back into the conversation.
+    pub restored: usize,
+    /// Rounds, calls and upstream calls of the tool loop (shared with a streaming loop's task).
+    pub stats: Arc<super::tool_loop::LoopStats>,
     pub timings: Timings,
 }
 
@@ -70,7 +77,10 @@ impl ChatCtx {
             plan: None,
             managed: Managed::off(),
             outgoing: None,
-            upstream_calls: 0,
+            reload: None,
+            body_changed: false,
+            restored: 0,
+            stats: Arc::default(),
             timings: Timings {
                 received,
                 planned: None,

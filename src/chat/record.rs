@@ -31,7 +31,9 @@ pub fn record(
     if matches!(managed.report.skipped, Some(Skipped::Malformed(_))) {
         add(&metrics.context_malformed, 1);
     }
-    if let (true, Some(billed)) = (managed.counted, billed) {
+    let upstream_calls = ctx.stats.upstream_calls.load(Ordering::Relaxed);
+    // Only one upstream call's usage is comparable with the proxy's count of the request.
+    if let (true, 1, Some(billed)) = (managed.counted, upstream_calls, billed) {
         metrics.record_usage(managed.report.tokens_after, billed);
     }
     let t = &ctx.timings;
@@ -42,7 +44,9 @@ pub fn record(
         status = status.as_u16(),
         end = ?end,
         upstream = %ctx.upstream.name,
-        upstream_calls = ctx.upstream_calls,
+        upstream_calls,
+        reload_rounds = ctx.stats.rounds.load(Ordering::Relaxed),
+        restored = ctx.restored,
         actions = %managed.report.actions(),
         planned_ms = ms(t.planned),
         upstream_headers_ms = ms(t.upstream_headers),

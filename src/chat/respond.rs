@@ -1,7 +1,8 @@
-//! respond: the upstream's answer to the client, relayed as it arrives, with the context
-//! headers; the answer is read on the way (its usage) and, once its body has ended or the client
-//! has left, the record phase runs.
+//! respond: the answer to the client, relayed as it arrives, with the context headers; the
+//! answer is read on the way (its usage) and, once its body has ended or the client has left,
+//! the record phase runs.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,25 +10,49 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 
 use super::record::record;
-use super::ChatCtx;
+use super::{Answer, ChatCtx};
 use crate::body::ProxyBody;
 use crate::context::{Managed, ACTIONS_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER};
-use crate::metrics::UsageProbe;
-use crate::relay::{relay_observed, End, Observer};
+use crate::relay::{relay_observed, respond_observed, End, Observer};
+use crate::response::UsageProbe;
 use crate::state::AppState;
-use crate::upstream::Incoming;
+
+/// Response header: rounds and calls of the proxy's own tools answered for this request
+/// (JSON answers; a stream's headers leave before its rounds).
+pub const RELOAD_HEADER: &str = "x-context-reload";
 
 /// The client's response for `answer`.
-pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Incoming) -> Response<ProxyBody> {
-    let status = answer.status;
-    let headers = context_headers(&ctx.managed);
-    let reader = Reader {
+pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<ProxyBody> {
+    let mut headers = context_headers(&ctx.managed);
+    let rounds = ctx.stats.rounds.load(Ordering::Relaxed);
+    if rounds > 0 {
+        let calls = ctx.stats.calls.load(Ordering::Relaxed);
+        let failed = ctx.stats.failed_calls.load(Ordering::Relaxed);
+        if let Ok(v) = HeaderValue::from_str(&format!("rounds={rounds},calls={calls},failed={failed}")) {
+            headers.push((RELOAD_HEADER, v));
+        }
+    }
+    let reader = |status| Reader {
         state,
         ctx: Some(ctx),
         probe: UsageProbe::default(),
         status,
     };
-    let mut response = relay_observed(answer, reader);
+    let mut response = match answer {
+        Answer::Relay(incoming) => {
+            let status = incoming.status;
+            relay_observed(incoming, reader(status))
+        }
+        Answer::Json(done) => {
+            let chunks = futures_util::stream::iter([Ok(done.body)]);
+            respond_observed(done.status, done.headers, chunks, reader(done.status))
+        }
+        Answer::Stream {
+            status,
+            headers,
+            events,
+        } => respond_observed(status, headers, events, reader(status)),
+    };
     for (name, value) in headers {
         response.headers_mut().insert(name, value);
     }
@@ -57,13 +82,8 @@ impl Observer for Reader {
     fn end(&mut self, end: End) {
         if let Some(mut ctx) = self.ctx.take() {
             ctx.timings.done = Some(Instant::now());
-            record(
-                &self.state,
-                &ctx,
-                self.status,
-                end,
-                self.probe.prompt_tokens(),
-            );
+            self.probe.finish();
+            record(&self.state, &ctx, self.status, end, self.probe.prompt_tokens());
         }
     }
 }

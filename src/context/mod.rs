@@ -52,6 +52,8 @@ pub struct Managed {
     pub fail_open: bool,
     /// The request was counted (`report`'s token figures mean something); false in mode off.
     pub counted: bool,
+    /// The stored content the new body refers to (empty when it refers to none).
+    pub refs: Vec<ContentRef>,
 }
 
 impl Managed {
@@ -62,6 +64,7 @@ impl Managed {
             report: Report::default(),
             fail_open: false,
             counted: false,
+            refs: Vec::new(),
         }
     }
 
@@ -71,6 +74,7 @@ impl Managed {
             report,
             fail_open: false,
             counted: true,
+            refs: Vec::new(),
         }
     }
 }
@@ -115,6 +119,14 @@ impl Plan {
         self.decided
             .as_ref()
             .is_some_and(|d| d.outcome.messages.is_some())
+    }
+
+    /// Whether the new body will refer to stored content (so the reload tools are worth
+    /// offering).
+    pub fn refers_to_stored_content(&self) -> bool {
+        self.decided
+            .as_ref()
+            .is_some_and(|d| d.outcome.messages.is_some() && !d.outcome.writes.is_empty())
     }
 }
 
@@ -179,6 +191,17 @@ impl ContextManager {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The `[context.reload]` settings.
+    pub fn reload_config(&self) -> &crate::reload::ReloadConfig {
+        &self.config.reload
+    }
+
+    /// The token counter for `model` (or the upstream's `encoding`).
+    pub fn counter_for(&self, model: &str, encoding: Option<Encoding>) -> Counter {
+        self.counter
+            .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)))
     }
 
     /// Identify: whose conversation `body` is, or `None` when it has no `messages` array.
@@ -287,6 +310,7 @@ impl ContextManager {
                 report,
                 fail_open: false,
                 counted,
+                refs: Vec::new(),
             };
         };
         let mut decided = decided;
@@ -311,6 +335,7 @@ impl ContextManager {
                     report,
                     fail_open: true,
                     counted: true,
+                    refs: Vec::new(),
                 };
             }
         }
@@ -328,6 +353,12 @@ impl ContextManager {
             report,
             fail_open: false,
             counted: true,
+            refs: decided
+                .outcome
+                .writes
+                .iter()
+                .map(|w| w.reference.clone())
+                .collect(),
         }
     }
 
