@@ -6,8 +6,8 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, StatusCode};
 use futures_util::StreamExt;
+use http::{header, HeaderMap, StatusCode};
 use serde_json::Value;
 
 use super::tool_loop::{assistant_message, Round};
@@ -37,10 +37,20 @@ pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError>
         let body = match serde_json::from_slice::<Value>(&bytes) {
             Ok(body) if status.is_success() => body,
             // An error (in round 2 too) or something else than JSON: the client gets it as it is.
-            _ => return Ok(Final { status, headers, body: bytes }),
+            _ => {
+                return Ok(Final {
+                    status,
+                    headers,
+                    body: bytes,
+                })
+            }
         };
         let Ok(completion) = Completion::from_json(&body) else {
-            return Ok(Final { status, headers, body: bytes });
+            return Ok(Final {
+                status,
+                headers,
+                body: bytes,
+            });
         };
         if let Some(u) = &completion.usage {
             match &mut usage {

@@ -105,7 +105,15 @@ async fn run(mut round: Round, first: Incoming, out: &mut Out) {
     let mut usage_chunk: Option<Value> = None;
     let mut answer = first;
     loop {
-        let end = relay_round(&round, answer, out, &mut header, &mut usage, &mut usage_chunk).await;
+        let end = relay_round(
+            &round,
+            answer,
+            out,
+            &mut header,
+            &mut usage,
+            &mut usage_chunk,
+        )
+        .await;
         let RoundEnd::Continue(assistant, calls) = end else {
             return;
         };
@@ -247,7 +255,10 @@ async fn relay_round(
             let finishing = chunk
                 .get("choices")
                 .and_then(Value::as_array)
-                .is_some_and(|c| c.iter().any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null())));
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null()))
+                });
             if finishing && proxy_calls && !client_calls {
                 continuing = true;
             }

@@ -35,11 +35,11 @@ use hyper::body::Incoming;
 
 use crate::body::ProxyBody;
 use crate::context::Mode;
-use serde_json::Value;
 use crate::error::ProxyError;
 use crate::request_body::read_limited;
 use crate::state::AppState;
 use crate::upstream;
+use serde_json::Value;
 
 pub use ctx::{ChatCtx, Timings};
 pub use request::ChatRequest;
@@ -67,10 +67,7 @@ pub enum Answer {
         status: http::StatusCode,
         headers: http::HeaderMap,
         events: std::pin::Pin<
-            Box<
-                dyn futures_util::Stream<Item = Result<bytes::Bytes, upstream::BodyError>>
-                    + Send,
-            >,
+            Box<dyn futures_util::Stream<Item = Result<bytes::Bytes, upstream::BodyError>> + Send>,
         >,
     },
 }
@@ -115,7 +112,9 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
                     ctx.restored = n;
                     ctx.body_changed = true;
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot read the proxy's hidden tool calls: forwarding the conversation as the client sent it"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the proxy's hidden tool calls: forwarding the conversation as the client sent it")
+                }
             }
         }
     }

@@ -28,7 +28,9 @@ pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<P
     if rounds > 0 {
         let calls = ctx.stats.calls.load(Ordering::Relaxed);
         let failed = ctx.stats.failed_calls.load(Ordering::Relaxed);
-        if let Ok(v) = HeaderValue::from_str(&format!("rounds={rounds},calls={calls},failed={failed}")) {
+        if let Ok(v) =
+            HeaderValue::from_str(&format!("rounds={rounds},calls={calls},failed={failed}"))
+        {
             headers.push((RELOAD_HEADER, v));
         }
     }
@@ -83,7 +85,13 @@ impl Observer for Reader {
         if let Some(mut ctx) = self.ctx.take() {
             ctx.timings.done = Some(Instant::now());
             self.probe.finish();
-            record(&self.state, &ctx, self.status, end, self.probe.prompt_tokens());
+            record(
+                &self.state,
+                &ctx,
+                self.status,
+                end,
+                self.probe.prompt_tokens(),
+            );
         }
     }
 }

@@ -113,7 +113,11 @@ impl Round {
             // The ref and the size of the answer; never content, nor a search pattern.
             let reference = serde_json::from_str::<Value>(&call.arguments)
                 .ok()
-                .and_then(|a| a.get("ref").and_then(Value::as_str).map(|r| clip(r, 40).to_string()))
+                .and_then(|a| {
+                    a.get("ref")
+                        .and_then(Value::as_str)
+                        .map(|r| clip(r, 40).to_string())
+                })
                 .unwrap_or_default();
             tracing::debug!(
                 tool = %call.name,
