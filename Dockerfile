@@ -2,6 +2,7 @@
 FROM rust:1-slim-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY crates ./crates
 COPY src ./src
 COPY benches ./benches
 RUN cargo build --release --locked --bin context-proxy

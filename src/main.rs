@@ -39,7 +39,8 @@ enum Command {
     MockUpstream(context_proxy::mock::MockArgs),
     /// Measure the proxy's overhead against calling the mock upstream directly.
     Bench(context_proxy::bench::BenchArgs),
-    /// Write the sample agent traffic (seeded, deterministic) that the benchmarks replay.
+    /// Write the sample agent traffic (seeded, deterministic) that the context benchmark plans
+    /// over.
     GenTraffic(context_proxy::traffic::GenTrafficArgs),
 }
 
