@@ -19,6 +19,7 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod headers;
+pub mod healthcheck;
 pub mod logging;
 pub mod metrics;
 pub mod passthrough;

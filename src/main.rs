@@ -42,6 +42,8 @@ enum Command {
     /// Write the sample agent traffic (seeded, deterministic) that the context benchmark plans
     /// over.
     GenTraffic(context_proxy::traffic::GenTrafficArgs),
+    /// Check that a running proxy is healthy (GET /healthz answers 200): exit status 0, else 1.
+    Healthcheck(context_proxy::healthcheck::HealthcheckArgs),
 }
 
 fn load_config(cli: &Cli) -> anyhow::Result<Config> {
@@ -133,6 +135,7 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Bench(args)) => Ok(runtime(0)?.block_on(context_proxy::bench::run(args))?),
         Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
+        Some(Command::Healthcheck(args)) => Ok(context_proxy::healthcheck::run(&args)?),
     }
 }
 
