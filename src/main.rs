@@ -39,8 +39,11 @@ enum Command {
     MockUpstream(context_proxy::mock::MockArgs),
     /// Measure the proxy's overhead against calling the mock upstream directly.
     Bench(context_proxy::bench::BenchArgs),
-    /// Write the sample agent traffic (seeded, deterministic) that the benchmarks replay.
+    /// Write the sample agent traffic (seeded, deterministic) that the context benchmark plans
+    /// over.
     GenTraffic(context_proxy::traffic::GenTrafficArgs),
+    /// Check that a running proxy is healthy (GET /healthz answers 200): exit status 0, else 1.
+    Healthcheck(context_proxy::healthcheck::HealthcheckArgs),
 }
 
 fn load_config(cli: &Cli) -> anyhow::Result<ValidConfig> {
@@ -134,6 +137,7 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Bench(args)) => Ok(runtime(0)?.block_on(context_proxy::bench::run(args))?),
         Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
+        Some(Command::Healthcheck(args)) => Ok(context_proxy::healthcheck::run(&args)?),
     }
 }
 

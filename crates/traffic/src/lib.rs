@@ -1,5 +1,8 @@
 //! The sample traffic generator: seeded, deterministic agent sessions in the OpenAI
-//! chat-completions format, which the benchmarks replay through the proxy.
+//! chat-completions format, stored in the corpus format of `context-proxy-corpus`. The
+//! context-management benchmark (`cargo bench --bench context`) replays every request of every
+//! session through the context engine, in process, to measure the tokens saved; nothing replays
+//! it through a running proxy yet.
 //!
 //! Three kinds of agent are simulated — a coding agent reading large files and running
 //! commands, a research agent reading long web pages, a support agent with many short turns —
@@ -10,62 +13,35 @@
 //! floating point and no hash-ordered collection.
 //!
 //! Layout: `rng` (randomness), `words`/`prose`/`code`/`shell`/`records` (content), `chat`
-//! (message shapes), `tools` (schemas), `coding`/`research`/`support` (the agents), `session`
-//! (the stored form and its requests), `corpus` (files and statistics), `cli` (the command).
+//! (message shapes), `tools` (schemas), `coding`/`research`/`support` (the agents), `cli` (the
+//! command). The stored form of a session and the corpus files are the corpus crate's,
+//! re-exported here as [`corpus`].
+
+#![forbid(unsafe_code)]
 
 mod chat;
 pub mod cli;
 mod code;
 mod coding;
-pub mod corpus;
 mod prose;
 mod records;
 mod research;
 pub mod rng;
-mod session;
 mod shell;
 mod support;
 mod tools;
 mod words;
 
-use serde::{Deserialize, Serialize};
+use std::io;
+use std::path::Path;
+
+pub use context_proxy_corpus as corpus;
+pub use context_proxy_corpus::{load_dir, stats, AgentKind, CorpusIndex, CorpusStats, Session};
 
 pub use cli::{run, GenTrafficArgs};
-pub use corpus::{load_dir, stats, write_dir, CorpusIndex, CorpusStats};
-pub use session::Session;
 
 use chat::{Echo, Transcript};
 use rng::Rng;
-
-/// The kind of agent a session simulates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AgentKind {
-    /// Reads source files (up to hundreds of KB), runs tests and commands, edits code.
-    Coding,
-    /// Searches the web and reads long pages, several at a time.
-    Research,
-    /// Answers a shop's customers in many short turns with small lookups.
-    Support,
-}
-
-impl AgentKind {
-    pub const ALL: [AgentKind; 3] = [AgentKind::Coding, AgentKind::Research, AgentKind::Support];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AgentKind::Coding => "coding",
-            AgentKind::Research => "research",
-            AgentKind::Support => "support",
-        }
-    }
-}
-
-impl std::fmt::Display for AgentKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// What to generate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,6 +132,16 @@ pub fn generate(cfg: &TrafficConfig) -> Vec<Session> {
         .collect()
 }
 
+/// Writes `sessions`, generated from `cfg`, as a corpus into `dir` (created if missing), with
+/// `cfg`'s seed and `max_turns` in its index, and returns the index.
+pub fn write_dir(dir: &Path, cfg: &TrafficConfig, sessions: &[Session]) -> io::Result<CorpusIndex> {
+    let origin = corpus::Origin {
+        seed: Some(cfg.seed),
+        max_turns: Some(cfg.max_turns),
+    };
+    corpus::write_dir(dir, origin, sessions)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,14 +189,5 @@ mod tests {
             ..small()
         };
         assert_eq!(generate(&cfg)[4], generate(&more)[4]);
-    }
-
-    #[test]
-    fn kinds_serialize_in_lower_case() {
-        assert_eq!(
-            serde_json::to_string(&AgentKind::Research).unwrap(),
-            "\"research\""
-        );
-        assert_eq!(AgentKind::Support.to_string(), "support");
     }
 }

@@ -24,7 +24,7 @@ use tracing::{debug, info_span, Instrument};
 use super::script::Gate;
 use super::server::Lifecycle;
 use super::state::State;
-use crate::body::{BoxError, ProxyBody};
+use crate::body::{BoxError, MockBody};
 
 /// Events to stream and how to pace them.
 #[derive(Debug)]
@@ -47,7 +47,7 @@ enum Outcome {
 }
 
 /// Starts streaming `plan` and returns the response body; `id` names the task's span.
-pub(crate) fn stream(plan: StreamPlan, id: &str, state: Arc<State>, life: Lifecycle) -> ProxyBody {
+pub(crate) fn stream(plan: StreamPlan, id: &str, state: Arc<State>, life: Lifecycle) -> MockBody {
     let (tx, rx) = mpsc::channel(1);
     let finished = Arc::new(AtomicBool::new(false));
     let body = ChannelBody {

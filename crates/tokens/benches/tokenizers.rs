@@ -8,13 +8,13 @@
 //! cl100k_base and checks that both give identical counts (a panic is reported, not fatal).
 //! Part 2 checks that time grows linearly on a pathological single-piece input (256 KiB,
 //! 1 MiB and 4 MiB of "a"). Part 3 counts a 200-message, ~128k-token conversation with
-//! `context_proxy::tokens::Counter`: cold (empty cache), warm (every message cached) and
+//! `context_proxy_tokens::Counter`: cold (empty cache), warm (every message cached) and
 //! "next turn" (all but the newest message cached).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use context_proxy::tokens::{CountSettings, Counter, Encoding};
+use context_proxy_tokens::{CountSettings, Counter, Encoding};
 use serde_json::{json, Value};
 
 fn main() {

@@ -10,6 +10,11 @@
 //! Everything here is pure computation: no I/O, no clock, and no error path. Counts are
 //! estimates of `usage.prompt_tokens`, exact for the cases OpenAI published, documented
 //! approximations elsewhere.
+//!
+//! The proxy counts requests with it; the mock upstream (`context-proxy-mock`) uses it to answer
+//! `usage` as a real upstream would.
+
+#![forbid(unsafe_code)]
 
 mod cache;
 mod counter;

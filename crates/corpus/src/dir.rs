@@ -1,4 +1,4 @@
-//! The corpus on disk and its statistics: one `session-<id>.json` per session plus an
+//! A corpus on disk and its statistics: one `session-<id>.json` per session plus an
 //! `index.json` that lists the files in order and summarizes the corpus (counts, bytes, a
 //! histogram of tool-result sizes). `load_dir` reads back exactly what `write_dir` wrote.
 //!
@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{AgentKind, Session, TrafficConfig};
+use crate::{AgentKind, Session};
 
 /// Version of the on-disk format, bumped when a field changes meaning.
 pub const FORMAT_VERSION: u32 = 1;
@@ -61,12 +61,25 @@ pub struct IndexEntry {
     pub bytes: u64,
 }
 
+/// Where a corpus comes from, as its index records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Origin {
+    /// The generator's seed, for a generated corpus.
+    pub seed: Option<u64>,
+    /// The generator's longest session in requests, for a generated corpus.
+    pub max_turns: Option<usize>,
+}
+
 /// The content of `index.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CorpusIndex {
     pub format: u32,
-    pub seed: u64,
-    pub max_turns: usize,
+    /// The generator's seed; absent from a corpus that was not generated (recorded traffic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// The generator's `max_turns`; absent from a corpus that was not generated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<usize>,
     pub stats: CorpusStats,
     pub files: Vec<IndexEntry>,
 }
@@ -147,7 +160,7 @@ pub fn file_name(session: &Session) -> String {
 }
 
 /// Writes `sessions` and `index.json` into `dir` (created if missing) and returns the index.
-pub fn write_dir(dir: &Path, cfg: &TrafficConfig, sessions: &[Session]) -> io::Result<CorpusIndex> {
+pub fn write_dir(dir: &Path, origin: Origin, sessions: &[Session]) -> io::Result<CorpusIndex> {
     fs::create_dir_all(dir)?;
     let mut files = Vec::with_capacity(sessions.len());
     for s in sessions {
@@ -166,8 +179,8 @@ pub fn write_dir(dir: &Path, cfg: &TrafficConfig, sessions: &[Session]) -> io::R
     }
     let index = CorpusIndex {
         format: FORMAT_VERSION,
-        seed: cfg.seed,
-        max_turns: cfg.max_turns,
+        seed: origin.seed,
+        max_turns: origin.max_turns,
         stats: stats(sessions),
         files,
     };
@@ -281,8 +294,8 @@ mod tests {
     #[test]
     fn load_rejects_paths_and_broken_sessions() {
         let dir = std::env::temp_dir().join(format!("traffic-corpus-{}", std::process::id()));
-        let cfg = TrafficConfig::default();
-        let mut index = write_dir(&dir, &cfg, &[session("a", &["ok"])]).unwrap();
+        let mut index = write_dir(&dir, Origin::default(), &[session("a", &["ok"])]).unwrap();
+        assert_eq!(read_index(&dir).unwrap().seed, None);
         assert_eq!(load_dir(&dir).unwrap().len(), 1);
         fs::write(dir.join("session-a.json"), b"{\"id\":1}").unwrap();
         assert_eq!(

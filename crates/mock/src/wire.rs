@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 
 use super::script::Completion;
 use super::usage::completion_tokens;
-use crate::tokens::Encoding;
+use context_proxy_tokens::Encoding;
 
 /// Longest tool-call arguments fragment in a stream, in characters.
 const MAX_ARGUMENTS_FRAGMENT: usize = 8;
@@ -334,7 +334,7 @@ pub fn model_list() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mock::script::ToolCall;
+    use crate::script::ToolCall;
 
     fn meta(serial: u64) -> AnswerMeta<'static> {
         AnswerMeta {

@@ -1,4 +1,4 @@
-//! A generated session and the requests it stands for.
+//! A session of agent traffic and the requests it stands for.
 //!
 //! Histories repeat from one request to the next, so a session stores its messages once and
 //! the end of each request: request `k` is `messages[..request_ends[k]]`, and the message at
@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::AgentKind;
+use crate::AgentKind;
 
 /// One agent conversation, stored compactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

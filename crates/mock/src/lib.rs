@@ -1,16 +1,21 @@
 //! The mock upstream: the project's only fake, an HTTP server that answers like OpenAI's
-//! chat-completions API, key for key and event for event (see `OPENAI-WIRE.md`), from replies a
-//! test scripts. Integration tests run it in-process ([`MockUpstream`]); the end-to-end tests run
-//! it as a process ([`cli::run`]) and script it over HTTP (`/_mock/*`).
+//! chat-completions API, key for key and event for event (the facts it follows are in the
+//! repository's `docs/openai-wire.md`), from replies a test scripts. Integration tests run it
+//! in-process ([`MockUpstream`]); the end-to-end tests and the benchmark run it as a process
+//! ([`cli::run`], `context-proxy mock-upstream`) and script it over HTTP (`/_mock/*`).
 //!
 //! Code map: `server` accepts connections and owns the lifecycle; `routes` dispatches and records;
 //! `chat` answers chat completions; `script` holds what tests queue; `wire` writes the OpenAI
 //! shapes; `sse` streams events and detects clients that leave; `usage` counts tokens; `state` is
-//! what the handle and the connections share; `cli` is the command-line entry point.
+//! what the handle and the connections share; `body` is its response body type; `cli` is the
+//! command-line entry point.
 //!
-//! It must not depend on the proxy's own modules beyond `body` and `tokens`: it plays the
-//! upstream, so it must not share the proxy's mistakes.
+//! It depends on nothing of the proxy but the token counter (`context-proxy-tokens`), through
+//! that crate's public API: it plays the upstream, so it must not share the proxy's mistakes.
 
+#![forbid(unsafe_code)]
+
+mod body;
 mod chat;
 pub mod cli;
 mod routes;

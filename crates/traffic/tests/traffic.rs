@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use context_proxy::traffic::{self, AgentKind, Session, TrafficConfig};
+use context_proxy_traffic::{self as traffic, AgentKind, Session, TrafficConfig};
 use serde_json::Value;
 
 /// The default corpus, generated once for all tests of this file.

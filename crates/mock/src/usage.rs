@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use crate::tokens::Encoding;
+use context_proxy_tokens::Encoding;
 
 /// Tokens every message costs besides its text.
 pub const TOKENS_PER_MESSAGE: usize = 3;

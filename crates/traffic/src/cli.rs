@@ -5,8 +5,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use super::corpus::{self, CorpusStats};
-use super::{generate, TrafficConfig};
+use crate::{generate, write_dir, CorpusStats, TrafficConfig};
 
 /// `context-proxy gen-traffic --out DIR [--seed N] [--sessions N] [--max-turns N]`
 #[derive(clap::Args, Debug)]
@@ -99,7 +98,7 @@ pub fn run(args: GenTrafficArgs) -> io::Result<()> {
     let started = Instant::now();
     let sessions = generate(&cfg);
     let generated = started.elapsed();
-    let index = corpus::write_dir(&args.out, &cfg, &sessions)?;
+    let index = write_dir(&args.out, &cfg, &sessions)?;
     let written = started.elapsed() - generated;
     println!(
         "{}",

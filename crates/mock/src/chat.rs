@@ -16,8 +16,8 @@ use super::server::Ctx;
 use super::sse::{self, StreamPlan};
 use super::usage::prompt_tokens;
 use super::wire::{self, Answer, AnswerMeta};
-use crate::body::{full, ProxyBody};
-use crate::tokens::Encoding;
+use crate::body::{full, MockBody};
+use context_proxy_tokens::Encoding;
 
 /// The answer when no reply is queued.
 pub const DEFAULT_REPLY_TEXT: &str = "This is the mock upstream's default reply.";
@@ -38,7 +38,7 @@ struct ChatRequest {
 }
 
 /// Answers one chat-completions request.
-pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<ProxyBody> {
+pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
     let request = match parse(body) {
         Ok(request) => request,
         Err(error) => return json_response(StatusCode::BAD_REQUEST, &error),
@@ -82,7 +82,7 @@ async fn respond(
     reply: Reply,
     request: &ChatRequest,
     prompt_tokens: usize,
-) -> Response<ProxyBody> {
+) -> Response<MockBody> {
     let (reply, hold) = unwrap_hold(reply);
     if let (Reply::Completion(completion), true) = (&reply, request.stream) {
         return stream(ctx, completion, request, prompt_tokens, hold);
@@ -153,7 +153,7 @@ fn stream(
     request: &ChatRequest,
     prompt_tokens: usize,
     hold: Option<(usize, Gate)>,
-) -> Response<ProxyBody> {
+) -> Response<MockBody> {
     let answer = answer(ctx, completion, request, prompt_tokens);
     let plan = StreamPlan {
         events: answer.to_events(request.include_usage),
@@ -236,7 +236,7 @@ fn json_kind(value: &Value) -> &'static str {
 }
 
 /// `value` as an `application/json` response.
-pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response<ProxyBody> {
+pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response<MockBody> {
     let mut response = Response::new(full(value.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -250,7 +250,7 @@ fn raw_response(
     status: u16,
     headers: &[(String, String)],
     body: bytes::Bytes,
-) -> Response<ProxyBody> {
+) -> Response<MockBody> {
     let Ok(status) = StatusCode::from_u16(status) else {
         return bad_script(&format!("raw status {status} is not an HTTP status"));
     };
@@ -271,7 +271,7 @@ fn raw_response(
 }
 
 /// A 500 telling the test its scripted reply cannot be sent.
-fn bad_script(problem: &str) -> Response<ProxyBody> {
+fn bad_script(problem: &str) -> Response<MockBody> {
     warn!(problem, "scripted reply cannot be sent");
     let message = format!("mock upstream: the scripted reply cannot be sent: {problem}");
     let body = wire::error_body(&message, "server_error", None, Some("mock_bad_script"));
@@ -279,7 +279,7 @@ fn bad_script(problem: &str) -> Response<ProxyBody> {
 }
 
 /// A 503 for a request cut short by shutdown.
-pub(crate) fn shutting_down() -> Response<ProxyBody> {
+pub(crate) fn shutting_down() -> Response<MockBody> {
     let body = wire::error_body(
         "mock upstream is shutting down",
         "server_error",

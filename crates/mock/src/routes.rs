@@ -23,10 +23,10 @@ use super::script::Reply;
 use super::server::Ctx;
 use super::state::Received;
 use super::wire;
-use crate::body::ProxyBody;
+use crate::body::MockBody;
 
 /// Answers one request.
-pub(crate) async fn handle(ctx: Ctx, request: Request<Incoming>) -> Response<ProxyBody> {
+pub(crate) async fn handle(ctx: Ctx, request: Request<Incoming>) -> Response<MockBody> {
     let (parts, body) = request.into_parts();
     let body = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -54,7 +54,7 @@ pub(crate) async fn handle(ctx: Ctx, request: Request<Incoming>) -> Response<Pro
     named(&ctx, response)
 }
 
-async fn serve(ctx: &Ctx, request: Received) -> Response<ProxyBody> {
+async fn serve(ctx: &Ctx, request: Received) -> Response<MockBody> {
     match (request.method.as_str(), request.path.as_str()) {
         ("POST", "/v1/chat/completions") => chat::handle(ctx, &request.body).await,
         ("GET", "/v1/models") => {
@@ -77,7 +77,7 @@ async fn serve(ctx: &Ctx, request: Received) -> Response<ProxyBody> {
 }
 
 /// The `/_mock/*` routes; `route` is the path after `/_mock/`.
-fn control(ctx: &Ctx, method: &Method, route: &str, body: &Bytes) -> Response<ProxyBody> {
+fn control(ctx: &Ctx, method: &Method, route: &str, body: &Bytes) -> Response<MockBody> {
     match (method, route) {
         (&Method::POST, "replies") => match serde_json::from_slice::<Vec<Reply>>(body) {
             Ok(replies) => {
@@ -115,7 +115,7 @@ fn control(ctx: &Ctx, method: &Method, route: &str, body: &Bytes) -> Response<Pr
     }
 }
 
-fn named(ctx: &Ctx, mut response: Response<ProxyBody>) -> Response<ProxyBody> {
+fn named(ctx: &Ctx, mut response: Response<MockBody>) -> Response<MockBody> {
     if let Some(name) = &ctx.name_header {
         response.headers_mut().insert("x-mock-name", name.clone());
     }

@@ -210,7 +210,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::tokens::message::{TOKENS_PER_MESSAGE, TOKENS_PER_TOOL_CALL};
+    use crate::message::{TOKENS_PER_MESSAGE, TOKENS_PER_TOOL_CALL};
 
     fn counter(encoding: Encoding) -> Counter {
         Counter::new(encoding, CountSettings::default())

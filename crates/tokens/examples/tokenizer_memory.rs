@@ -13,7 +13,7 @@ fn rss_kib() -> u64 {
 }
 
 fn main() {
-    use context_proxy::tokens::Encoding;
+    use context_proxy_tokens::Encoding;
     let mut last = rss_kib();
     println!("| step | RSS MiB | added MiB |\n|---|---:|---:|");
     println!("| start | {:.1} | |", last as f64 / 1024.0);

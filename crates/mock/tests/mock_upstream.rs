@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use context_proxy::mock::{Gate, MockConfig, MockUpstream, Reply, DEFAULT_REPLY_TEXT};
-use context_proxy::tokens::Encoding;
+use context_proxy_mock::{Gate, MockConfig, MockUpstream, Reply, DEFAULT_REPLY_TEXT};
+use context_proxy_tokens::Encoding;
 use serde_json::{json, Value};
 
 /// Failure guard for every wait: generous, never reached when things work.
