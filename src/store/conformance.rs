@@ -94,24 +94,32 @@ macro_rules! suite {
                 super::what_was_never_stored_is_none(harness().await).await
             }
             #[tokio::test]
-            async fn items_expire_after_the_retention_period() {
-                super::items_expire_after_the_retention_period(harness().await).await
-            }
-            #[tokio::test]
-            async fn reading_refreshes_retention() {
-                super::reading_refreshes_retention(harness().await).await
-            }
-            #[tokio::test]
-            async fn writing_again_refreshes_retention() {
-                super::writing_again_refreshes_retention(harness().await).await
-            }
-            #[tokio::test]
             async fn the_log_is_append_only_json_lines() {
                 super::the_log_is_append_only_json_lines(harness().await).await
             }
             #[tokio::test]
             async fn state_records_are_replaced_and_read_back() {
                 super::state_records_are_replaced_and_read_back(harness().await).await
+            }
+            #[tokio::test]
+            async fn compare_and_set_from_absent() {
+                super::compare_and_set_from_absent(harness().await).await
+            }
+            #[tokio::test]
+            async fn compare_and_set_with_a_wrong_expected_value_fails() {
+                super::compare_and_set_with_a_wrong_expected_value_fails(harness().await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn compare_and_set_under_contention_loses_nothing() {
+                super::compare_and_set_under_contention_loses_nothing(harness().await).await
+            }
+            #[tokio::test]
+            async fn a_lock_has_one_holder() {
+                super::a_lock_has_one_holder(harness().await).await
+            }
+            #[tokio::test]
+            async fn unlock_by_another_holder_does_nothing() {
+                super::unlock_by_another_holder_does_nothing(harness().await).await
             }
             #[tokio::test]
             async fn ping_and_close() {
@@ -125,8 +133,44 @@ macro_rules! suite {
     };
 }
 
+/// The tests that move the store's clock: for backends that measure time with it.
+macro_rules! clocked_suite {
+    ($backend:ident, $module:ident) => {
+        mod $module {
+            use super::*;
+
+            async fn harness() -> Harness {
+                Harness::$backend().await
+            }
+
+            #[tokio::test]
+            async fn items_expire_after_the_retention_period() {
+                super::items_expire_after_the_retention_period(harness().await).await
+            }
+            #[tokio::test]
+            async fn reading_refreshes_retention() {
+                super::reading_refreshes_retention(harness().await).await
+            }
+            #[tokio::test]
+            async fn writing_again_refreshes_retention() {
+                super::writing_again_refreshes_retention(harness().await).await
+            }
+            #[tokio::test]
+            async fn compare_and_set_refreshes_retention() {
+                super::compare_and_set_refreshes_retention(harness().await).await
+            }
+            #[tokio::test]
+            async fn a_lock_expires_after_its_ttl() {
+                super::a_lock_expires_after_its_ttl(harness().await).await
+            }
+        }
+    };
+}
+
 suite!(memory);
 suite!(fs);
+clocked_suite!(memory, memory_clocked);
+clocked_suite!(fs, fs_clocked);
 
 async fn round_trip_is_byte_exact(h: Harness) {
     let (t, s) = (tenant("k"), session("s"));
@@ -355,6 +399,271 @@ async fn state_records_are_replaced_and_read_back(h: Harness) {
     assert_eq!(get(s1.clone(), "b").await, Some(binary));
     assert_eq!(get(s1.clone(), "e").await, Some(Vec::new()));
     assert_eq!(get(s2, "a").await, None);
+}
+
+async fn compare_and_set_from_absent(h: Harness) {
+    let (t, s, k) = (tenant("k"), session("s"), key("cas"));
+    assert!(h
+        .store
+        .compare_and_set_state(&t, &s, &k, None, b"first")
+        .await
+        .unwrap());
+    assert_eq!(
+        h.store.get_state(&t, &s, &k).await.unwrap().as_deref(),
+        Some(&b"first"[..])
+    );
+    // There is a record now: "absent" no longer matches.
+    assert!(!h
+        .store
+        .compare_and_set_state(&t, &s, &k, None, b"second")
+        .await
+        .unwrap());
+    assert_eq!(
+        h.store.get_state(&t, &s, &k).await.unwrap().as_deref(),
+        Some(&b"first"[..])
+    );
+    // An empty record is a record, not an absent one.
+    let e = key("empty");
+    assert!(h
+        .store
+        .compare_and_set_state(&t, &s, &e, None, b"")
+        .await
+        .unwrap());
+    assert!(!h
+        .store
+        .compare_and_set_state(&t, &s, &e, None, b"x")
+        .await
+        .unwrap());
+    assert!(h
+        .store
+        .compare_and_set_state(&t, &s, &e, Some(b""), b"x")
+        .await
+        .unwrap());
+    // Another tenant's record of the same name is not this one.
+    assert!(h
+        .store
+        .compare_and_set_state(&tenant("other"), &s, &k, None, b"theirs")
+        .await
+        .unwrap());
+}
+
+async fn compare_and_set_with_a_wrong_expected_value_fails(h: Harness) {
+    let (t, s, k) = (tenant("k"), session("s"), key("cas"));
+    h.store.put_state(&t, &s, &k, b"value").await.unwrap();
+    for wrong in [&b"other"[..], b"valu", b"value ", b""] {
+        assert!(!h
+            .store
+            .compare_and_set_state(&t, &s, &k, Some(wrong), b"new")
+            .await
+            .unwrap());
+        assert_eq!(
+            h.store.get_state(&t, &s, &k).await.unwrap().as_deref(),
+            Some(&b"value"[..])
+        );
+    }
+    assert!(!h
+        .store
+        .compare_and_set_state(&t, &s, &key("never"), Some(b"value"), b"new")
+        .await
+        .unwrap());
+    assert_eq!(
+        h.store.get_state(&t, &s, &key("never")).await.unwrap(),
+        None
+    );
+    let binary: Vec<u8> = (0..=255).rev().collect();
+    assert!(h
+        .store
+        .compare_and_set_state(&t, &s, &k, Some(b"value"), &binary)
+        .await
+        .unwrap());
+    assert_eq!(h.store.get_state(&t, &s, &k).await.unwrap(), Some(binary));
+}
+
+async fn compare_and_set_under_contention_loses_nothing(h: Harness) {
+    const WRITERS: usize = 16;
+    let (t, s, k) = (tenant("k"), session("s"), key("counter"));
+    let tasks = (0..WRITERS).map(|_| {
+        let (store, t, s, k) = (h.store.clone(), t.clone(), s.clone(), k.clone());
+        tokio::spawn(async move {
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                let current = store.get_state(&t, &s, &k).await.unwrap();
+                let n: usize = match &current {
+                    Some(bytes) => std::str::from_utf8(bytes).unwrap().parse().unwrap(),
+                    None => 0,
+                };
+                let next = (n + 1).to_string();
+                let replaced = store
+                    .compare_and_set_state(&t, &s, &k, current.as_deref(), next.as_bytes())
+                    .await
+                    .unwrap();
+                if replaced {
+                    return attempts;
+                }
+            }
+        })
+    });
+    let attempts: usize = futures_util::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(|attempts| attempts.unwrap())
+        .sum();
+    assert!(attempts >= WRITERS);
+    let last = h.store.get_state(&t, &s, &k).await.unwrap();
+    assert_eq!(last, Some(WRITERS.to_string().into_bytes()));
+}
+
+async fn compare_and_set_refreshes_retention(h: Harness) {
+    let (t, s, k) = (tenant("k"), session("s"), key("cas"));
+    h.store.put_state(&t, &s, &k, b"0").await.unwrap();
+    let mut current = b"0".to_vec();
+    for i in 1..=3 {
+        h.clock.advance(20 * DAY);
+        let next = i.to_string().into_bytes();
+        assert!(h
+            .store
+            .compare_and_set_state(&t, &s, &k, Some(&current), &next)
+            .await
+            .unwrap());
+        current = next;
+    }
+    h.clock.advance(20 * DAY);
+    assert_eq!(h.store.get_state(&t, &s, &k).await.unwrap(), Some(current));
+    // An expired record is absent.
+    h.clock.advance(30 * DAY);
+    assert!(h
+        .store
+        .compare_and_set_state(&t, &s, &k, None, b"again")
+        .await
+        .unwrap());
+}
+
+const LOCK_TTL: Duration = Duration::from_secs(60);
+
+async fn a_lock_has_one_holder(h: Harness) {
+    let (t, s, name) = (tenant("k"), session("s"), key("compress"));
+    assert!(h
+        .store
+        .try_lock(&t, &s, &name, "a", LOCK_TTL)
+        .await
+        .unwrap());
+    assert!(!h
+        .store
+        .try_lock(&t, &s, &name, "b", LOCK_TTL)
+        .await
+        .unwrap());
+    // Taking it again extends it.
+    assert!(h
+        .store
+        .try_lock(&t, &s, &name, "a", LOCK_TTL)
+        .await
+        .unwrap());
+    // Other names, sessions and tenants are other locks.
+    assert!(h
+        .store
+        .try_lock(&t, &s, &key("other"), "b", LOCK_TTL)
+        .await
+        .unwrap());
+    assert!(h
+        .store
+        .try_lock(&t, &session("s2"), &name, "b", LOCK_TTL)
+        .await
+        .unwrap());
+    assert!(h
+        .store
+        .try_lock(&tenant("other"), &s, &name, "b", LOCK_TTL)
+        .await
+        .unwrap());
+    // A lock is not a state record.
+    assert_eq!(h.store.get_state(&t, &s, &name).await.unwrap(), None);
+    h.store.unlock(&t, &s, &name, "a").await.unwrap();
+    assert!(h
+        .store
+        .try_lock(&t, &s, &name, "b", LOCK_TTL)
+        .await
+        .unwrap());
+    assert!(!h
+        .store
+        .try_lock(&t, &s, &name, "a", LOCK_TTL)
+        .await
+        .unwrap());
+    // Many contenders at once: exactly one wins.
+    let contenders = (0..16).map(|i| {
+        let (store, t, s) = (h.store.clone(), t.clone(), s.clone());
+        async move {
+            store
+                .try_lock(&t, &s, &key("race"), &format!("h{i}"), LOCK_TTL)
+                .await
+                .unwrap()
+        }
+    });
+    let won = futures_util::future::join_all(contenders).await;
+    assert_eq!(won.iter().filter(|&&won| won).count(), 1, "{won:?}");
+}
+
+async fn unlock_by_another_holder_does_nothing(h: Harness) {
+    let (t, s, name) = (tenant("k"), session("s"), key("compress"));
+    assert!(h
+        .store
+        .try_lock(&t, &s, &name, "a", LOCK_TTL)
+        .await
+        .unwrap());
+    h.store.unlock(&t, &s, &name, "b").await.unwrap();
+    assert!(!h
+        .store
+        .try_lock(&t, &s, &name, "b", LOCK_TTL)
+        .await
+        .unwrap());
+    // Unlocking what nobody holds is fine too.
+    h.store.unlock(&t, &s, &key("free"), "b").await.unwrap();
+    h.store.unlock(&t, &s, &name, "a").await.unwrap();
+    h.store.unlock(&t, &s, &name, "a").await.unwrap();
+    assert!(h
+        .store
+        .try_lock(&t, &s, &name, "b", LOCK_TTL)
+        .await
+        .unwrap());
+}
+
+async fn a_lock_expires_after_its_ttl(h: Harness) {
+    let (t, s, name) = (tenant("k"), session("s"), key("compress"));
+    assert!(h
+        .store
+        .try_lock(&t, &s, &name, "a", LOCK_TTL)
+        .await
+        .unwrap());
+    h.clock.advance(LOCK_TTL - Duration::from_secs(1));
+    assert!(!h
+        .store
+        .try_lock(&t, &s, &name, "b", LOCK_TTL)
+        .await
+        .unwrap());
+    // The holder extends it.
+    assert!(h
+        .store
+        .try_lock(&t, &s, &name, "a", LOCK_TTL)
+        .await
+        .unwrap());
+    h.clock.advance(LOCK_TTL - Duration::from_secs(1));
+    assert!(!h
+        .store
+        .try_lock(&t, &s, &name, "b", LOCK_TTL)
+        .await
+        .unwrap());
+    h.clock.advance(Duration::from_secs(1));
+    assert!(h
+        .store
+        .try_lock(&t, &s, &name, "b", LOCK_TTL)
+        .await
+        .unwrap());
+    // The former holder's unlock no longer touches it.
+    h.store.unlock(&t, &s, &name, "a").await.unwrap();
+    assert!(!h
+        .store
+        .try_lock(&t, &s, &name, "a", LOCK_TTL)
+        .await
+        .unwrap());
 }
 
 async fn ping_and_close(h: Harness) {

@@ -30,6 +30,12 @@
 //! an operation's check and its refresh. It is an in-process lock: one proxy process per
 //! directory (replicas share a store through Redis).
 //!
+//! Compare-and-set takes an in-process async mutex for the record (one of `KEY_STRIPES`, chosen
+//! by a hash of its path; `put_state` takes it too) around read, compare and the atomic write,
+//! so it is atomic among the calls of this process — enough, since one process owns a
+//! directory. Session locks are held in memory ([`LockTable`]), their expiry measured with the
+//! store's clock; they do not survive a restart, which only frees them early.
+//!
 //! File work runs on tokio's blocking threads, at most `store.max_blocking_ops` at once. A permit
 //! is held until the blocking work really ends, even when the caller has timed out and gone, so
 //! a hung disk cannot pile up blocking threads. On Unix, directories are created `0700` and
@@ -43,8 +49,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use tokio::sync::Semaphore;
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, Semaphore};
 
+use super::locks::LockTable;
 use super::sweeper::Sweeper;
 use super::{
     Clock, ContentKind, ContentRef, SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
@@ -58,6 +65,8 @@ const TEMP_PREFIX: &str = ".tmp-";
 const TEMP_GRACE: Duration = Duration::from_secs(60 * 60);
 /// A pointer is one short line; anything longer is not ours.
 const MAX_POINTER_BYTES: u64 = 256;
+/// State records share this many compare-and-set mutexes (by a hash of their path).
+const KEY_STRIPES: usize = 64;
 
 /// The directory-tree store.
 pub struct FsStore {
@@ -74,6 +83,10 @@ struct Tree {
     permits: Arc<Semaphore>,
     /// Held shared by every operation and exclusively by the sweeper for each deletion.
     sweep_lock: RwLock<()>,
+    /// Serialize the writes of a state record (compare-and-set is read, compare, write).
+    key_stripes: Vec<Arc<AsyncMutex<()>>>,
+    /// Session locks (`try_lock`, `unlock`).
+    locks: LockTable,
 }
 
 impl FsStore {
@@ -89,6 +102,10 @@ impl FsStore {
                 cfg.max_blocking_ops.clamp(1, Semaphore::MAX_PERMITS),
             )),
             sweep_lock: RwLock::new(()),
+            key_stripes: (0..KEY_STRIPES)
+                .map(|_| Arc::new(AsyncMutex::new(())))
+                .collect(),
+            locks: LockTable::default(),
         });
         tree.run("open", |tree| {
             let mut builder = fs::DirBuilder::new();
@@ -182,9 +199,13 @@ impl Store for FsStore {
         key: &StateKey,
         value: &[u8],
     ) -> Result<(), StoreError> {
+        let guard = self.tree.key_guard(tenant, session, key).await;
         let (t, s, k, value) = (tenant.clone(), session.clone(), key.clone(), value.to_vec());
         self.tree
-            .run("put_state", move |tree| tree.put_state(&t, &s, &k, &value))
+            .run("put_state", move |tree| {
+                let _guard = guard;
+                tree.put_state(&t, &s, &k, &value)
+            })
             .await
     }
 
@@ -198,6 +219,55 @@ impl Store for FsStore {
         self.tree
             .run("get_state", move |tree| tree.get_state(&t, &s, &k))
             .await
+    }
+
+    async fn compare_and_set_state(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        key: &StateKey,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<bool, StoreError> {
+        // Held until the blocking work ends, even when the caller has timed out and gone.
+        let guard = self.tree.key_guard(tenant, session, key).await;
+        let (t, s, k) = (tenant.clone(), session.clone(), key.clone());
+        let (expected, new) = (expected.map(<[u8]>::to_vec), new.to_vec());
+        self.tree
+            .run("compare_and_set_state", move |tree| {
+                let _guard = guard;
+                if tree.get_state(&t, &s, &k)? != expected {
+                    return Ok(false);
+                }
+                tree.put_state(&t, &s, &k, &new).map(|()| true)
+            })
+            .await
+    }
+
+    async fn try_lock(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        name: &StateKey,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = lock_key(tenant, session, name);
+        let now = self.tree.clock.now();
+        Ok(self.tree.locks.try_lock(&key, holder, ttl, now))
+    }
+
+    async fn unlock(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        name: &StateKey,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        self.tree
+            .locks
+            .unlock(&lock_key(tenant, session, name), holder);
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -240,6 +310,20 @@ impl Tree {
         })
         .await
         .map_err(|e| StoreError::Internal(format!("{op}: {e}")))?
+    }
+
+    /// The compare-and-set mutex of a state record, locked.
+    async fn key_guard(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        key: &StateKey,
+    ) -> OwnedMutexGuard<()> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (tenant.as_str(), session.as_str(), key.as_str()).hash(&mut hasher);
+        let stripe = (hasher.finish() % self.key_stripes.len() as u64) as usize;
+        Arc::clone(&self.key_stripes[stripe]).lock_owned().await
     }
 
     fn shared_lock(&self) -> RwLockReadGuard<'_, ()> {
@@ -563,6 +647,7 @@ impl Tree {
 
     fn sweep(&self) -> Result<usize, StoreError> {
         let now = self.clock.now();
+        self.locks.purge_expired(now);
         let entries = fs::read_dir(&self.root).map_err(io_error("list", &self.root))?;
         let mut removed = 0;
         for entry in entries.flatten() {
@@ -635,6 +720,11 @@ impl Tree {
         // Fails, as it should, when the directory is not empty.
         let _ = fs::remove_dir(dir);
     }
+}
+
+/// The name of a session lock in the [`LockTable`].
+fn lock_key(tenant: &Tenant, session: &SessionId, name: &StateKey) -> String {
+    format!("{tenant}/{session}/{name}")
 }
 
 /// Whether `name` is `<kind>-<ref>.<ext>` of some kind and reference.

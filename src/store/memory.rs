@@ -2,8 +2,10 @@
 //! most `memory_max_bytes` (keys and values counted), evicting the least recently used items
 //! (written or read) to stay under it. Meant for tests and trials.
 //!
-//! Items are keyed the way the Redis backend will key them (`<tenant>/c/<ref>`,
-//! `<tenant>/s/<session>/<key>`, `<tenant>/l/<session>`). One ordered index of last use serves
+//! Items are keyed the way the Redis backend keys them (`<tenant>/c/<ref>`,
+//! `<tenant>/s/<session>/<key>`, `<tenant>/l/<session>`). Compare-and-set runs under the map's
+//! lock; session locks live in a separate [`LockTable`] (they are not data, so they are neither
+//! counted nor evicted). One ordered index of last use serves
 //! both eviction (oldest first) and expiry (everything unused for the retention period is at its
 //! front), so the sweeper only looks at what it deletes.
 
@@ -13,6 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
+use super::locks::LockTable;
 use super::sweeper::Sweeper;
 use super::{
     Clock, ContentKind, ContentRef, SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
@@ -26,6 +29,7 @@ pub struct MemoryStore {
 
 struct Shared {
     items: Mutex<Items>,
+    locks: LockTable,
     clock: Arc<dyn Clock>,
     retention: Duration,
     max_bytes: usize,
@@ -71,6 +75,7 @@ impl MemoryStore {
     pub fn new(cfg: &StoreConfig, clock: Arc<dyn Clock>) -> MemoryStore {
         let shared = Arc::new(Shared {
             items: Mutex::new(Items::default()),
+            locks: LockTable::default(),
             clock,
             retention: cfg.retention(),
             max_bytes: cfg.memory_max_bytes,
@@ -102,7 +107,8 @@ impl Shared {
 
     fn purge_expired(&self) -> usize {
         let now = self.clock.now();
-        self.lock().purge_expired(now, self.retention)
+        let locks = self.locks.purge_expired(now);
+        self.lock().purge_expired(now, self.retention) + locks
     }
 
     /// Runs `f` on the live item under `key`, after refreshing it; `None` when there is none.
@@ -217,6 +223,10 @@ fn state_key(tenant: &Tenant, session: &SessionId, key: &StateKey) -> String {
 
 fn log_key(tenant: &Tenant, session: &SessionId) -> String {
     format!("{tenant}/l/{session}")
+}
+
+fn lock_key(tenant: &Tenant, session: &SessionId, name: &StateKey) -> String {
+    format!("{tenant}/k/{session}/{name}")
 }
 
 #[async_trait]
@@ -337,6 +347,60 @@ impl Store for MemoryStore {
                 _ => None,
             })
             .flatten())
+    }
+
+    async fn compare_and_set_state(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        key: &StateKey,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<bool, StoreError> {
+        let key = state_key(tenant, session, key);
+        let now = self.shared.clock.now();
+        let mut items = self.shared.lock();
+        let current = items
+            .touch(&key, now, self.shared.retention)
+            .map(|item| match &item.value {
+                Value::State(bytes) => Some(bytes.as_slice()),
+                _ => None,
+            });
+        let matches = match current {
+            None => expected.is_none(),
+            Some(current) => current.is_some() && current == expected,
+        };
+        if matches {
+            let value = Value::State(new.to_vec());
+            items.insert(key, value, now, self.shared.max_bytes)?;
+        }
+        Ok(matches)
+    }
+
+    async fn try_lock(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        name: &StateKey,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = lock_key(tenant, session, name);
+        let now = self.shared.clock.now();
+        Ok(self.shared.locks.try_lock(&key, holder, ttl, now))
+    }
+
+    async fn unlock(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        name: &StateKey,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        self.shared
+            .locks
+            .unlock(&lock_key(tenant, session, name), holder);
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

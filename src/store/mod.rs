@@ -18,6 +18,10 @@
 //!   store, with a tracing span, stopped by [`Store::close`] or when the store is dropped)
 //!   deletes it. Time comes from a [`Clock`], so tests move a [`ManualClock`] instead of
 //!   sleeping.
+//! - **Atomic updates.** [`Store::compare_and_set_state`] replaces a state record only if it
+//!   still holds what the caller read, so replicas updating one session lose nothing.
+//!   [`Store::try_lock`] / [`Store::unlock`] give a session lock that expires by itself, so a
+//!   holder that died frees it after its time-to-live.
 //! - **Bounded.** [`open`] wraps the backend so that every call fails with
 //!   [`StoreError::Timeout`] after `op_timeout_ms`; the memory backend holds at most
 //!   `memory_max_bytes`; the fs backend runs at most `max_blocking_ops` file operations at once.
@@ -38,6 +42,7 @@
 mod config;
 mod fs;
 mod ids;
+mod locks;
 mod memory;
 mod sweeper;
 
@@ -180,6 +185,39 @@ pub trait Store: Send + Sync + 'static {
         key: &StateKey,
     ) -> Result<Option<Vec<u8>>, StoreError>;
 
+    /// Replaces the record under `key` with `new` only if it currently holds exactly
+    /// `expected` (`None`: no record). Returns whether it was replaced. Refreshes retention like
+    /// [`Store::put_state`].
+    async fn compare_and_set_state(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        key: &StateKey,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<bool, StoreError>;
+
+    /// Takes the lock `name` of the session for `holder` until `ttl` has passed, unless another
+    /// holder has it and it has not expired. Returns whether `holder` now holds it (taking a
+    /// lock one already holds extends it).
+    async fn try_lock(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        name: &StateKey,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Releases the lock if `holder` still holds it; otherwise does nothing.
+    async fn unlock(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        name: &StateKey,
+        holder: &str,
+    ) -> Result<(), StoreError>;
+
     /// Whether the store can serve (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -303,6 +341,43 @@ impl Store for Timed {
         bounded("get_state", self.timeout, fut).await
     }
 
+    async fn compare_and_set_state(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        key: &StateKey,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<bool, StoreError> {
+        let fut = self
+            .inner
+            .compare_and_set_state(tenant, session, key, expected, new);
+        bounded("compare_and_set_state", self.timeout, fut).await
+    }
+
+    async fn try_lock(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        name: &StateKey,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let fut = self.inner.try_lock(tenant, session, name, holder, ttl);
+        bounded("try_lock", self.timeout, fut).await
+    }
+
+    async fn unlock(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        name: &StateKey,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        let fut = self.inner.unlock(tenant, session, name, holder);
+        bounded("unlock", self.timeout, fut).await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         bounded("ping", self.timeout, self.inner.ping()).await
     }
@@ -369,6 +444,35 @@ mod tests {
         ) -> Result<Option<Vec<u8>>, StoreError> {
             std::future::pending().await
         }
+        async fn compare_and_set_state(
+            &self,
+            _: &Tenant,
+            _: &SessionId,
+            _: &StateKey,
+            _: Option<&[u8]>,
+            _: &[u8],
+        ) -> Result<bool, StoreError> {
+            std::future::pending().await
+        }
+        async fn try_lock(
+            &self,
+            _: &Tenant,
+            _: &SessionId,
+            _: &StateKey,
+            _: &str,
+            _: Duration,
+        ) -> Result<bool, StoreError> {
+            std::future::pending().await
+        }
+        async fn unlock(
+            &self,
+            _: &Tenant,
+            _: &SessionId,
+            _: &StateKey,
+            _: &str,
+        ) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
         async fn ping(&self) -> Result<(), StoreError> {
             std::future::pending().await
         }
@@ -396,6 +500,15 @@ mod tests {
             store.read_log(&t, &s).await.unwrap_err(),
             store.put_state(&t, &s, &k, b"v").await.unwrap_err(),
             store.get_state(&t, &s, &k).await.unwrap_err(),
+            store
+                .compare_and_set_state(&t, &s, &k, None, b"v")
+                .await
+                .unwrap_err(),
+            store
+                .try_lock(&t, &s, &k, "h", Duration::from_secs(1))
+                .await
+                .unwrap_err(),
+            store.unlock(&t, &s, &k, "h").await.unwrap_err(),
             store.ping().await.unwrap_err(),
         ];
         for err in errors {
