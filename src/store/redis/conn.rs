@@ -17,12 +17,15 @@ use tokio::sync::OnceCell;
 
 use crate::store::{StoreConfig, StoreError};
 
-/// How many times the connection manager retries a failed reconnection before the call fails
-/// (the next call starts over), and the base of its backoff in milliseconds. Kept short: every
-/// call is bounded by `op_timeout_ms` anyway.
-const RECONNECT_RETRIES: usize = 2;
-const RECONNECT_BACKOFF_MS: u64 = 50;
-const RECONNECT_MAX_DELAY_MS: u64 = 500;
+/// One server: a failed (re)connection is not retried with backoff inside the call (the
+/// manager's backoff starts at a second); the call fails at once and the next call connects
+/// again, so a call never waits longer than the connect timeout for a server that is down.
+const RECONNECT_RETRIES: usize = 0;
+/// A cluster: how many times a request is retried (topology changes, a node restarting), and
+/// the bounds of the wait between retries in milliseconds. `op_timeout_ms` bounds it all.
+const CLUSTER_RETRIES: u32 = 2;
+const CLUSTER_RETRY_MIN_WAIT_MS: u64 = 10;
+const CLUSTER_RETRY_MAX_WAIT_MS: u64 = 200;
 
 /// An open connection of either kind; a command runs on it like on any redis connection.
 #[derive(Clone)]
@@ -85,17 +88,15 @@ impl Connector {
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(cfg.redis_connect_timeout())
                 .set_response_timeout(cfg.redis_response_timeout())
-                .set_number_of_retries(RECONNECT_RETRIES)
-                .set_factor(RECONNECT_BACKOFF_MS)
-                .set_max_delay(RECONNECT_MAX_DELAY_MS);
+                .set_number_of_retries(RECONNECT_RETRIES);
             Target::Single { client, config }
         } else {
             let client = ClusterClientBuilder::new(cfg.redis_cluster_nodes.clone())
                 .connection_timeout(cfg.redis_connect_timeout())
                 .response_timeout(cfg.redis_response_timeout())
-                .retries(u32::try_from(RECONNECT_RETRIES).unwrap_or(u32::MAX))
-                .min_retry_wait(RECONNECT_BACKOFF_MS)
-                .max_retry_wait(RECONNECT_MAX_DELAY_MS)
+                .retries(CLUSTER_RETRIES)
+                .min_retry_wait(CLUSTER_RETRY_MIN_WAIT_MS)
+                .max_retry_wait(CLUSTER_RETRY_MAX_WAIT_MS)
                 .build()
                 .map_err(|e| StoreError::Config {
                     key: "redis_cluster_nodes",
