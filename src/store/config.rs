@@ -20,7 +20,7 @@ pub enum Backend {
     /// A human-readable directory tree under `path`. The embedded default.
     #[default]
     Fs,
-    /// A Redis server shared by several proxy replicas (not in this build yet).
+    /// A Redis server (or Redis Cluster) shared by several proxy replicas.
     Redis,
 }
 
@@ -34,6 +34,17 @@ impl Backend {
     }
 }
 
+/// What a request does when the store fails: `open` (the default) serves it without context
+/// management, as it came; `closed` refuses it (503), for operators who would rather fail than
+/// send a conversation unmanaged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    #[default]
+    Open,
+    Closed,
+}
+
 /// The `[store]` section.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -44,6 +55,20 @@ pub struct StoreConfig {
     pub path: PathBuf,
     /// Server of the `redis` backend. Default `redis://127.0.0.1:6379`.
     pub redis_url: String,
+    /// `redis`: the nodes of a Redis Cluster (`redis://host:port` each, a few are enough); when
+    /// set, `redis_url` is not used. Default empty (one server).
+    pub redis_cluster_nodes: Vec<String>,
+    /// `redis`: every key starts with `<prefix>:`, so several proxies (or other programs) can
+    /// share a server. 1 to 64 characters of a-z, A-Z, 0-9, `-`, `_`, `.` or `:`. Default `cp`.
+    pub redis_key_prefix: String,
+    /// `redis`: time allowed to open a connection, in milliseconds. Default 1000.
+    pub redis_connect_timeout_ms: u64,
+    /// `redis`: time allowed for the server's answer to one command, in milliseconds, sized for
+    /// multi-megabyte values on a LAN. Default 2000.
+    pub redis_response_timeout_ms: u64,
+    /// What a request does when the store fails: `open` serves it unmanaged, `closed` refuses
+    /// it. Default `open`.
+    pub on_error: OnError,
     /// Days an item is kept after it was last written or read. Default 30.
     pub retention_days: u64,
     /// Most bytes the `memory` backend holds; the least recently used items are evicted above
@@ -69,6 +94,11 @@ impl Default for StoreConfig {
             backend: Backend::Fs,
             path: PathBuf::from("./data"),
             redis_url: "redis://127.0.0.1:6379".into(),
+            redis_cluster_nodes: Vec::new(),
+            redis_key_prefix: "cp".into(),
+            redis_connect_timeout_ms: 1_000,
+            redis_response_timeout_ms: 2_000,
+            on_error: OnError::Open,
             retention_days: 30,
             memory_max_bytes: 256 * 1024 * 1024,
             op_timeout_ms: 2_000,
@@ -91,6 +121,20 @@ impl StoreConfig {
 
     pub fn sweep_interval(&self) -> Duration {
         Duration::from_secs(self.sweep_interval_secs)
+    }
+
+    pub fn redis_connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis_connect_timeout_ms)
+    }
+
+    pub fn redis_response_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis_response_timeout_ms)
+    }
+
+    /// Whether a request must be refused (503) rather than served unmanaged when the store
+    /// fails (`on_error = "closed"`).
+    pub fn fail_closed(&self) -> bool {
+        self.on_error == OnError::Closed
     }
 
     /// Checks every key that has constraints; the message names the key.
@@ -118,17 +162,43 @@ impl StoreConfig {
             Backend::Fs if self.max_blocking_ops == 0 => {
                 fail("max_blocking_ops", "must be above 0".into())
             }
-            Backend::Redis
-                if !(self.redis_url.starts_with("redis://")
-                    || self.redis_url.starts_with("rediss://")) =>
-            {
-                fail(
-                    "redis_url",
-                    format!("{:?} must start with redis:// or rediss://", self.redis_url),
-                )
-            }
+            Backend::Redis => self.validate_redis(),
             _ => Ok(()),
         }
+    }
+
+    fn validate_redis(&self) -> Result<(), StoreError> {
+        let fail = |key: &'static str, message: String| Err(StoreError::Config { key, message });
+        let is_url = |url: &str| url.starts_with("redis://") || url.starts_with("rediss://");
+        if self.redis_cluster_nodes.is_empty() && !is_url(&self.redis_url) {
+            return fail(
+                "redis_url",
+                format!("{:?} must start with redis:// or rediss://", self.redis_url),
+            );
+        }
+        if let Some(node) = self.redis_cluster_nodes.iter().find(|url| !is_url(url)) {
+            return fail(
+                "redis_cluster_nodes",
+                format!("{node:?} must start with redis:// or rediss://"),
+            );
+        }
+        let prefix = &self.redis_key_prefix;
+        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':');
+        if !(1..=64).contains(&prefix.len()) || !prefix.chars().all(allowed) {
+            return fail(
+                "redis_key_prefix",
+                format!(
+                    "{prefix:?} must be 1 to 64 characters of a-z, A-Z, 0-9, '-', '_', '.' or ':'"
+                ),
+            );
+        }
+        if self.redis_connect_timeout_ms == 0 {
+            return fail("redis_connect_timeout_ms", "must be above 0".into());
+        }
+        if self.redis_response_timeout_ms == 0 {
+            return fail("redis_response_timeout_ms", "must be above 0".into());
+        }
+        Ok(())
     }
 }
 
@@ -163,6 +233,25 @@ mod tests {
     }
 
     #[test]
+    fn redis_keys_and_on_error_parse() {
+        let cfg: StoreConfig = toml::from_str(
+            "backend = \"redis\"\nredis_cluster_nodes = [\"redis://10.0.0.1:7000\"]\n\
+             redis_key_prefix = \"proxy:prod\"\nredis_connect_timeout_ms = 300\n\
+             redis_response_timeout_ms = 5000\non_error = \"closed\"\n",
+        )
+        .unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.redis_cluster_nodes, ["redis://10.0.0.1:7000"]);
+        assert_eq!(cfg.redis_key_prefix, "proxy:prod");
+        assert_eq!(cfg.redis_connect_timeout(), Duration::from_millis(300));
+        assert_eq!(cfg.redis_response_timeout(), Duration::from_millis(5000));
+        assert!(cfg.fail_closed());
+        assert!(!StoreConfig::default().fail_closed());
+        let err = toml::from_str::<StoreConfig>("on_error = \"maybe\"\n").unwrap_err();
+        assert!(err.to_string().contains("maybe"), "{err}");
+    }
+
+    #[test]
     fn invalid_values_name_the_key() {
         let cases = [
             (
@@ -194,6 +283,46 @@ mod tests {
                     ..StoreConfig::default()
                 },
                 "store.redis_url",
+            ),
+            (
+                StoreConfig {
+                    backend: Backend::Redis,
+                    redis_cluster_nodes: vec!["redis://a:1".into(), "a:2".into()],
+                    ..StoreConfig::default()
+                },
+                "store.redis_cluster_nodes",
+            ),
+            (
+                StoreConfig {
+                    backend: Backend::Redis,
+                    redis_key_prefix: "cp{x}".into(),
+                    ..StoreConfig::default()
+                },
+                "store.redis_key_prefix",
+            ),
+            (
+                StoreConfig {
+                    backend: Backend::Redis,
+                    redis_key_prefix: String::new(),
+                    ..StoreConfig::default()
+                },
+                "store.redis_key_prefix",
+            ),
+            (
+                StoreConfig {
+                    backend: Backend::Redis,
+                    redis_response_timeout_ms: 0,
+                    ..StoreConfig::default()
+                },
+                "store.redis_response_timeout_ms",
+            ),
+            (
+                StoreConfig {
+                    backend: Backend::Redis,
+                    redis_connect_timeout_ms: 0,
+                    ..StoreConfig::default()
+                },
+                "store.redis_connect_timeout_ms",
             ),
         ];
         for (cfg, key) in cases {

@@ -2,8 +2,12 @@
 //! [`open_with_clock`] builds it (so through the timeout layer), with a [`ManualClock`] so that
 //! retention is tested without sleeping. A new backend adds one `suite!` line.
 //!
-//! Backend-specific behaviour (the memory bound, the fs tree, crash leftovers) is tested in the
-//! backend's own module.
+//! Redis measures time with its own clock, so the tests that move the clock (`clocked_suite!`)
+//! run on memory and fs only; the redis module tests its server-side expiry itself. A subset
+//! runs on a private three-node Redis Cluster too (`redis_cluster`).
+//!
+//! Backend-specific behaviour (the memory bound, the fs tree, crash leftovers, Redis faults) is
+//! tested in the backend's own module.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -11,6 +15,7 @@ use std::time::{Duration, SystemTime};
 use proptest::prelude::*;
 use serde_json::json;
 
+use super::redis::test_server::{unique_prefix, RedisCluster, TestRedis};
 use super::{
     open_with_clock, Backend, ContentKind, ContentRef, ManualClock, SessionId, StateKey, Store,
     StoreConfig, Tenant,
@@ -18,36 +23,66 @@ use super::{
 
 const DAY: Duration = Duration::from_secs(86_400);
 
-/// A store under test, with its clock and (for fs) the temporary directory it lives in.
+/// A store under test, with its clock and what it lives in: a temporary directory (fs), a Redis
+/// server or cluster (redis).
 struct Harness {
     store: Arc<dyn Store>,
     clock: Arc<ManualClock>,
     _dir: tempfile::TempDir,
+    _redis: Option<TestRedis>,
+    _cluster: Option<Arc<RedisCluster>>,
 }
 
 impl Harness {
     async fn memory() -> Harness {
-        Harness::open(Backend::Memory).await
+        Harness::open(Backend::Memory, StoreConfig::default()).await
     }
 
     async fn fs() -> Harness {
-        Harness::open(Backend::Fs).await
+        Harness::open(Backend::Fs, StoreConfig::default()).await
     }
 
-    async fn open(backend: Backend) -> Harness {
+    /// On `REDIS_URL`'s server or a private one, under a key prefix of its own.
+    async fn redis() -> Harness {
+        let redis = TestRedis::start();
+        let cfg = StoreConfig {
+            redis_url: redis.url.clone(),
+            redis_key_prefix: redis.prefix.clone(),
+            ..StoreConfig::default()
+        };
+        let mut h = Harness::open(Backend::Redis, cfg).await;
+        h._redis = Some(redis);
+        h
+    }
+
+    /// On a running private cluster, under a key prefix of its own.
+    async fn redis_cluster(cluster: &Arc<RedisCluster>) -> Harness {
+        let cfg = StoreConfig {
+            redis_cluster_nodes: cluster.urls(),
+            redis_key_prefix: unique_prefix(),
+            ..StoreConfig::default()
+        };
+        let mut h = Harness::open(Backend::Redis, cfg).await;
+        h._cluster = Some(Arc::clone(cluster));
+        h
+    }
+
+    async fn open(backend: Backend, cfg: StoreConfig) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(ManualClock::new(SystemTime::now()));
         let cfg = StoreConfig {
             backend,
             path: dir.path().join("data"),
             op_timeout_ms: 30_000,
-            ..StoreConfig::default()
+            ..cfg
         };
         let store = open_with_clock(&cfg, clock.clone()).await.unwrap();
         Harness {
             store,
             clock,
             _dir: dir,
+            _redis: None,
+            _cluster: None,
         }
     }
 }
@@ -76,6 +111,10 @@ macro_rules! suite {
             #[tokio::test]
             async fn round_trip_is_byte_exact() {
                 super::round_trip_is_byte_exact(harness().await).await
+            }
+            #[tokio::test]
+            async fn unusual_text_round_trips() {
+                super::unusual_text_round_trips(harness().await).await
             }
             #[tokio::test]
             async fn same_content_has_the_same_ref() {
@@ -169,8 +208,53 @@ macro_rules! clocked_suite {
 
 suite!(memory);
 suite!(fs);
+suite!(redis);
 clocked_suite!(memory, memory_clocked);
 clocked_suite!(fs, fs_clocked);
+
+/// A subset of the suite on a private Redis Cluster (three masters): every kind of item, the
+/// scripts and the pipelines, each on keys of one tenant's slot. Fails, with the reason, when no
+/// cluster can be started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster() {
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(|| RedisCluster::start(3))
+            .await
+            .unwrap(),
+    );
+    round_trip_is_byte_exact(Harness::redis_cluster(&cluster).await).await;
+    unusual_text_round_trips(Harness::redis_cluster(&cluster).await).await;
+    concurrent_writers_of_the_same_content_all_succeed(Harness::redis_cluster(&cluster).await)
+        .await;
+    tenants_are_isolated(Harness::redis_cluster(&cluster).await).await;
+    the_log_is_append_only_json_lines(Harness::redis_cluster(&cluster).await).await;
+    state_records_are_replaced_and_read_back(Harness::redis_cluster(&cluster).await).await;
+    compare_and_set_from_absent(Harness::redis_cluster(&cluster).await).await;
+    compare_and_set_under_contention_loses_nothing(Harness::redis_cluster(&cluster).await).await;
+    a_lock_has_one_holder(Harness::redis_cluster(&cluster).await).await;
+    unlock_by_another_holder_does_nothing(Harness::redis_cluster(&cluster).await).await;
+    ping_and_close(Harness::redis_cluster(&cluster).await).await;
+    // Many tenants: their keys spread over the cluster's slots, on every node.
+    let h = Harness::redis_cluster(&cluster).await;
+    for i in 0..64 {
+        let t = tenant(&format!("sk-{i}"));
+        let content = format!("tenant {i}");
+        let r = h
+            .store
+            .put_content(&t, &session("s"), ContentKind::ToolResult, &content)
+            .await
+            .unwrap();
+        assert_eq!(h.store.get_content(&t, &r).await.unwrap(), Some(content));
+    }
+    for node in &cluster.nodes {
+        let mut conn = ::redis::Client::open(node.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let keys: usize = ::redis::cmd("DBSIZE").query(&mut conn).unwrap();
+        assert!(keys > 0, "node {} holds no key", node.url());
+    }
+}
 
 async fn round_trip_is_byte_exact(h: Harness) {
     let (t, s) = (tenant("k"), session("s"));
@@ -193,6 +277,65 @@ async fn round_trip_is_byte_exact(h: Harness) {
         let back = h.store.get_content(&t, &r).await.unwrap();
         assert!(back.as_deref() == Some(content), "content {i} changed");
     }
+}
+
+async fn unusual_text_round_trips(h: Harness) {
+    let (t, s) = (tenant("k"), session("s"));
+    // A character from every plane that has assigned ones, and the edges of the ranges.
+    let planes: String = [
+        '\u{0}',
+        '\u{7f}',
+        '\u{80}',
+        '\u{7ff}',
+        '\u{800}',
+        '\u{d7ff}',
+        '\u{e000}',
+        '\u{fffd}',
+        '\u{ffff}',
+        '\u{10000}',
+        '\u{1f600}',
+        '\u{20000}',
+        '\u{2a6d6}',
+        '\u{30000}',
+        '\u{e0001}',
+        '\u{f0000}',
+        '\u{10fffd}',
+        '\u{10ffff}',
+    ]
+    .iter()
+    .collect();
+    let eight_megabytes = "\u{1f680}\u{4e2d}x\n".repeat(1 << 20);
+    assert!(eight_megabytes.len() >= 8 << 20);
+    let contents = [
+        planes.as_str(),
+        // Text that looks like invalid UTF-8 or escapes, but is valid text.
+        "\u{fffd}\u{fffd} replacement characters",
+        "\\xff\\xfe \\ud800 \\u0000 %ff %C3%28 lone escapes as text",
+        "\"quoted\" 'single' `back` {braces} [brackets] {tenant}:c:ctx_",
+        "\u{202e}right-to-left override\u{202c} \u{200b}zero width",
+        eight_megabytes.as_str(),
+    ];
+    for content in contents {
+        let r = h
+            .store
+            .put_content(&t, &s, ContentKind::ToolResult, content)
+            .await
+            .unwrap();
+        let back = h.store.get_content(&t, &r).await.unwrap();
+        assert!(
+            back.as_deref() == Some(content),
+            "{:?}",
+            content.chars().take(20).collect::<String>()
+        );
+        let value = content.as_bytes();
+        h.store.put_state(&t, &s, &key("v"), value).await.unwrap();
+        let back = h.store.get_state(&t, &s, &key("v")).await.unwrap();
+        assert!(back.as_deref() == Some(value));
+    }
+    // A record of the journal holding all of it.
+    let record = json!({ "planes": planes, "escapes": contents[2] });
+    h.store.append_log(&t, &s, &record).await.unwrap();
+    assert_eq!(h.store.read_log(&t, &s).await.unwrap(), [record]);
 }
 
 async fn same_content_has_the_same_ref(h: Harness) {

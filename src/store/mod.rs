@@ -3,8 +3,9 @@
 //!
 //! One [`Store`] trait, chosen once at start-up by [`open`] from [`StoreConfig`]:
 //! [`memory`](MemoryStore) (bounded, for tests), [`fs`](FsStore) (the embedded default, a
-//! directory tree a person can read, see the `fs` module) and, in a later version, `redis`. The
-//! same conformance suite (`conformance.rs`) runs against every backend.
+//! directory tree a person can read, see the `fs` module; one process per directory) and
+//! [`redis`](RedisStore) (one server or a Redis Cluster shared by several replicas, see the
+//! `redis` module). The same conformance suite (`conformance.rs`) runs against every backend.
 //!
 //! What the trait promises, on every backend:
 //! - **Content-addressed.** Content is stored under [`ContentRef::of`] its bytes, an opaque id
@@ -17,7 +18,7 @@
 //!   (reading refreshes it), then reads answer `None` and a background sweeper (one task per
 //!   store, with a tracing span, stopped by [`Store::close`] or when the store is dropped)
 //!   deletes it. Time comes from a [`Clock`], so tests move a [`ManualClock`] instead of
-//!   sleeping.
+//!   sleeping. (Redis expires keys itself, by its own clock.)
 //! - **Atomic updates.** [`Store::compare_and_set_state`] replaces a state record only if it
 //!   still holds what the caller read, so replicas updating one session lose nothing.
 //!   [`Store::try_lock`] / [`Store::unlock`] give a session lock that expires by itself, so a
@@ -28,11 +29,8 @@
 //!   Callers treat any [`StoreError`] as "serve the request without context management"
 //!   (invariant *Fail-open*).
 //!
-//! The shape fits Redis as it is: async calls, string names, byte values, per-item TTLs. A
-//! Redis backend keeps content at `cp:{<tenant>}:c:<ref>` (`SET … NX EX`, refreshed by
-//! `EXPIRE`, read with `GETEX … EX`), state at `cp:{<tenant>}:s:<session>:<key>`, and the
-//! journal as a list at `cp:{<tenant>}:l:<session>` (`RPUSH` + `EXPIRE`); the `{<tenant>}` hash
-//! tag keeps a tenant's keys in one Redis Cluster slot.
+//! What to do when the store fails is the caller's choice, read from
+//! [`StoreConfig::fail_closed`] (`on_error = "open" | "closed"`).
 //!
 //! Why `Arc<dyn Store>` with boxed futures (the `async-trait` crate) rather than an enum of
 //! backends: other modules hold the store without caring which one it is, and their tests can
@@ -44,6 +42,7 @@ mod fs;
 mod ids;
 mod locks;
 mod memory;
+mod redis;
 mod sweeper;
 
 #[cfg(test)]
@@ -56,7 +55,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-pub use config::{Backend, StoreConfig};
+pub use self::redis::RedisStore;
+pub use config::{Backend, OnError, StoreConfig};
 pub use fs::FsStore;
 pub use ids::{ContentKind, ContentRef, SessionId, StateKey, Tenant};
 pub use memory::MemoryStore;
@@ -73,8 +73,6 @@ pub enum StoreError {
     },
     #[error("invalid config: store.{key} {message}")]
     Config { key: &'static str, message: String },
-    #[error("the {0} store backend is not available in this build yet; use store.backend = \"fs\" or \"memory\"")]
-    Unavailable(&'static str),
     #[error("store {op} did not finish within {timeout_ms} ms (store.op_timeout_ms)")]
     Timeout { op: &'static str, timeout_ms: u64 },
     #[error("{len} bytes do not fit in the memory store's {limit} bytes (store.memory_max_bytes)")]
@@ -84,6 +82,11 @@ pub enum StoreError {
         op: &'static str,
         path: PathBuf,
         source: std::io::Error,
+    },
+    #[error("store {op} failed on redis: {source}")]
+    Redis {
+        op: &'static str,
+        source: ::redis::RedisError,
     },
     #[error("stored data at {location} is corrupt: {detail}")]
     Corrupt { location: String, detail: String },
@@ -242,7 +245,8 @@ pub async fn open_with_clock(
         Backend::Fs => {
             Arc::new(bounded("open", cfg.op_timeout(), FsStore::open(cfg, clock)).await?)
         }
-        Backend::Redis => return Err(StoreError::Unavailable("redis")),
+        // Never fails because Redis is down: see `RedisStore::open`.
+        Backend::Redis => Arc::new(RedisStore::open(cfg).await?),
     };
     Ok(Arc::new(Timed {
         inner,
@@ -518,17 +522,6 @@ mod tests {
             );
             assert!(err.to_string().contains("store.op_timeout_ms"), "{err}");
         }
-    }
-
-    #[tokio::test]
-    async fn redis_is_refused_with_a_clear_error() {
-        let cfg = StoreConfig {
-            backend: Backend::Redis,
-            ..StoreConfig::default()
-        };
-        let err = open(&cfg).await.err().unwrap();
-        assert!(matches!(err, StoreError::Unavailable("redis")), "{err}");
-        assert!(err.to_string().contains("not available"), "{err}");
     }
 
     #[tokio::test]

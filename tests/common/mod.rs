@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::time::Duration;
 
 use context_proxy::config::{Config, UpstreamConfig};

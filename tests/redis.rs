@@ -1,0 +1,178 @@
+//! The redis store when Redis fails: every call fails within its timeout (no hang) while the
+//! server is away, and works again once it is back, without reopening the store; a store opened
+//! while Redis is down opens anyway, its ping fails until Redis starts, then succeeds. Each test
+//! runs its own `redis-server` on a free port (`REDIS_URL` is not used: these tests kill it).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::RedisServer;
+use context_proxy::store::{
+    open, Backend, ContentKind, SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
+};
+
+/// The store's `op_timeout_ms` in these tests; a failing call must return well within it.
+const OP_TIMEOUT_MS: u64 = 1_500;
+/// Longest a test waits for the store to reconnect after Redis is back.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn config(url: String) -> StoreConfig {
+    StoreConfig {
+        backend: Backend::Redis,
+        redis_url: url,
+        redis_connect_timeout_ms: 500,
+        redis_response_timeout_ms: 1_000,
+        op_timeout_ms: OP_TIMEOUT_MS,
+        ..StoreConfig::default()
+    }
+}
+
+fn ids() -> (Tenant, SessionId, StateKey) {
+    (
+        Tenant::from_api_key(Some("sk-fault")),
+        SessionId::parse("s").unwrap(),
+        StateKey::parse("k").unwrap(),
+    )
+}
+
+/// Runs every kind of call once; all must fail, each within the op timeout.
+async fn assert_every_call_fails_in_time(store: &dyn Store) {
+    let (t, s, k) = ids();
+    let r = context_proxy::store::ContentRef::of("x");
+    let started = Instant::now();
+    let limit = Duration::from_millis(OP_TIMEOUT_MS + 500);
+    macro_rules! fails {
+        ($call:expr) => {{
+            let at = Instant::now();
+            let result = $call.await;
+            assert!(
+                result.is_err(),
+                "{} succeeded with Redis down",
+                stringify!($call)
+            );
+            assert!(
+                at.elapsed() < limit,
+                "{} took {:?}",
+                stringify!($call),
+                at.elapsed()
+            );
+            result.err().unwrap()
+        }};
+    }
+    let err: StoreError = fails!(store.put_content(&t, &s, ContentKind::ToolResult, "x"));
+    assert!(
+        matches!(err, StoreError::Redis { .. } | StoreError::Timeout { .. }),
+        "{err}"
+    );
+    fails!(store.get_content(&t, &r));
+    fails!(store.append_log(&t, &s, &serde_json::json!({})));
+    fails!(store.read_log(&t, &s));
+    fails!(store.put_state(&t, &s, &k, b"v"));
+    fails!(store.get_state(&t, &s, &k));
+    fails!(store.compare_and_set_state(&t, &s, &k, None, b"v"));
+    fails!(store.try_lock(&t, &s, &k, "h", Duration::from_secs(1)));
+    fails!(store.unlock(&t, &s, &k, "h"));
+    fails!(store.ping());
+    assert!(started.elapsed() < 10 * limit);
+}
+
+/// Polls `ping` until it succeeds (the store reconnecting by itself), within [`PATIENCE`].
+async fn wait_until_ready(store: &dyn Store) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match store.ping().await {
+            Ok(()) => return,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "the store did not reconnect within {PATIENCE:?}: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn assert_store_works(store: &dyn Store, content: &str) {
+    let (t, s, k) = ids();
+    let r = store
+        .put_content(&t, &s, ContentKind::ToolResult, content)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_content(&t, &r).await.unwrap().as_deref(),
+        Some(content)
+    );
+    store
+        .put_state(&t, &s, &k, content.as_bytes())
+        .await
+        .unwrap();
+    store
+        .append_log(&t, &s, &serde_json::json!({"c": content}))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn calls_fail_fast_while_redis_is_away_and_work_again_when_it_is_back() {
+    let mut server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let store = open(&config(server.url())).await.unwrap();
+    store.ping().await.unwrap();
+    assert_store_works(&*store, "before").await;
+
+    server = tokio::task::spawn_blocking(move || {
+        server.kill();
+        server
+    })
+    .await
+    .unwrap();
+    assert_every_call_fails_in_time(&*store).await;
+    // Failing twice is the same: no call waits on the first failure.
+    assert_every_call_fails_in_time(&*store).await;
+
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    wait_until_ready(&*store).await;
+    // A fresh server (no persistence): what was stored before is gone, the store works.
+    assert_store_works(&*store, "after").await;
+    let (t, _, _) = ids();
+    let before = context_proxy::store::ContentRef::of("before");
+    assert_eq!(store.get_content(&t, &before).await.unwrap(), None);
+    drop(server);
+}
+
+#[tokio::test]
+async fn a_store_opened_while_redis_is_down_opens_and_connects_when_redis_starts() {
+    let port = RedisServer::free_port();
+    let store = open(&config(format!("redis://127.0.0.1:{port}")))
+        .await
+        .expect("opening must not need Redis");
+    assert!(store.ping().await.is_err());
+    assert_every_call_fails_in_time(&*store).await;
+
+    let server = tokio::task::spawn_blocking(move || RedisServer::start_on(port))
+        .await
+        .unwrap();
+    wait_until_ready(&*store).await;
+    assert_store_works(&*store, "late start").await;
+    drop(server);
+}
+
+#[tokio::test]
+async fn a_store_on_a_cluster_that_is_down_opens_too() {
+    let ports = [RedisServer::free_port(), RedisServer::free_port()];
+    let cfg = StoreConfig {
+        redis_cluster_nodes: ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect(),
+        ..config(String::new())
+    };
+    let store = open(&cfg).await.expect("opening must not need Redis");
+    assert!(store.ping().await.is_err());
+}
