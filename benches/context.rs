@@ -108,7 +108,9 @@ async fn planning() {
     println!(
         "Plan and apply (`ContextManager::manage`, memory store) on a {}-message, {tokens}-token conversation, budget {} (gpt-4o × 0.8):\n",
         body["messages"].as_array().map_or(0, Vec::len),
-        ContextConfig::default().resolve("gpt-4o", Mode::Auto).budget
+        ContextConfig::default()
+            .resolve("gpt-4o", Mode::Auto, &Default::default())
+            .budget
     );
     let (mut cold, mut warm, mut same, mut off) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut actions = String::new();
@@ -178,7 +180,8 @@ fn savings() {
                 .map(|m| counter.count_message(m))
                 .collect();
             for (slot, mode) in [(1, Mode::Compact), (2, Mode::Auto)] {
-                let settings = ContextConfig::default().resolve(&session.model, mode);
+                let settings =
+                    ContextConfig::default().resolve(&session.model, mode, &Default::default());
                 let mut prior = Decision::default();
                 for &end in &session.request_ends {
                     let input = Input {

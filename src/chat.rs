@@ -105,6 +105,20 @@ pub async fn handle(
         })
         .await?;
 
+    // learned-limit hook: a 400/413 may be the upstream saying the context is too long and
+    // stating its real limit. Read that small error body, learn from it, and relay the same
+    // bytes to the client unchanged (see `learn_from_error`).
+    if matches!(incoming.status.as_u16(), 400 | 413) && error_body_is_small(&incoming) {
+        let model = request
+            .body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let mut response = learn_from_error(&state, &upstream.name, model, incoming).await;
+        context_headers(response.headers_mut(), &managed);
+        return Ok(response);
+    }
+
     // respond; when the request was counted, read the upstream's usage.prompt_tokens as it
     // passes, to compare with our count.
     let mut response = if managed.counted {
@@ -124,6 +138,54 @@ pub async fn handle(
     };
     context_headers(response.headers_mut(), &managed);
     Ok(response)
+}
+
+// learned-limit hook: the error bodies read whole are at most this long (and say so in
+// Content-Length); anything else is relayed as a stream.
+const MAX_ERROR_BODY: u64 = 64 * 1024;
+
+// learned-limit hook.
+fn error_body_is_small(incoming: &crate::upstream::Incoming) -> bool {
+    incoming
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n <= MAX_ERROR_BODY)
+}
+
+// learned-limit hook: reads the upstream's error body, lets context management learn the
+// limit it states (if any), and answers with the same status, headers and bytes.
+async fn learn_from_error(
+    state: &AppState,
+    upstream: &str,
+    model: &str,
+    incoming: crate::upstream::Incoming,
+) -> Response<ProxyBody> {
+    use futures_util::StreamExt;
+    let status = incoming.status;
+    let mut headers = incoming.headers.clone();
+    // hyper sets it again from the body read (which a cut-short upstream makes shorter).
+    headers.remove(header::CONTENT_LENGTH);
+    let mut body = Vec::new();
+    let mut chunks = std::pin::pin!(incoming.into_stream());
+    while let Some(chunk) = chunks.next().await {
+        match chunk {
+            Ok(bytes) => body.extend_from_slice(&bytes),
+            Err(e) => {
+                tracing::warn!(error = %e, "upstream error body cut short");
+                break;
+            }
+        }
+    }
+    state
+        .context
+        .learn_from_upstream_error(upstream, model, status.as_u16(), &body)
+        .await;
+    let mut response = Response::new(crate::body::full(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
 }
 
 /// Counts what context management did.

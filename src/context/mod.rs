@@ -6,13 +6,19 @@
 //! - `settings` — the `[context]` config and the budget for one model;
 //! - `units` — cutting a conversation into units that are never split;
 //! - `markers` — the texts that stand in for removed content;
-//! - `engine` — truncate, compact, move out (pure);
+//! - `engine` — lossless transforms, truncate, compact, move out (pure);
+//! - `transforms` — the lossless transforms of tool results (pure);
+//! - `models` — the built-in table of model windows and output limits, with sources;
+//! - `limits` — limits stated by upstreams in their errors, learned and remembered;
 //! - `session` — tenant, session, prefix hashes and remembered decisions (I/O).
 
 pub mod engine;
+pub mod limits;
 pub mod markers;
+pub mod models;
 pub mod session;
 pub mod settings;
+pub mod transforms;
 pub mod units;
 
 use std::sync::Arc;
@@ -28,7 +34,7 @@ use crate::store::{ContentRef, Store, StoreError, Tenant};
 use crate::tokens::{Counter, Encoding};
 use engine::{content_text, Decision, Env, Input, Report, Source};
 use session::{identify, Decisions, Identity, Prefixes};
-pub use settings::{ContextConfig, Mode, Settings};
+pub use settings::{ContextConfig, Mode, RequestLimits, Settings};
 
 /// Response headers that tell the client what was done.
 pub const TOKENS_BEFORE_HEADER: &str = "x-context-tokens-before";
@@ -75,12 +81,18 @@ pub struct ContextManager {
     written: DashMap<(Tenant, ContentRef), ()>,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
     references: DashMap<u128, ContentRef>,
+    /// Content hash → lossless form of a tool result (`None`: no transform applies), so each
+    /// result is transformed once.
+    transformed: DashMap<u128, Option<Arc<transforms::Lossless>>>,
+    /// Context limits stated by upstreams, per upstream and model.
+    learned: limits::LearnedLimits,
 }
 
 /// The engine's view of counting and addressing, with caches.
 struct CachedEnv<'a> {
     counter: &'a Counter,
     references: &'a DashMap<u128, ContentRef>,
+    transformed: &'a DashMap<u128, Option<Arc<transforms::Lossless>>>,
 }
 
 impl Env for CachedEnv<'_> {
@@ -100,6 +112,19 @@ impl Env for CachedEnv<'_> {
         self.references.insert(key, r.clone());
         r
     }
+
+    fn lossless(&self, text: &str) -> Option<Arc<transforms::Lossless>> {
+        let key = xxh3_128(text.as_bytes());
+        if let Some(t) = self.transformed.get(&key) {
+            return t.clone();
+        }
+        let t = transforms::lossless(text).map(Arc::new);
+        if self.transformed.len() >= MEMORY_REFS {
+            self.transformed.clear();
+        }
+        self.transformed.insert(key, t.clone());
+        t
+    }
 }
 
 impl ContextManager {
@@ -111,6 +136,45 @@ impl ContextManager {
             store,
             written: DashMap::new(),
             references: DashMap::new(),
+            transformed: DashMap::new(),
+            learned: limits::LearnedLimits::new(),
+        }
+    }
+
+    /// Learns the context limit an upstream states in an error answer (status and body as the
+    /// upstream sent them), for the next requests of `model` on `upstream`.
+    pub async fn learn_from_upstream_error(
+        &self,
+        upstream: &str,
+        model: &str,
+        status: u16,
+        body: &[u8],
+    ) {
+        let Some(limit) = limits::stated_limit(status, body) else {
+            return;
+        };
+        if self
+            .learned
+            .learn(&*self.store, upstream, model, limit)
+            .await
+        {
+            tracing::info!(
+                upstream,
+                model,
+                limit,
+                "learned the context limit from the upstream"
+            );
+        }
+    }
+
+    /// What this request adds to the config's budget: its `max_completion_tokens` /
+    /// `max_tokens` and the limit learned for its model (on `upstream` when known).
+    // TODO(merge): pass the routed upstream's name and its default window here.
+    fn request_limits(&self, upstream: Option<&str>, model: &str, body: &Value) -> RequestLimits {
+        RequestLimits {
+            requested_output: RequestLimits::requested_output_of(body),
+            upstream_default_window: None,
+            learned_window: self.learned.get(upstream, model),
         }
     }
 
@@ -165,14 +229,17 @@ impl ContextManager {
             report.skipped = Some("no messages array".into());
             return Managed::unchanged(report);
         };
-        let settings = self.config.resolve(&model, mode);
-        // Nothing to truncate or compact and within budget: no decision can change it.
+        self.learned.load(&*self.store).await;
+        let limits = self.request_limits(None, &model, body);
+        let settings = self.config.resolve(&model, mode, &limits);
+        // Nothing to transform, truncate or compact and within budget: no decision can change it.
         let largest = count.per_message.iter().copied().max().unwrap_or(0);
         if count.total <= settings.budget
             && largest
                 <= settings
                     .tool_result_max_tokens
                     .min(settings.truncate_tokens)
+            && !(settings.lossless && engine::has_tool_results(messages))
         {
             return Managed::unchanged(report);
         }
@@ -189,6 +256,7 @@ impl ContextManager {
         let env = CachedEnv {
             counter: &counter,
             references: &self.references,
+            transformed: &self.transformed,
         };
         let input = Input {
             messages,
