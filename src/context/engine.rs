@@ -61,7 +61,8 @@ pub trait Env {
 pub struct Decision {
     /// Tool results of messages before this index are compacted (when over the threshold).
     pub compact_before: usize,
-    /// Messages from the first non-instruction message up to this index are moved out.
+    /// Messages from the end of the pinned head (instructions, and the task with `pin_task`)
+    /// up to this index are moved out.
     pub offload_before: usize,
 }
 

@@ -94,35 +94,44 @@ fn repeat_marker(n: usize) -> String {
 /// followed by a count marker (when that is shorter); `None` when there is no such run. Line ends are kept as they
 /// are.
 pub fn collapse_repeats(text: &str) -> Option<(String, usize)> {
-    let pieces: Vec<&str> = text.split_inclusive('\n').collect();
     let body = |p: &str| -> usize { p.strip_suffix('\n').map_or(p.len(), str::len) };
-    let mut out = String::with_capacity(text.len());
+    // Most results have no run: find the first before copying anything.
+    let mut out: Option<String> = None;
+    let mut copied = 0;
     let mut runs = 0;
-    let mut i = 0;
-    while i < pieces.len() {
-        let current = &pieces[i][..body(pieces[i])];
-        let mut j = i + 1;
-        while j < pieces.len() && &pieces[j][..body(pieces[j])] == current {
-            j += 1;
+    let mut pieces = text.split_inclusive('\n').peekable();
+    let mut at = 0;
+    while let Some(first) = pieces.next() {
+        let current = &first[..body(first)];
+        let mut count = 1;
+        let mut last = first;
+        while let Some(next) = pieces.next_if(|p| &p[..body(p)] == current) {
+            count += 1;
+            last = next;
         }
-        let marker = repeat_marker(j - i - 1);
-        let shorter = (j - i - 1) * (current.len() + 1) > marker.len() + 1;
-        if j - i >= MIN_RUN && shorter && !current.trim().is_empty() {
+        let run_end = at
+            + first.len()
+            + (count - 1) * (current.len() + 1) // every piece but the last ends with '\n'
+            - usize::from(count > 1 && !last.ends_with('\n'));
+        let marker = repeat_marker(count - 1);
+        let shorter = (count - 1) * (current.len() + 1) > marker.len() + 1;
+        if count >= MIN_RUN && shorter && !current.trim().is_empty() {
+            let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
+            o.push_str(&text[copied..at]);
+            o.push_str(current);
+            o.push('\n');
+            o.push_str(&marker);
+            if last.ends_with('\n') {
+                o.push('\n');
+            }
+            copied = run_end;
             runs += 1;
-            out.push_str(current);
-            out.push('\n');
-            out.push_str(&marker);
-            if pieces[j - 1].ends_with('\n') {
-                out.push('\n');
-            }
-        } else {
-            for p in &pieces[i..j] {
-                out.push_str(p);
-            }
         }
-        i = j;
+        at = run_end;
     }
-    (runs > 0).then_some((out, runs))
+    let mut out = out?;
+    out.push_str(&text[copied..]);
+    Some((out, runs))
 }
 
 #[cfg(test)]
