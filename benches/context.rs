@@ -88,6 +88,10 @@ fn conversation(target: usize) -> Vec<Value> {
 }
 
 async fn manager() -> ContextManager {
+    manager_with(ContextConfig::default()).await
+}
+
+async fn manager_with(config: ContextConfig) -> ContextManager {
     let store_cfg = StoreConfig {
         backend: Backend::Memory,
         ..StoreConfig::default()
@@ -96,7 +100,7 @@ async fn manager() -> ContextManager {
         .await
         .expect("memory store");
     let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
-    ContextManager::new(ContextConfig::default(), counter, store)
+    ContextManager::new(config, counter, store)
 }
 
 async fn planning() {
@@ -122,9 +126,21 @@ async fn planning() {
             .budget
     );
     let (mut cold, mut warm, mut same, mut off) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut cold_plain = Vec::new();
     let mut actions = String::new();
     let mut reduced = (0, 0);
     for _ in 0..9 {
+        // The same first sight with the lossless transforms off, alternating with the rest:
+        // what trying them on every tool result costs.
+        let plain = manager_with(ContextConfig {
+            lossless: false,
+            ..ContextConfig::default()
+        })
+        .await;
+        let mut b = body.clone();
+        let t = Instant::now();
+        black_box(plain.manage(&headers, &mut b, Mode::Auto, None).await);
+        cold_plain.push(t.elapsed());
         let m = manager().await;
         let mut b = body.clone();
         let t = Instant::now();
@@ -149,6 +165,10 @@ async fn planning() {
     println!("| case | median |");
     println!("|---|---:|");
     println!("| cold: first sight, empty caches | {} |", ms(median(cold)));
+    println!(
+        "| cold, lossless transforms off | {} |",
+        ms(median(cold_plain))
+    );
     println!(
         "| warm: next request, one new turn | {} |",
         ms(median(warm))

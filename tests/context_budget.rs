@@ -207,3 +207,49 @@ async fn a_limit_the_upstream_states_is_used_from_the_next_request() {
     let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
     assert!(after <= 2400, "{after}");
 }
+
+#[tokio::test]
+async fn json_results_go_out_minified_and_the_original_is_stored() {
+    use context_proxy::store::{Backend, ContentRef, StoreConfig, Tenant};
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.store.backend = Backend::Fs;
+        c.store.path = dir.path().to_path_buf();
+        c.store.fsync = false;
+    })
+    .await;
+    let items: Vec<Value> = (0..40)
+        .map(|i| json!({"id": i, "price": 1.5, "tags": ["a", "b"], "note": format!("item  {i}")}))
+        .collect();
+    let pretty = serde_json::to_string_pretty(&items).unwrap();
+    let messages = json!([
+        {"role": "user", "content": "List the items."},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "api", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": pretty}
+    ]);
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": messages}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-context-actions"), "minified=1");
+    let sent = h.mock.received()[0].json();
+    let text = sent["messages"][2]["content"].as_str().unwrap();
+    assert_eq!(text, serde_json::to_string(&items).unwrap());
+    // The original, byte-exact, under its reference.
+    let store = context_proxy::store::open(&StoreConfig {
+        backend: Backend::Fs,
+        path: dir.path().to_path_buf(),
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap();
+    let stored = store
+        .get_content(
+            &Tenant::from_api_key(Some("sk-test-client")),
+            &ContentRef::of(&pretty),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored.as_deref(), Some(pretty.as_str()));
+    store.close().await;
+}
