@@ -3,8 +3,13 @@
 //! override it with `[context.model_windows]`; a limit an upstream states in a "context too
 //! long" error overrides both (see `limits`).
 //!
-//! Figures were checked in November 2026 against the provider's model pages (or, where a
-//! provider publishes none in one place, a gateway page quoting it; named in the comment).
+//! Each figure names the provider page it comes from. Cross-checked in November 2026 against
+//! pages quoting them (Vercel AI Gateway model pages, the DeepSeek pricing page, gateway and
+//! framework model tables): gpt-5 (400k / 128k), gpt-4.1 (1,047,576 / 32,768), gpt-4o
+//! (128k / 16,384), Claude 3.7/4 (200k; 64k or 32k out), Gemini 2.5 (1,048,576 / 65,536),
+//! DeepSeek (64K before V3.1, 128K now). The Qwen, Llama and Mistral rows are from the pages
+//! named and were not cross-checked; a self-hosted server's real window is better set per
+//! upstream or learned from its first "context too long" error.
 
 /// The size limits of one model, in tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
