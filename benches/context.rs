@@ -9,14 +9,19 @@
 //! next request of the same conversation, one new message), and `off` (what pass-through
 //! costs in the same phase). Part 2: tokens saved on the sample agent traffic, replaying every
 //! request of every session through the engine with decisions carried from request to request
-//! as the proxy does, with compaction alone and in auto mode.
+//! as the proxy does: the lossless transforms alone, compaction, and auto mode with and
+//! without them; then what the sample traffic's tool results look like (JSON documents,
+//! repeated lines, trailing spaces, ANSI codes, CRLF). Part 3: the lossless transforms on
+//! their own: cold cost on a 100 KB JSON result, and savings on tool results shaped like
+//! real pretty-printed API answers and build logs (built here, not recorded traffic).
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use context_proxy::context::engine::{self, Decision, Input};
-use context_proxy::context::{ContextConfig, ContextManager, Mode};
+use context_proxy::context::transforms;
+use context_proxy::context::{ContextConfig, ContextManager, Mode, Settings};
 use context_proxy::store::{Backend, Store, StoreConfig};
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use context_proxy::traffic::{generate, AgentKind, TrafficConfig};
@@ -32,6 +37,10 @@ fn main() {
     runtime.block_on(planning());
     println!();
     savings();
+    println!();
+    shapes();
+    println!();
+    lossless_part();
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -79,6 +88,10 @@ fn conversation(target: usize) -> Vec<Value> {
 }
 
 async fn manager() -> ContextManager {
+    manager_with(ContextConfig::default()).await
+}
+
+async fn manager_with(config: ContextConfig) -> ContextManager {
     let store_cfg = StoreConfig {
         backend: Backend::Memory,
         ..StoreConfig::default()
@@ -87,7 +100,7 @@ async fn manager() -> ContextManager {
         .await
         .expect("memory store");
     let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
-    ContextManager::new(ContextConfig::default(), counter, store)
+    ContextManager::new(config, counter, store)
 }
 
 async fn planning() {
@@ -108,12 +121,26 @@ async fn planning() {
     println!(
         "Plan and apply (`ContextManager::manage`, memory store) on a {}-message, {tokens}-token conversation, budget {} (gpt-4o × 0.8):\n",
         body["messages"].as_array().map_or(0, Vec::len),
-        ContextConfig::default().resolve("gpt-4o", Mode::Auto).budget
+        ContextConfig::default()
+            .resolve("gpt-4o", Mode::Auto, &Default::default())
+            .budget
     );
     let (mut cold, mut warm, mut same, mut off) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut cold_plain = Vec::new();
     let mut actions = String::new();
     let mut reduced = (0, 0);
     for _ in 0..9 {
+        // The same first sight with the lossless transforms off, alternating with the rest:
+        // what trying them on every tool result costs.
+        let plain = manager_with(ContextConfig {
+            lossless: false,
+            ..ContextConfig::default()
+        })
+        .await;
+        let mut b = body.clone();
+        let t = Instant::now();
+        black_box(plain.manage(&headers, &mut b, Mode::Auto, None).await);
+        cold_plain.push(t.elapsed());
         let m = manager().await;
         let mut b = body.clone();
         let t = Instant::now();
@@ -139,6 +166,10 @@ async fn planning() {
     println!("|---|---:|");
     println!("| cold: first sight, empty caches | {} |", ms(median(cold)));
     println!(
+        "| cold, lossless transforms off | {} |",
+        ms(median(cold_plain))
+    );
+    println!(
         "| warm: next request, one new turn | {} |",
         ms(median(warm))
     );
@@ -158,8 +189,8 @@ fn savings() {
         sessions.iter().map(|s| s.request_count()).sum::<usize>(),
         ms(generated)
     );
-    println!("| traffic | requests | tokens without proxy | compact: sent | saved | auto: sent | saved |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("| traffic | requests | tokens without proxy | lossless only: saved | compact: saved | auto: sent | saved | auto, lossless off: saved |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let kinds = [
         Some(AgentKind::Coding),
         Some(AgentKind::Research),
@@ -167,7 +198,10 @@ fn savings() {
         None,
     ];
     for kind in kinds {
-        let mut row = (0usize, 0usize, 0usize, 0usize);
+        // requests, before, then sent by: lossless only, compact, auto, auto without lossless.
+        let mut requests = 0usize;
+        let mut before = 0usize;
+        let mut sent = [0usize; 4];
         for session in sessions.iter().filter(|s| kind.is_none_or(|k| s.kind == k)) {
             let fixed = 3 + counter
                 .count_request(&json!({"messages": [], "tools": session.tools}))
@@ -177,8 +211,24 @@ fn savings() {
                 .iter()
                 .map(|m| counter.count_message(m))
                 .collect();
-            for (slot, mode) in [(1, Mode::Compact), (2, Mode::Auto)] {
-                let settings = ContextConfig::default().resolve(&session.model, mode);
+            let config = ContextConfig::default();
+            let resolve = |mode| config.resolve(&session.model, mode, &Default::default());
+            let variants: [Settings; 4] = [
+                Settings {
+                    budget: usize::MAX / 4,
+                    target: usize::MAX / 4,
+                    tool_result_max_tokens: usize::MAX / 4,
+                    truncate_tokens: usize::MAX / 4,
+                    ..resolve(Mode::Compact)
+                },
+                resolve(Mode::Compact),
+                resolve(Mode::Auto),
+                Settings {
+                    lossless: false,
+                    ..resolve(Mode::Auto)
+                },
+            ];
+            for (slot, settings) in variants.iter().enumerate() {
                 let mut prior = Decision::default();
                 for &end in &session.request_ends {
                     let input = Input {
@@ -186,29 +236,177 @@ fn savings() {
                         counts: &counts[..end],
                         fixed,
                     };
-                    let outcome = engine::run(&input, &settings, prior, &counter);
+                    let outcome = engine::run(&input, settings, prior, &counter);
                     prior = outcome.decision;
-                    if slot == 1 {
-                        row.0 += 1;
-                        row.1 += outcome.report.tokens_before;
-                        row.2 += outcome.report.tokens_after;
-                    } else {
-                        row.3 += outcome.report.tokens_after;
+                    if slot == 0 {
+                        requests += 1;
+                        before += outcome.report.tokens_before;
                     }
+                    sent[slot] += outcome.report.tokens_after;
                 }
             }
         }
         let name = kind.map_or("all".to_string(), |k| k.as_str().to_string());
-        let saved = |sent: usize| 100.0 * (1.0 - sent as f64 / row.1.max(1) as f64);
+        let saved = |sent: usize| 100.0 * (1.0 - sent as f64 / before.max(1) as f64);
         println!(
-            "| {name} | {} | {} | {} | {:.1}% | {} | {:.1}% |",
-            row.0,
-            row.1,
-            row.2,
-            saved(row.2),
-            row.3,
-            saved(row.3)
+            "| {name} | {requests} | {before} | {:.2}% | {:.1}% | {} | {:.1}% | {:.1}% |",
+            saved(sent[0]),
+            saved(sent[1]),
+            sent[2],
+            saved(sent[2]),
+            saved(sent[3])
         );
     }
     println!("\n(whole part measured in {})", ms(started.elapsed()));
+}
+
+/// What the sample traffic's tool results are made of: what a lossless transform could act on.
+fn shapes() {
+    let sessions = generate(&TrafficConfig::default());
+    let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+    let (mut results, mut tokens) = (0usize, 0usize);
+    let (mut json_docs, mut pretty, mut runs, mut trailing, mut ansi, mut crlf) =
+        (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
+    let (mut saved_min, mut saved_dedupe) = (0usize, 0usize);
+    for session in &sessions {
+        for m in &session.messages {
+            if m["role"] != "tool" {
+                continue;
+            }
+            let Some(text) = m["content"].as_str() else {
+                continue;
+            };
+            results += 1;
+            let t = counter.count_text(text);
+            tokens += t;
+            if serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object() || v.is_array()) {
+                json_docs += 1;
+                if let Some(min) = transforms::minify_json(text) {
+                    pretty += 1;
+                    saved_min += t.saturating_sub(counter.count_text(&min));
+                }
+            }
+            if let Some((out, _)) = transforms::collapse_repeats(text) {
+                runs += 1;
+                saved_dedupe += t.saturating_sub(counter.count_text(&out));
+            }
+            trailing += usize::from(text.lines().any(|l| l.ends_with(' ') || l.ends_with('\t')));
+            ansi += usize::from(text.contains('\u{1b}'));
+            crlf += usize::from(text.contains("\r\n"));
+        }
+    }
+    println!("Tool results of the sample traffic (every message of every session, each counted once): {results} results, {tokens} tokens.\n");
+    println!("| shape | results | tokens a transform saves |");
+    println!("|---|---:|---:|");
+    println!("| whole JSON document | {json_docs} | |");
+    println!("| … with whitespace to remove (minified) | {pretty} | {saved_min} |");
+    println!(
+        "| a run of ≥ {} identical lines (collapsed) | {runs} | {saved_dedupe} |",
+        transforms::MIN_RUN
+    );
+    println!("| a line with trailing spaces or tabs | {trailing} | (no transform) |");
+    println!("| ANSI escape codes | {ansi} | (no transform) |");
+    println!("| CRLF line ends | {crlf} | (no transform) |");
+}
+
+/// A 2-space pretty-printed JSON answer of a REST API listing `n` issues, as `gh api` or
+/// `curl … | jq .` print them.
+fn api_json(n: usize) -> String {
+    const LABELS: [&str; 5] = ["bug", "billing", "p1", "export", "needs-triage"];
+    let items: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({
+                "url": format!("https://api.github.com/repos/acme/billing/issues/{}", 4000 + i),
+                "id": 2_100_000_000u64 + i as u64 * 7919,
+                "node_id": format!("I_kwDOJ{:08x}", i * 2654435761usize % 0xffff_ffff),
+                "number": 4000 + i,
+                "title": format!("Invoice export fails for accounts with {} currencies", i % 7 + 2),
+                "user": {"login": format!("dev{}", i % 13), "id": 100_000 + i % 13, "type": "User", "site_admin": false},
+                "labels": [{"id": 1_000 + i % 5, "name": LABELS[i % 5], "color": "d73a4a", "default": i % 5 == 0}],
+                "state": if i % 3 == 0 { "closed" } else { "open" },
+                "locked": false,
+                "assignee": null,
+                "comments": i % 9,
+                "created_at": format!("2025-0{}-{:02}T1{}:0{}:00Z", i % 9 + 1, i % 28 + 1, i % 10, i % 10),
+                "updated_at": format!("2025-0{}-{:02}T1{}:3{}:00Z", i % 9 + 1, i % 28 + 1, i % 10, i % 10),
+                "author_association": "MEMBER",
+                "body": format!("Steps: export invoices for account {}.\nExpected: CSV. Got: 500.", 90_000 + i),
+                "reactions": {"total_count": i % 4, "+1": i % 4, "-1": 0, "laugh": 0, "hooray": 0},
+            })
+        })
+        .collect();
+    serde_json::to_string_pretty(&items).unwrap_or_default()
+}
+
+/// A build-and-test log with the repetition real tools print (retries, progress, warnings).
+fn build_log(n: usize) -> String {
+    let mut out = String::new();
+    for i in 0..n {
+        out.push_str(&format!("   Compiling crate-{i} v0.{}.{}\n", i % 9, i % 4));
+        if i % 10 == 3 {
+            for _ in 0..12 {
+                out.push_str("warning: unused import: `std::collections::HashMap`\n");
+            }
+        }
+        if i % 25 == 7 {
+            for _ in 0..30 {
+                out.push_str("Waiting for file lock on package cache\n");
+            }
+        }
+    }
+    for t in 0..n {
+        out.push_str(&format!("test module_{}::case_{t} ... ok\n", t % 17));
+    }
+    out.push_str("test result: ok. all passed; 0 failed\n");
+    out
+}
+
+fn lossless_part() {
+    let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+    // Cold cost on a 100 KB pretty-printed JSON result.
+    let mut doc = api_json(1);
+    let mut n = 1;
+    while doc.len() < 100_000 {
+        n += 1;
+        doc = api_json(n);
+    }
+    let mut transform = Vec::new();
+    for _ in 0..21 {
+        let t = Instant::now();
+        black_box(transforms::lossless(black_box(&doc)));
+        transform.push(t.elapsed());
+    }
+    let min = transforms::lossless(&doc)
+        .map(|l| l.text)
+        .unwrap_or_default();
+    println!(
+        "Lossless transforms, cold (median of 21): a {} KB pretty-printed JSON result ({} issues, {} tokens → {} minified, {} KB): {} (validate with serde_json, copy tokens; the proxy counts the minified text once more and caches both by content).\n",
+        doc.len() / 1000,
+        n,
+        counter.count_text(&doc),
+        counter.count_text(&min),
+        min.len() / 1000,
+        ms(median(transform)),
+    );
+    println!("Savings on tool results shaped like real ones (built here; not recorded traffic):\n");
+    println!("| result | tokens | after lossless | saved |");
+    println!("|---|---:|---:|---:|");
+    let cases = [
+        (
+            "REST API answer, 2-space pretty JSON (20 issues)",
+            api_json(20),
+        ),
+        (
+            "build and test log with retries and repeated warnings",
+            build_log(200),
+        ),
+    ];
+    for (name, text) in cases {
+        let before = counter.count_text(&text);
+        let after = transforms::lossless(&text).map_or(before, |l| counter.count_text(&l.text));
+        println!(
+            "| {name} | {before} | {after} | {:.1}% |",
+            100.0 * (1.0 - after as f64 / before.max(1) as f64)
+        );
+    }
 }

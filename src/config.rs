@@ -125,6 +125,10 @@ pub struct UpstreamConfig {
     /// Tokenizer of this upstream's models (`o200k_base`, `cl100k_base`); by default chosen
     /// from the model name.
     pub encoding: Option<Encoding>,
+    /// The context window of models this upstream serves that the built-in table does not know
+    /// (a self-hosted server's `--ctx-size`, e.g. 8192). Unset: 128k for unknown models. A
+    /// limit the upstream states in a "context too long" error is learned and wins over it.
+    pub context_window: Option<usize>,
 }
 
 impl Default for UpstreamConfig {
@@ -139,6 +143,7 @@ impl Default for UpstreamConfig {
             read_timeout_ms: 300_000,
             pool_max_idle_per_host: 256,
             encoding: None,
+            context_window: None,
         }
     }
 }

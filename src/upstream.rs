@@ -34,6 +34,8 @@ pub struct Upstream {
     client: reqwest::Client,
     /// Tokenizer override for this upstream's models.
     pub encoding: Option<crate::tokens::Encoding>,
+    /// Context window of models the built-in table does not know (`context_window`).
+    pub context_window: Option<usize>,
 }
 
 /// Every configured upstream and the routing between them.
@@ -112,6 +114,7 @@ impl Upstreams {
                 read_timeout: cfg.read_timeout(),
                 client,
                 encoding: cfg.encoding,
+                context_window: cfg.context_window,
             }));
         }
         let default = configs.iter().position(|c| c.default).unwrap_or(0);

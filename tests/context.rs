@@ -243,7 +243,9 @@ async fn over_budget_conversations_move_old_units_out_and_stay_valid() {
     let sent = h.mock.received()[0].json();
     let got = sent["messages"].as_array().unwrap();
     assert_eq!(got[0], messages[0]);
-    assert!(got[1]["content"]
+    // The task stays, the marker for the moved run comes right after it.
+    assert_eq!(got[1], messages[1]);
+    assert!(got[2]["content"]
         .as_str()
         .unwrap()
         .contains("earlier messages"));

@@ -4,7 +4,10 @@
 
 use std::collections::HashMap;
 
-use context_proxy::context::engine::{self, content_text, Decision, Input, Outcome, Source};
+use context_proxy::context::engine::{
+    self, content_text, unseen_start, Action, Decision, Input, Outcome, Source,
+};
+use context_proxy::context::transforms::{collapse_repeats, minify_json};
 use context_proxy::context::units::{is_instruction, role, segment};
 use context_proxy::context::{ContextConfig, Mode, Settings};
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
@@ -99,11 +102,11 @@ fn settings(mode: Mode, budget: usize, keep_recent: usize) -> Settings {
         max_context_tokens: Some(budget),
         keep_recent_messages: keep_recent,
         tool_result_max_tokens: 300,
-        truncate_tool_result_tokens: 6000,
+        truncate_tool_result_tokens: Some(6000),
         compact_batch_tokens: 1500,
         ..ContextConfig::default()
     };
-    cfg.resolve("gpt-4o", mode)
+    cfg.resolve("gpt-4o", mode, &Default::default())
 }
 
 fn run(messages: &[Value], s: &Settings, prior: Decision) -> Outcome {
@@ -171,6 +174,18 @@ proptest! {
         prop_assert_eq!(&out[0], &messages[0]);
         prop_assert_eq!(out.last(), messages.last());
 
+        let actions: HashMap<usize, Action> = outcome
+            .writes
+            .iter()
+            .filter_map(|w| match w.source {
+                Source::MessageText(i) => Some((i, w.action)),
+                Source::Owned(_) => None,
+            })
+            .collect();
+        let units = segment(&messages).unwrap();
+        let unseen = unseen_start(&messages, &units);
+        let first_user = messages.iter().position(|m| role(m) == "user");
+
         // Every output message is an input message (same or rewritten in place, same order)
         // or the one marker for a moved run; every input message is accounted for.
         let mut i = 0;
@@ -183,6 +198,9 @@ proptest! {
                     let moved: Value = serde_json::from_str(line).unwrap();
                     prop_assert_eq!(&moved, &messages[i], "moved run differs from the input");
                     prop_assert!(!is_instruction(&moved));
+                    // The model reads before anything is hidden; the task is pinned.
+                    prop_assert!(i < unseen, "message {} moved out before the model saw it", i);
+                    prop_assert!(Some(i) != first_user, "the task was moved out");
                     i += 1;
                 }
                 continue;
@@ -190,6 +208,26 @@ proptest! {
             let original = &messages[i];
             prop_assert_eq!(role(m), role(original));
             if m != original {
+                let action = actions.get(&i).copied();
+                // Unseen results and the pinned messages change only by lossless transforms or
+                // the hard cap.
+                if i >= unseen || Some(i) == first_user || is_instruction(original) {
+                    prop_assert!(matches!(action, Some(Action::Minified | Action::Deduped | Action::Truncated)),
+                        "message {} (unseen from {}) was {:?}", i, unseen, action);
+                }
+                if matches!(action, Some(Action::Minified | Action::Deduped)) {
+                    // Lossless: the text sent means exactly the original, which is stored.
+                    let original_text = content_text(original).unwrap().into_owned();
+                    let reference = context_proxy::store::ContentRef::of(&original_text).to_string();
+                    prop_assert_eq!(store.get(&reference), Some(&original_text));
+                    if action == Some(Action::Minified) {
+                        prop_assert_eq!(json_tokens(&text), json_tokens(&original_text));
+                    } else {
+                        prop_assert_eq!(expand_repeats(&text), original_text);
+                    }
+                    i += 1;
+                    continue;
+                }
                 let refs = refs_in(&text);
                 prop_assert!(!refs.is_empty(), "a rewritten message names no reference");
                 let full = store.get(&refs[0]).expect("rewritten content is stored");
@@ -229,12 +267,15 @@ proptest! {
         let units = segment(&messages).unwrap();
         let n = messages.len();
         let last_user = messages.iter().rposition(|m| role(m) == "user").unwrap();
-        let limit = n.saturating_sub(keep).min(last_user);
+        let limit = n.saturating_sub(keep).min(last_user).min(unseen_start(&messages, &units));
         let protected_from = units.iter().find(|u| u.end > limit).map_or(n, |u| u.start);
-        // Worst case for what stays: instructions, a marker, and the protected tail as it came
-        // but with each message capped by truncation.
-        let tail: usize = messages[protected_from..].iter().map(|m| c.count_message(m).min(s.truncate_tokens + 200)).sum();
-        let bound = 3 + c.count_message(&messages[0]) + 200 + tail;
+        // Worst case for what stays: the pinned head (instructions, the task), a marker, and
+        // the protected tail as it came but with each message capped by truncation.
+        let capped = |m: &Value| c.count_message(m).min(s.truncate_tokens + 200);
+        let first_user = messages.iter().position(|m| role(m) == "user").unwrap();
+        let head: usize = messages[..=first_user.min(protected_from)].iter().map(capped).sum();
+        let tail: usize = messages[protected_from..].iter().map(capped).sum();
+        let bound = 3 + head + 200 + tail;
         if bound <= s.budget {
             prop_assert!(outcome.report.tokens_after <= s.budget,
                 "after {} > budget {} though the protected part is only {}", outcome.report.tokens_after, s.budget, bound);
@@ -315,4 +356,150 @@ fn off_changes_nothing() {
         Decision::default(),
     );
     assert!(outcome.messages.is_none());
+}
+
+/// The string and number literals of a JSON text, in order, as written (an independent
+/// tokenizer: minification must keep every one byte-exact and in order).
+fn json_tokens(text: &str) -> Vec<String> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                let start = i;
+                i += 1;
+                while b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+                out.push(text[start..i].to_string());
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < b.len() && matches!(b[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                out.push(text[start..i].to_string());
+            }
+            b' ' | b'\n' | b'\r' | b'\t' => i += 1,
+            other => {
+                out.push((other as char).to_string());
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Undoes [`collapse_repeats`]: each count marker becomes that many copies of the line above.
+fn expand_repeats(text: &str) -> String {
+    let mut out = String::new();
+    let mut previous = "";
+    for piece in text.split_inclusive('\n') {
+        let body = piece.strip_suffix('\n').unwrap_or(piece);
+        let count = body
+            .strip_prefix("[previous line repeated ")
+            .and_then(|r| r.strip_suffix(" more times]"))
+            .and_then(|n| n.parse::<usize>().ok());
+        match count {
+            Some(k) => {
+                for j in 0..k {
+                    out.push_str(previous);
+                    if j + 1 < k || piece.ends_with('\n') {
+                        out.push('\n');
+                    }
+                }
+            }
+            None => {
+                out.push_str(piece);
+                previous = body;
+            }
+        }
+    }
+    out
+}
+
+/// JSON text with arbitrary insignificant whitespace, numbers in every form, escapes.
+fn json_text() -> impl Strategy<Value = String> {
+    let ws = prop::sample::select(vec!["", " ", "\n", "  ", "\n    ", "\t", "\r\n"]);
+    let scalar = prop::sample::select(vec![
+        "0",
+        "-0",
+        "1.50",
+        "1e3",
+        "-2.5E-7",
+        "12345678901234567890123",
+        "true",
+        "false",
+        "null",
+        "\"plain\"",
+        "\"two  spaces\"",
+        "\"esc \\\" \\\\ \\n \\u00e9 \\ud83d\\ude80\"",
+        "\"日本語 🚀\"",
+        "\"\"",
+    ]);
+    let leaf = (scalar, ws.clone(), ws.clone()).prop_map(|(v, a, b)| format!("{a}{v}{b}"));
+    leaf.prop_recursive(4, 48, 6, move |inner| {
+        let ws = ws.clone();
+        prop_oneof![
+            (prop::collection::vec(inner.clone(), 0..6), ws.clone())
+                .prop_map(|(items, w)| format!("[{w}{}]", items.join(","))),
+            (
+                prop::collection::vec(("[a-z]{1,6}", ws.clone(), inner), 0..6),
+                ws.clone()
+            )
+                .prop_map(|(fields, w)| {
+                    let fields: Vec<String> = fields
+                        .into_iter()
+                        .map(|(k, s, v)| format!("{s}\"{k}\"{s}:{v}"))
+                        .collect();
+                    format!("{{{w}{}}}", fields.join(","))
+                }),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// Minified JSON parses to the same value, keeps every string and number byte-exact and in
+    /// order, and is the same bytes every time.
+    #[test]
+    fn minified_json_means_the_same(text in json_text()) {
+        let Some(min) = minify_json(&text) else {
+            // Nothing to remove, or not an object/array at the top.
+            let top = text.trim_start().as_bytes().first().copied();
+            let container = matches!(top, Some(b'{' | b'['));
+            let spaced = text.bytes().any(|b| b" \n\r\t".contains(&b));
+            prop_assert!(!container || !spaced || serde_json::from_str::<Value>(&text).is_err(), "not minified: {:?}", text);
+            return Ok(());
+        };
+        let a: Value = serde_json::from_str(&text).unwrap();
+        let b: Value = serde_json::from_str(&min).unwrap();
+        prop_assert_eq!(a, b);
+        prop_assert_eq!(json_tokens(&min), json_tokens(&text));
+        prop_assert!(!min.bytes().any(|b| b == b'\n'));
+        prop_assert_eq!(minify_json(&text), Some(min));
+    }
+
+    /// Collapsing repeated lines is undone exactly by expanding the markers.
+    #[test]
+    fn collapsed_lines_expand_to_the_original(lines in prop::collection::vec((prop::sample::select(vec!["a", "warn: retry", "", "  ", "x\r", "日本", "error: connection refused\r"]), 1usize..12), 0..12),
+                                              end_newline in any::<bool>()) {
+        let mut text: String = lines.iter().flat_map(|(l, k)| std::iter::repeat_n(format!("{l}\n"), *k)).collect();
+        if !end_newline && text.ends_with('\n') {
+            text.pop();
+        }
+        match collapse_repeats(&text) {
+            Some((out, runs)) => {
+                prop_assert!(runs > 0);
+                prop_assert!(out.len() < text.len());
+                prop_assert_eq!(expand_repeats(&out), text.clone());
+                prop_assert_eq!(collapse_repeats(&text), Some((out, runs)));
+            }
+            None => prop_assert!(!text.contains("[previous line")),
+        }
+    }
 }

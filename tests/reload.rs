@@ -481,6 +481,10 @@ async fn a_client_tool_of_the_same_name_makes_the_proxys_take_another() {
         names_of_tools(&first),
         ["context_read", "proxy_context_read", "context_search"]
     );
+    // The markers name the proxy's tool by the name it has in this request.
+    let markers = first["messages"].to_string();
+    assert!(markers.contains("Call proxy_context_read {"), "{markers}");
+    assert!(!markers.contains("Call context_read {"), "{markers}");
     let second = h.mock.received()[1].json();
     let last = second["messages"]
         .as_array()

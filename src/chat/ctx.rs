@@ -31,6 +31,8 @@ pub struct ChatCtx {
     pub managed: Managed,
     /// The upstream request as built by `forward`, ready to be sent again.
     pub outgoing: Option<UpstreamRequest>,
+    /// Whether (and under which names) the proxy's tools can be offered in this request.
+    pub offer: crate::reload::Offer,
     /// Set when the proxy offered its own tools: what the tool loop needs.
     pub reload: Option<super::tool_loop::Reload>,
     /// The JSON body differs from the raw bytes beyond what `managed.body` holds (hidden
@@ -77,6 +79,7 @@ impl ChatCtx {
             plan: None,
             managed: Managed::off(),
             outgoing: None,
+            offer: crate::reload::Offer::NotOffered(crate::reload::NotOffered::Disabled),
             reload: None,
             body_changed: false,
             restored: 0,

@@ -12,8 +12,9 @@
 //! - `apply` stores what the plan removes, builds the new body, and offers the proxy's own
 //!   tools when the body refers to stored content ([`crate::reload`]);
 //! - `forward` builds the upstream request once (it can be sent again) and sends it;
-//! - `tool loop` answers the model's calls of the proxy's tools and asks the upstream again,
-//!   hiding them from the client (`tool_loop.rs`, `loop_json.rs`, `loop_stream.rs`);
+//! - `tool loop` learns the limit an upstream states when it says the context is too long
+//!   (`overflow.rs`), answers the model's calls of the proxy's tools and asks the upstream
+//!   again, hiding them from the client (`tool_loop.rs`, `loop_json.rs`, `loop_stream.rs`);
 //! - `respond` relays the answer to the client as it arrives, reading it on the way;
 //! - `record` runs once the response is known — when its body has ended or the client left.
 //!
@@ -22,6 +23,7 @@
 mod ctx;
 mod loop_json;
 mod loop_stream;
+mod overflow;
 mod record;
 mod request;
 mod respond;
@@ -101,8 +103,10 @@ fn identify(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     Ok(())
 }
 
-/// plan: put back the proxy's hidden tool calls, then count and decide (no store writes).
+/// plan: put back the proxy's hidden tool calls, then count and decide (no store writes). The
+/// markers name the proxy's tools as they will be offered in this request.
 async fn plan(state: &AppState, ctx: &mut ChatCtx) {
+    ctx.offer = crate::reload::offer(&ctx.request.body, state.context.reload_config());
     if let Some(identity) = &ctx.identity {
         let hidden = crate::reload::hidden::Hidden::new(state.context.store().clone());
         if let Some(Value::Array(messages)) = ctx.request.body.get_mut("messages") {
@@ -124,7 +128,22 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
             ctx.identity.as_ref(),
             &ctx.request.body,
             ctx.mode,
-            ctx.upstream.encoding,
+            &crate::context::Route {
+                upstream: Some(&ctx.upstream.name),
+                encoding: ctx.upstream.encoding,
+                default_window: ctx.upstream.context_window,
+                readback: match &ctx.offer {
+                    crate::reload::Offer::Tools(names) => {
+                        crate::context::markers::Readback::Tools {
+                            read: names.read.clone(),
+                            search: names.search.clone(),
+                        }
+                    }
+                    crate::reload::Offer::NotOffered(_) => {
+                        crate::context::markers::Readback::Stored
+                    }
+                },
+            },
         )
         .await;
     ctx.plan = Some(plan);
@@ -137,7 +156,7 @@ async fn apply(state: &AppState, ctx: &mut ChatCtx) {
         return;
     };
     let offered = if plan.refers_to_stored_content() {
-        match crate::reload::offer(&ctx.request.body, state.context.reload_config()) {
+        match ctx.offer.clone() {
             crate::reload::Offer::Tools(names) => {
                 let client_had_tools = ctx
                     .request
@@ -219,6 +238,10 @@ async fn tool_loop(
     ctx: &mut ChatCtx,
     answer: upstream::Incoming,
 ) -> Result<Answer, ProxyError> {
+    let answer = match overflow::learn_limit(state, ctx, answer).await {
+        Ok(relayed) => return Ok(relayed),
+        Err(answer) => answer,
+    };
     let (Some(reload), Some(identity), Some(outgoing)) =
         (&ctx.reload, &ctx.identity, &ctx.outgoing)
     else {

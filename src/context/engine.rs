@@ -4,27 +4,38 @@
 //! depend on, the new decision and a report come out. No I/O, no clock, no randomness.
 //!
 //! Stages, in order:
-//! 1. **Truncate** any tool result or user text over the hard cap (head and tail stay).
+//! 0. **Lossless** (when `lossless`): every tool result, at first sight, loses what carries no
+//!    information (JSON whitespace, runs of repeated lines; see `transforms`), when that saves
+//!    tokens. The original is a [`Write`] like any other.
+//! 1. **Truncate** any tool result or user text over the hard cap (a share of the budget):
+//!    head and tail stay, and the result never exceeds the cap.
 //! 2. **Compact** tool results over `tool_result_max_tokens` before the compaction boundary into
 //!    a preview and a reference. The boundary only moves forward, and only in batches: when the
 //!    results that aged out of the recent window would save `compact_batch_tokens`, or the
 //!    request is over budget; it then jumps to the start of the recent window. Between moves
 //!    the compacted prefix is byte-identical from one request to the next.
 //! 3. **Move out** (auto when compaction is not enough, compress): the oldest whole units after
-//!    the leading system/developer messages, up to the target, are replaced by one marker
-//!    message; they never include the latest user message or the recent window.
+//!    the pinned head (system/developer messages and, with `pin_task`, the first user message),
+//!    up to the target, are replaced by one marker message placed after that head.
+//!
+//! **What the model has not seen is untouchable**: everything after the last assistant message
+//! (the results it is about to read) is never compacted nor moved out; only the hard cap may
+//! shorten it. The recent window is whole units, at least `keep_recent` messages, and always
+//! includes that unseen part.
 //!
 //! Every removed byte is in a [`Write`]; a conversation that is not well formed is left as it
 //! came.
 
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::markers;
 use super::settings::{Mode, Settings};
+use super::transforms::{self, Lossless};
 use super::units::{is_instruction, role, segment};
 use crate::store::{ContentKind, ContentRef};
 
@@ -38,6 +49,11 @@ pub trait Env {
     fn count_message(&self, message: &Value) -> usize;
     /// The content-addressed reference of `text`.
     fn reference(&self, text: &str) -> ContentRef;
+    /// The lossless form of a tool result ([`transforms::lossless`]); callers may cache it by
+    /// content.
+    fn lossless(&self, text: &str) -> Option<Arc<Lossless>> {
+        transforms::lossless(text).map(Arc::new)
+    }
 }
 
 /// Where the conversation's boundaries stand; recorded against the prefix it covers.
@@ -45,7 +61,8 @@ pub trait Env {
 pub struct Decision {
     /// Tool results of messages before this index are compacted (when over the threshold).
     pub compact_before: usize,
-    /// Messages from the first non-instruction message up to this index are moved out.
+    /// Messages from the end of the pinned head (instructions, and the task with `pin_task`)
+    /// up to this index are moved out.
     pub offload_before: usize,
 }
 
@@ -65,12 +82,42 @@ pub enum Source {
     Owned(String),
 }
 
+/// Why content was written: what the model sees in its place. Ordered by how much was
+/// removed; a reference written for two reasons keeps the larger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Action {
+    /// JSON whitespace removed (lossless).
+    Minified,
+    /// Runs of repeated lines collapsed (lossless).
+    Deduped,
+    /// Head and tail kept inline.
+    Truncated,
+    /// A preview and the reference.
+    Compacted,
+    /// Whole messages replaced by one marker.
+    MovedOut,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Minified => "minified",
+            Action::Deduped => "deduped",
+            Action::Truncated => "truncated",
+            Action::Compacted => "compacted",
+            Action::MovedOut => "moved_out",
+        }
+    }
+}
+
 /// Content the output depends on: it must be in the store before the output is sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Write {
     pub reference: ContentRef,
     pub kind: ContentKind,
     pub source: Source,
+    /// What was done to it (for the context log).
+    pub action: Action,
 }
 
 /// What was done, for headers and logs.
@@ -78,6 +125,10 @@ pub struct Write {
 pub struct Report {
     pub tokens_before: usize,
     pub tokens_after: usize,
+    /// Tool results sent minified (not compacted later).
+    pub minified: usize,
+    /// Tool results sent with repeated lines collapsed (not compacted later).
+    pub deduped: usize,
     pub truncated: usize,
     pub compacted: usize,
     pub offloaded: usize,
@@ -115,6 +166,8 @@ impl Report {
         }
         let mut parts = Vec::new();
         for (n, what) in [
+            (self.minified, "minified"),
+            (self.deduped, "deduped"),
             (self.truncated, "truncated"),
             (self.compacted, "compacted"),
             (self.offloaded, "offloaded"),
@@ -183,6 +236,11 @@ fn has_text_content(message: &Value) -> bool {
     }
 }
 
+/// Whether any message is a tool result (something the lossless stage may transform).
+pub fn has_tool_results(messages: &[Value]) -> bool {
+    messages.iter().any(|m| role(m) == "tool")
+}
+
 /// `message` with its content replaced by `text`, every other field kept in place.
 fn with_content(message: &Value, text: String) -> Value {
     let mut m = message.clone();
@@ -193,18 +251,21 @@ fn with_content(message: &Value, text: String) -> Value {
 }
 
 /// What happened to one message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Change {
-    Truncated,
-    Compacted,
+#[derive(Debug, Clone, Default)]
+struct Slot {
+    /// Its replacement, when it changed.
+    message: Option<Value>,
+    /// The lossless form it was sent in, when one applied.
+    lossless: Option<Arc<Lossless>>,
+    truncated: bool,
+    compacted: bool,
 }
 
 /// The request being rebuilt.
 struct Work<'a> {
     input: &'a Input<'a>,
     env: &'a dyn Env,
-    /// Per message: its replacement and why.
-    replaced: Vec<Option<(Change, Value)>>,
+    slots: Vec<Slot>,
     /// Per message: its tokens as it now stands.
     counts: Vec<usize>,
     writes: Vec<Write>,
@@ -215,55 +276,119 @@ impl Work<'_> {
         self.input.fixed + self.counts.iter().sum::<usize>()
     }
 
-    fn write(&mut self, reference: ContentRef, kind: ContentKind, source: Source) {
-        if !self.writes.iter().any(|w| w.reference == reference) {
-            self.writes.push(Write {
+    fn write(&mut self, reference: ContentRef, kind: ContentKind, source: Source, action: Action) {
+        match self.writes.iter_mut().find(|w| w.reference == reference) {
+            Some(w) => w.action = w.action.max(action),
+            None => self.writes.push(Write {
                 reference,
                 kind,
                 source,
-            });
+                action,
+            }),
         }
     }
 
-    fn replace(&mut self, i: usize, change: Change, message: Value) {
+    fn replace(&mut self, i: usize, message: Value) {
         self.counts[i] = self.env.count_message(&message);
-        self.replaced[i] = Some((change, message));
+        self.slots[i].message = Some(message);
     }
 
     fn is_compacted(&self, i: usize) -> bool {
-        matches!(self.replaced[i], Some((Change::Compacted, _)))
+        self.slots[i].compacted
     }
 
-    /// Stage 1 on message `i`.
-    fn truncate(&mut self, i: usize, cap: usize) {
+    /// Stage 0 on message `i`: the lossless form of a tool result, kept when it saves tokens.
+    fn lossless(&mut self, i: usize) {
+        let message = &self.input.messages[i];
+        if role(message) != "tool" {
+            return;
+        }
+        let Some(Value::String(text)) = message.get("content") else {
+            return;
+        };
+        let Some(lossless) = self.env.lossless(text) else {
+            return;
+        };
+        let new = with_content(message, lossless.text.clone());
+        let tokens = self.env.count_message(&new);
+        if tokens >= self.counts[i] {
+            return;
+        }
+        let action = if lossless.minified {
+            Action::Minified
+        } else {
+            Action::Deduped
+        };
+        let reference = self.env.reference(text);
+        self.write(
+            reference,
+            ContentKind::ToolResult,
+            Source::MessageText(i),
+            action,
+        );
+        self.counts[i] = tokens;
+        self.slots[i].message = Some(new);
+        self.slots[i].lossless = Some(lossless);
+    }
+
+    /// Stage 1 on message `i`: head and tail of its text as it now stands, never over `cap`.
+    fn truncate(&mut self, i: usize, cap: usize, readback: &markers::Readback) {
         let message = &self.input.messages[i];
         let kind = match role(message) {
             "tool" => ContentKind::ToolResult,
             "user" => ContentKind::UserText,
             _ => return,
         };
-        let tokens = self.input.counts[i];
+        let tokens = self.counts[i];
         if tokens <= cap {
             return;
         }
-        let Some(text) = content_text(message) else {
+        let Some(original) = content_text(message) else {
             return;
         };
-        let reference = self.env.reference(&text);
-        let keep = cap.saturating_sub(TRUNCATION_MARKER_TOKENS);
-        let new_text = markers::truncated(&text, tokens, keep, &reference);
-        self.write(reference, kind, Source::MessageText(i));
-        self.replace(i, Change::Truncated, with_content(message, new_text));
+        let text: &str = match &self.slots[i].lossless {
+            Some(l) => &l.text,
+            None => &original,
+        };
+        let reference = self.env.reference(&original);
+        // The cut is estimated from the text's own characters per token; a text whose tokens
+        // are unevenly spread may come out over the cap: cut again, smaller, until it fits
+        // (the last attempt keeps only the marker).
+        let mut keep = cap.saturating_sub(TRUNCATION_MARKER_TOKENS);
+        let mut replacement = None;
+        for attempt in 0..TRUNCATION_ATTEMPTS {
+            if attempt + 1 == TRUNCATION_ATTEMPTS {
+                keep = 0;
+            }
+            let new = with_content(
+                message,
+                markers::truncated(text, tokens, keep, &reference, readback),
+            );
+            let got = self.env.count_message(&new);
+            if got <= cap {
+                replacement = Some(new);
+                break;
+            }
+            // Aim below the cap by the overshoot and a little more.
+            let over = got - cap;
+            keep = keep.saturating_sub(over + over / 2 + 8);
+        }
+        let Some(new) = replacement else {
+            return;
+        };
+        self.write(reference, kind, Source::MessageText(i), Action::Truncated);
+        self.replace(i, new);
+        self.slots[i].truncated = true;
     }
 
     /// Whether message `i` is a tool result compaction would shrink.
     fn compactable(&self, i: usize, threshold: usize) -> bool {
         role(&self.input.messages[i]) == "tool"
-            && self.input.counts[i] > threshold
+            && (self.counts[i] > threshold || self.slots[i].truncated)
             && has_text_content(&self.input.messages[i])
     }
 
-    /// Stage 2 on message `i` (a compactable tool result).
+    /// Stage 2 on message `i` (a compactable tool result): a preview of the original text.
     fn compact(&mut self, i: usize, settings: &Settings) {
         let message = &self.input.messages[i];
         let Some(text) = content_text(message) else {
@@ -276,26 +401,66 @@ impl Work<'_> {
             &reference,
             settings.preview_head_lines,
             settings.preview_tail_lines,
+            &settings.readback,
         );
-        self.write(reference, ContentKind::ToolResult, Source::MessageText(i));
-        self.replace(i, Change::Compacted, with_content(message, preview));
+        let new = with_content(message, preview);
+        self.write(
+            reference,
+            ContentKind::ToolResult,
+            Source::MessageText(i),
+            Action::Compacted,
+        );
+        self.replace(i, new);
+        self.slots[i].compacted = true;
     }
 }
 
-/// Whether no decision can change a request of `total` tokens whose messages count
-/// `per_message`: it is within budget and no message is over the truncation or compaction
-/// thresholds. The caller may then skip the session lookup and [`run`] altogether.
+/// Whether no decision can change this request: it is within budget, no message is over the
+/// truncation or compaction thresholds, and no tool result awaits a lossless transform. The
+/// caller may then skip the session lookup and [`run`] altogether.
 ///
 /// The one case where [`run`] could still act is a conversation moved out earlier that is back
 /// under budget, which needs the budget or mode to have changed between its requests.
-pub fn nothing_to_do(total: usize, per_message: &[usize], settings: &Settings) -> bool {
+pub fn nothing_to_do(
+    total: usize,
+    per_message: &[usize],
+    messages: &[Value],
+    settings: &Settings,
+) -> bool {
     let largest = per_message.iter().copied().max().unwrap_or(0);
     settings.mode == Mode::Off
         || (total <= settings.budget
             && largest
                 <= settings
                     .tool_result_max_tokens
-                    .min(settings.truncate_tokens))
+                    .min(settings.truncate_tokens)
+            && !(settings.lossless && has_tool_results(messages)))
+}
+
+/// Attempts at cutting a text under the hard cap.
+const TRUNCATION_ATTEMPTS: usize = 4;
+
+/// Where the part of the conversation the model has not seen begins: the start of the unit
+/// holding the first message after the last assistant message (so an assistant call whose
+/// results came after it is unseen whole). 0 when the model has answered nothing yet; `n` when
+/// the last message is the model's.
+pub fn unseen_start(messages: &[Value], units: &[Range<usize>]) -> usize {
+    let n = messages.len();
+    match messages.iter().rposition(|m| role(m) == "assistant") {
+        None => 0,
+        Some(a) => units.iter().find(|u| u.end > a + 1).map_or(n, |u| u.start),
+    }
+}
+
+/// Where the recent window begins: at least `keep` messages, widened to whole units, and never
+/// after the unseen part.
+fn recent_start(units: &[Range<usize>], n: usize, keep: usize, unseen: usize) -> usize {
+    let k = n.saturating_sub(keep);
+    units
+        .iter()
+        .find(|u| u.end > k)
+        .map_or(n, |u| u.start)
+        .min(unseen)
 }
 
 /// Plans and applies context management to one request.
@@ -327,21 +492,29 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     let mut work = Work {
         input,
         env,
-        replaced: vec![None; n],
+        slots: vec![Slot::default(); n],
         counts: input.counts.to_vec(),
         writes: Vec::new(),
     };
 
-    // 1. Truncate.
-    for i in 0..n {
-        work.truncate(i, settings.truncate_tokens);
+    // 0. Lossless transforms.
+    if settings.lossless {
+        for i in 0..n {
+            work.lossless(i);
+        }
     }
 
-    // 2. Compact, with the boundary moving in batches.
-    let recent_start = n.saturating_sub(settings.keep_recent);
+    // 1. Truncate.
+    for i in 0..n {
+        work.truncate(i, settings.truncate_tokens, &settings.readback);
+    }
+
+    // 2. Compact, with the boundary moving in batches, never into what the model has not seen.
+    let unseen = unseen_start(input.messages, &units);
+    let recent_start = recent_start(&units, n, settings.keep_recent, unseen);
     let mut decision = Decision {
-        compact_before: prior.compact_before.min(n),
-        offload_before: prior.offload_before.min(n),
+        compact_before: prior.compact_before.min(unseen),
+        offload_before: prior.offload_before.min(unseen),
     };
     if settings.mode.compacts() {
         let threshold = settings.tool_result_max_tokens;
@@ -374,17 +547,13 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         None
     };
 
-    // Last resort while still over budget: the compaction boundary moves up to the current
-    // turn (whose results the model is answering now), recent window included.
-    if settings.mode.compacts() && work.total() > settings.budget {
-        let last_user = input
-            .messages
-            .iter()
-            .rposition(|m| role(m) == "user")
-            .unwrap_or(0);
-        if last_user > decision.compact_before {
-            decision.compact_before = last_user;
-        }
+    // Last resort while still over budget: the compaction boundary moves up to what the model
+    // has not seen yet, recent window included.
+    if settings.mode.compacts()
+        && work.total() > settings.budget
+        && unseen > decision.compact_before
+    {
+        decision.compact_before = unseen;
     }
     if settings.mode.compacts() {
         let from = span.as_ref().map_or(0, |s| s.end);
@@ -398,10 +567,13 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         }
     }
 
-    assemble(work, span, decision, report)
+    assemble(work, span, decision, report, &settings.readback)
 }
 
-/// Stage 3: chooses the run of whole units to move out and records it in `decision`.
+/// Stage 3: chooses the run of whole units to move out and records it in `decision`. The run
+/// starts after the pinned head (instructions and, with `pin_task`, everything up to the first
+/// user message) and ends before the next instruction, the recent window and the latest user
+/// message.
 fn offload_span(
     work: &mut Work<'_>,
     units: &[Range<usize>],
@@ -411,9 +583,13 @@ fn offload_span(
     decision: &mut Decision,
 ) -> Option<Range<usize>> {
     let messages = work.input.messages;
+    let pinned_end = match messages.iter().position(|m| role(m) == "user") {
+        Some(task) if settings.pin_task => task + 1,
+        _ => 0,
+    };
     let first = units
         .iter()
-        .position(|u| !is_instruction(&messages[u.start]))?;
+        .position(|u| u.start >= pinned_end && !is_instruction(&messages[u.start]))?;
     let start = units[first].start;
     let last_user = messages
         .iter()
@@ -457,6 +633,7 @@ fn assemble(
     span: Option<Range<usize>>,
     decision: Decision,
     mut report: Report,
+    readback: &markers::Readback,
 ) -> Outcome {
     let input = work.input;
     let n = input.messages.len();
@@ -475,33 +652,44 @@ fn assemble(
             let reference = work.env.reference(&lines);
             let marker = serde_json::json!({
                 "role": "user",
-                "content": markers::offloaded(moved.len(), moved_tokens, &reference),
+                "content": markers::offloaded(moved.len(), moved_tokens, &reference, readback),
             });
             tokens_after += work.env.count_message(&marker);
             out.push(marker);
             // The moved run holds these messages whole: their own writes are not needed.
             work.writes
                 .retain(|w| !matches!(w.source, Source::MessageText(i) if span.contains(&i)));
-            work.write(reference, ContentKind::Messages, Source::Owned(lines));
+            work.write(
+                reference,
+                ContentKind::Messages,
+                Source::Owned(lines),
+                Action::MovedOut,
+            );
             report.offloaded = moved.len();
         }
         if span.contains(&i) {
             continue;
         }
         tokens_after += work.counts[i];
-        match work.replaced[i].take() {
-            Some((change, message)) => {
-                match change {
-                    Change::Truncated => report.truncated += 1,
-                    Change::Compacted => report.compacted += 1,
-                }
-                out.push(message);
+        let slot = std::mem::take(&mut work.slots[i]);
+        if slot.compacted {
+            report.compacted += 1;
+        } else {
+            if slot.truncated {
+                report.truncated += 1;
             }
-            None => out.push(input.messages[i].clone()),
+            match &slot.lossless {
+                Some(l) if l.minified => report.minified += 1,
+                Some(_) => report.deduped += 1,
+                None => {}
+            }
         }
+        out.push(slot.message.unwrap_or_else(|| input.messages[i].clone()));
     }
     report.tokens_after = tokens_after;
-    let changed = report.offloaded + report.truncated + report.compacted > 0;
+    let changed =
+        report.offloaded + report.truncated + report.compacted + report.minified + report.deduped
+            > 0;
     Outcome {
         messages: changed.then_some(out),
         writes: work.writes,
@@ -537,11 +725,11 @@ mod tests {
             max_context_tokens: Some(budget),
             keep_recent_messages: 2,
             tool_result_max_tokens: 200,
-            truncate_tool_result_tokens: 2000,
+            truncate_tool_result_tokens: Some(2000),
             compact_batch_tokens: 1000,
             ..ContextConfig::default()
         }
-        .resolve("gpt-4o", mode)
+        .resolve("gpt-4o", mode, &Default::default())
     }
 
     fn lines(n: usize) -> String {
@@ -634,7 +822,9 @@ mod tests {
         let out = run_on(&messages, &s, Decision::default());
         let new = out.messages.unwrap();
         assert_eq!(new[0], messages[0]);
-        assert!(new[1]["content"]
+        // The task (first user message) is pinned: the marker comes after it.
+        assert_eq!(new[1], messages[1]);
+        assert!(new[2]["content"]
             .as_str()
             .unwrap()
             .contains("earlier messages"));
@@ -653,6 +843,98 @@ mod tests {
         // Re-running with the decision reproduces the same bytes.
         let again = run_on(&messages, &s, out.decision);
         assert_eq!(again.messages.unwrap(), new);
+    }
+
+    #[test]
+    fn results_the_model_has_not_seen_are_never_compacted_or_moved() {
+        // Eight parallel reads answered at once, far over budget: the model has not seen any.
+        let mut messages = vec![
+            json!({"role": "system", "content": "sys"}),
+            json!({"role": "user", "content": "read them all"}),
+        ];
+        let calls: Vec<Value> = (0..8)
+            .map(|k| json!({"id": format!("c{k}"), "type": "function", "function": {"name": "read_file", "arguments": "{}"}}))
+            .collect();
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+        for k in 0..8 {
+            messages.push(
+                json!({"role": "tool", "tool_call_id": format!("c{k}"), "content": lines(150)}),
+            );
+        }
+        let s = settings(Mode::Auto, 1500);
+        let out = run_on(&messages, &s, Decision::default());
+        assert_eq!(out.report.compacted + out.report.offloaded, 0);
+        assert!(out.messages.is_none(), "{:?}", out.report);
+        // Once the model has answered, they are old results like any other.
+        messages.push(json!({"role": "assistant", "content": "read"}));
+        messages.push(json!({"role": "user", "content": "now fix it"}));
+        let out = run_on(&messages, &s, Decision::default());
+        assert!(
+            out.report.compacted + out.report.offloaded > 0,
+            "{:?}",
+            out.report
+        );
+        assert!(out
+            .writes
+            .iter()
+            .all(|w| w.action == Action::Compacted || w.action == Action::MovedOut));
+    }
+
+    #[test]
+    fn truncation_never_exceeds_the_cap() {
+        let c = counter();
+        let texts = [
+            lines(3000),
+            (0..3000)
+                .map(|i| format!("日本語のテキスト{i}と中文内容。\n"))
+                .collect::<String>(),
+            format!("{}{}", "a".repeat(40_000), "🚀 ".repeat(20_000)),
+            (0..20_000).map(|i| format!("{i:x}")).collect::<String>(),
+        ];
+        for cap in [600, 1000, 2000, 5000] {
+            let s = ContextConfig {
+                max_context_tokens: Some(1_000_000),
+                truncate_tool_result_tokens: Some(cap),
+                tool_result_max_tokens: 200,
+                ..ContextConfig::default()
+            }
+            .resolve("gpt-4o", Mode::Compact, &Default::default());
+            for text in &texts {
+                let mut messages = vec![json!({"role": "user", "content": "run it"})];
+                messages.extend(tool_round("c1", text.clone()));
+                let out = run_on(&messages, &s, Decision::default());
+                let new = out.messages.unwrap();
+                let got = c.count_message(&new[2]);
+                assert!(got <= cap, "{got} > {cap}");
+                assert!(got > cap / 2, "{got} far under {cap}: {}", &new[2]);
+            }
+        }
+    }
+
+    #[test]
+    fn json_results_are_minified_and_the_original_stored() {
+        let pretty = serde_json::to_string_pretty(&json!({"items": (0..60).map(|i| json!({"id": i, "name": format!("item {i}"), "price": 1.50})).collect::<Vec<_>>()})).unwrap();
+        let mut messages = vec![json!({"role": "user", "content": "list"})];
+        messages.extend(tool_round("c1", pretty.clone()));
+        let s = settings(Mode::Auto, 1_000_000);
+        let out = run_on(&messages, &s, Decision::default());
+        assert_eq!(out.report.actions(), "minified=1");
+        let new = out.messages.unwrap();
+        let sent = new[2]["content"].as_str().unwrap();
+        assert!(!sent.contains('\n'));
+        assert!(sent.contains("\"price\":1.5}"));
+        assert_eq!(out.writes.len(), 1);
+        assert_eq!(out.writes[0].source, Source::MessageText(2));
+        assert_eq!(out.writes[0].action, Action::Minified);
+        assert!(out.report.tokens_after < out.report.tokens_before);
+        // Off when the setting is.
+        let s = Settings {
+            lossless: false,
+            ..s
+        };
+        assert!(run_on(&messages, &s, Decision::default())
+            .messages
+            .is_none());
     }
 
     #[test]

@@ -4,6 +4,38 @@
 
 use crate::store::ContentRef;
 
+/// How the markers of one request tell the model to read removed content back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readback {
+    /// Through the proxy's tools, offered in this request under these names.
+    Tools { read: String, search: String },
+    /// The tools are not offered in this request (`tool_choice: "none"`, `n > 1`, reload
+    /// disabled): the markers only say where the content is kept.
+    Stored,
+}
+
+impl Default for Readback {
+    fn default() -> Readback {
+        Readback::Tools {
+            read: "context_read".into(),
+            search: "context_search".into(),
+        }
+    }
+}
+
+impl Readback {
+    /// The sentence after "stored as <ref>." telling how to read it back.
+    fn how(&self, reference: &ContentRef, limit: usize, what: &str) -> String {
+        match self {
+            Readback::Tools { read, search } => format!(
+                " Call {read} {{\"ref\":\"{reference}\",\"offset\":1,\"limit\":{limit}}} to read {what}, \
+                 or {search} {{\"pattern\":\"…\",\"ref\":\"{reference}\"}} to find something in it."
+            ),
+            Readback::Stored => " The context proxy keeps it; it cannot be read back in this request.".into(),
+        }
+    }
+}
+
 /// Longest line kept in a preview, in characters.
 const PREVIEW_LINE_CHARS: usize = 200;
 
@@ -22,13 +54,13 @@ pub fn compacted(
     reference: &ContentRef,
     head: usize,
     tail: usize,
+    readback: &Readback,
 ) -> String {
     let lines: Vec<&str> = text.lines().collect();
     let total = lines.len();
     let mut out = format!(
-        "[context-proxy: tool result compacted: {tokens} tokens, {total} lines, stored as {reference}. \
-         Call context_read {{\"ref\":\"{reference}\",\"offset\":1,\"limit\":200}} to read lines, \
-         or context_search {{\"pattern\":\"…\",\"ref\":\"{reference}\"}} to find them.]\n"
+        "[context-proxy: tool result compacted: {tokens} tokens, {total} lines, stored as {reference}.{}]\n",
+        readback.how(reference, 200, "its lines")
     );
     if total <= head + tail {
         for line in &lines {
@@ -56,15 +88,21 @@ pub fn compacted(
 
 /// A text over the hard cap: its head and tail inline, with a marker between them. `tokens` is
 /// the whole text's count; `keep_tokens` roughly how many to keep (2/3 head, 1/3 tail).
-pub fn truncated(text: &str, tokens: usize, keep_tokens: usize, reference: &ContentRef) -> String {
+pub fn truncated(
+    text: &str,
+    tokens: usize,
+    keep_tokens: usize,
+    reference: &ContentRef,
+    readback: &Readback,
+) -> String {
     let (head, tail) = head_and_tail(text, tokens, keep_tokens);
     let omitted_lines = text[head.len()..text.len() - tail.len()].lines().count();
     let total_lines = text.lines().count();
     format!(
         "{head}\n[context-proxy: truncated: {tokens} tokens in all, about {} tokens ({omitted_lines} of {total_lines} lines) \
-         cut here; the whole text is stored as {reference}. Call context_read {{\"ref\":\"{reference}\",\"offset\":1,\"limit\":200}} \
-         to read it by lines, or context_search {{\"pattern\":\"…\",\"ref\":\"{reference}\"}}.]\n{tail}",
+         cut here; the whole text is stored as {reference}.{}]\n{tail}",
         tokens.saturating_sub(keep_tokens),
+        readback.how(reference, 200, "it by lines"),
     )
 }
 
@@ -114,12 +152,16 @@ fn floor_char_boundary(text: &str, mut at: usize) -> usize {
 }
 
 /// The one message standing for a run of older messages moved to the store.
-pub fn offloaded(messages: usize, tokens: usize, reference: &ContentRef) -> String {
+pub fn offloaded(
+    messages: usize,
+    tokens: usize,
+    reference: &ContentRef,
+    readback: &Readback,
+) -> String {
     format!(
         "[context-proxy: {messages} earlier messages ({tokens} tokens) were moved out of the context to keep it \
-         within budget. They are stored as {reference}, one JSON message per line. \
-         Call context_read {{\"ref\":\"{reference}\",\"offset\":1,\"limit\":50}} to read them, \
-         or context_search {{\"pattern\":\"…\",\"ref\":\"{reference}\"}} to find something in them.]"
+         within budget. They are stored as {reference}.{}]",
+        readback.how(reference, 50, "them as messages")
     )
 }
 
@@ -134,7 +176,7 @@ mod tests {
     #[test]
     fn compacted_shows_head_tail_and_ref() {
         let text: String = (1..=100).map(|i| format!("line {i}\n")).collect();
-        let out = compacted(&text, 500, &r(), 3, 2);
+        let out = compacted(&text, 500, &r(), 3, 2, &Readback::default());
         assert!(out.contains(r().as_str()));
         assert!(
             out.contains("line 1\nline 2\nline 3\n[… lines 4–98 not shown …]\nline 99\nline 100")
@@ -145,7 +187,14 @@ mod tests {
     #[test]
     fn short_texts_keep_every_line_and_long_lines_are_clipped() {
         let long = "é".repeat(500);
-        let out = compacted(&format!("a\n{long}\nb"), 500, &r(), 3, 2);
+        let out = compacted(
+            &format!("a\n{long}\nb"),
+            500,
+            &r(),
+            3,
+            2,
+            &Readback::default(),
+        );
         assert!(out.ends_with("b"));
         assert!(out.contains(&format!("{}…", "é".repeat(PREVIEW_LINE_CHARS))));
     }
@@ -157,7 +206,7 @@ mod tests {
             "a".repeat(50_000),
             "x\n".repeat(30_000),
         ] {
-            let out = truncated(&text, 40_000, 1000, &r());
+            let out = truncated(&text, 40_000, 1000, &r(), &Readback::default());
             assert!(
                 out.len() < text.len() / 5,
                 "{} of {}",
@@ -170,5 +219,27 @@ mod tests {
             assert!(text.ends_with(tail));
             assert!(!head.is_empty() && !tail.is_empty());
         }
+    }
+
+    #[test]
+    fn markers_name_the_tools_offered_or_say_they_are_not() {
+        let text: String = (1..=50).map(|i| format!("line {i}\n")).collect();
+        let renamed = Readback::Tools {
+            read: "proxy_context_read".into(),
+            search: "context_search".into(),
+        };
+        let out = compacted(&text, 500, &r(), 3, 2, &renamed);
+        assert!(out.contains("Call proxy_context_read {"), "{out}");
+        let out = offloaded(3, 900, &r(), &Readback::Stored);
+        assert!(
+            !out.contains("context_read") && !out.contains("context_search"),
+            "{out}"
+        );
+        assert!(
+            out.contains(r().as_str()) && out.contains("cannot be read back"),
+            "{out}"
+        );
+        let out = truncated(&"a".repeat(50_000), 40_000, 1000, &r(), &Readback::Stored);
+        assert!(!out.contains("context_read"), "{out}");
     }
 }

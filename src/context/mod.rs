@@ -6,13 +6,19 @@
 //! - `settings` — the `[context]` config and the budget for one model;
 //! - `units` — cutting a conversation into units that are never split;
 //! - `markers` — the texts that stand in for removed content;
-//! - `engine` — truncate, compact, move out (pure);
+//! - `engine` — lossless transforms, truncate, compact, move out (pure);
+//! - `transforms` — the lossless transforms of tool results (pure);
+//! - `models` — the built-in table of model windows and output limits, with sources;
+//! - `limits` — limits stated by upstreams in their errors, learned and remembered;
 //! - `session` — tenant, session, prefix hashes and remembered decisions (I/O).
 
 pub mod engine;
+pub mod limits;
 pub mod markers;
+pub mod models;
 pub mod session;
 pub mod settings;
+pub mod transforms;
 pub mod units;
 
 use std::sync::Arc;
@@ -30,7 +36,7 @@ pub use engine::Skipped;
 use engine::{content_text, Decision, Env, Input, Report, Source};
 pub use session::Identity;
 use session::{identify, Decisions, Prefixes};
-pub use settings::{ContextConfig, Mode, Settings};
+pub use settings::{ContextConfig, Mode, RequestLimits, Settings};
 
 /// Response headers that tell the client what was done.
 pub const TOKENS_BEFORE_HEADER: &str = "x-context-tokens-before";
@@ -79,6 +85,19 @@ impl Managed {
     }
 }
 
+/// Where a request goes, as far as its budget is concerned.
+#[derive(Debug, Clone, Default)]
+pub struct Route<'a> {
+    /// The upstream's name (learned limits are kept per upstream and model).
+    pub upstream: Option<&'a str>,
+    /// The upstream's tokenizer override.
+    pub encoding: Option<Encoding>,
+    /// The upstream's default context window (`context_window` of a self-hosted server).
+    pub default_window: Option<usize>,
+    /// How markers tell the model to read content back in this request.
+    pub readback: markers::Readback,
+}
+
 /// What the plan phase decided for one request, handed to the apply phase.
 #[derive(Debug)]
 pub struct Plan {
@@ -121,12 +140,21 @@ impl Plan {
             .is_some_and(|d| d.outcome.messages.is_some())
     }
 
-    /// Whether the new body will refer to stored content (so the reload tools are worth
-    /// offering).
+    /// Whether the new body shows the model a reference to stored content (a compacted or
+    /// truncated result, a moved-out span), so the reload tools are worth offering. The
+    /// originals of lossless transforms are stored too, but nothing in the body names them.
     pub fn refers_to_stored_content(&self) -> bool {
-        self.decided
-            .as_ref()
-            .is_some_and(|d| d.outcome.messages.is_some() && !d.outcome.writes.is_empty())
+        self.decided.as_ref().is_some_and(|d| {
+            d.outcome.messages.is_some()
+                && d.outcome.writes.iter().any(|w| {
+                    matches!(
+                        w.action,
+                        engine::Action::Truncated
+                            | engine::Action::Compacted
+                            | engine::Action::MovedOut
+                    )
+                })
+        })
     }
 }
 
@@ -140,12 +168,18 @@ pub struct ContextManager {
     written: DashMap<(Tenant, ContentRef), ()>,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
     references: DashMap<u128, ContentRef>,
+    /// Content hash → lossless form of a tool result (`None`: no transform applies), so each
+    /// result is transformed once.
+    transformed: DashMap<u128, Option<Arc<transforms::Lossless>>>,
+    /// Context limits stated by upstreams, per upstream and model.
+    learned: limits::LearnedLimits,
 }
 
 /// The engine's view of counting and addressing, with caches.
 struct CachedEnv<'a> {
     counter: &'a Counter,
     references: &'a DashMap<u128, ContentRef>,
+    transformed: &'a DashMap<u128, Option<Arc<transforms::Lossless>>>,
 }
 
 impl Env for CachedEnv<'_> {
@@ -165,6 +199,19 @@ impl Env for CachedEnv<'_> {
         self.references.insert(key, r.clone());
         r
     }
+
+    fn lossless(&self, text: &str) -> Option<Arc<transforms::Lossless>> {
+        let key = xxh3_128(text.as_bytes());
+        if let Some(t) = self.transformed.get(&key) {
+            return t.clone();
+        }
+        let t = transforms::lossless(text).map(Arc::new);
+        if self.transformed.len() >= MEMORY_REFS {
+            self.transformed.clear();
+        }
+        self.transformed.insert(key, t.clone());
+        t
+    }
 }
 
 impl ContextManager {
@@ -176,6 +223,45 @@ impl ContextManager {
             store,
             written: DashMap::new(),
             references: DashMap::new(),
+            transformed: DashMap::new(),
+            learned: limits::LearnedLimits::new(),
+        }
+    }
+
+    /// Learns the context limit an upstream states in an error answer (status and body as the
+    /// upstream sent them), for the next requests of `model` on `upstream`.
+    pub async fn learn_from_upstream_error(
+        &self,
+        upstream: &str,
+        model: &str,
+        status: u16,
+        body: &[u8],
+    ) {
+        let Some(limit) = limits::stated_limit(status, body) else {
+            return;
+        };
+        if self
+            .learned
+            .learn(&*self.store, upstream, model, limit)
+            .await
+        {
+            tracing::info!(
+                upstream,
+                model,
+                limit,
+                "learned the context limit from the upstream"
+            );
+        }
+    }
+
+    /// What this request adds to the config's budget: its `max_completion_tokens` /
+    /// `max_tokens`, the upstream's default window, and the limit learned for its model on that
+    /// upstream.
+    fn request_limits(&self, route: &Route<'_>, model: &str, body: &Value) -> RequestLimits {
+        RequestLimits {
+            requested_output: RequestLimits::requested_output_of(body),
+            upstream_default_window: route.default_window,
+            learned_window: self.learned.get(route.upstream, model),
         }
     }
 
@@ -218,8 +304,9 @@ impl ContextManager {
         identity: Option<&Identity>,
         body: &Value,
         mode: Mode,
-        encoding: Option<Encoding>,
+        route: &Route<'_>,
     ) -> Plan {
+        let encoding = route.encoding;
         let started = Instant::now();
         if mode == Mode::Off {
             // Untouched and uncounted: pass-through never loads the BPE tables.
@@ -244,8 +331,11 @@ impl ContextManager {
             };
             return Plan::unchanged(report);
         };
-        let settings = self.config.resolve(model, mode);
-        if engine::nothing_to_do(count.total, &count.per_message, &settings) {
+        self.learned.load(&*self.store).await;
+        let limits = self.request_limits(route, model, body);
+        let mut settings = self.config.resolve(model, mode, &limits);
+        settings.readback = route.readback.clone();
+        if engine::nothing_to_do(count.total, &count.per_message, messages, &settings) {
             return Plan::unchanged(report);
         }
         let prefixes = Prefixes::of(messages);
@@ -260,6 +350,7 @@ impl ContextManager {
         let env = CachedEnv {
             counter: &counter,
             references: &self.references,
+            transformed: &self.transformed,
         };
         let input = Input {
             messages,
@@ -371,7 +462,11 @@ impl ContextManager {
         encoding: Option<Encoding>,
     ) -> Managed {
         let identity = self.identify(headers, body);
-        let plan = self.plan(identity.as_ref(), body, mode, encoding).await;
+        let route = Route {
+            encoding,
+            ..Route::default()
+        };
+        let plan = self.plan(identity.as_ref(), body, mode, &route).await;
         self.apply(identity.as_ref(), plan, body, "").await
     }
 
