@@ -191,7 +191,7 @@ impl Config {
     }
 
     /// Folds `[upstream]` into `[[upstreams]]` and checks every key that has constraints.
-    pub fn validate(mut self) -> Result<Config, ConfigError> {
+    pub fn validate(mut self) -> Result<ValidConfig, ConfigError> {
         if let Some(single) = self.upstream.take() {
             if !self.upstreams.is_empty() {
                 return Err(ConfigError::Invalid(
@@ -254,7 +254,26 @@ impl Config {
                 "server.max_connections must be above 0".into(),
             ));
         }
-        Ok(self)
+        Ok(ValidConfig(self))
+    }
+}
+
+/// A [`Config`] that passed [`Config::validate`]: what the server is built from. Read-only; to
+/// change a key, take the [`Config`] back with [`ValidConfig::into_inner`] and validate again.
+#[derive(Debug, Clone)]
+pub struct ValidConfig(Config);
+
+impl ValidConfig {
+    pub fn into_inner(self) -> Config {
+        self.0
+    }
+}
+
+impl std::ops::Deref for ValidConfig {
+    type Target = Config;
+
+    fn deref(&self) -> &Config {
+        &self.0
     }
 }
 

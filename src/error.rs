@@ -8,6 +8,7 @@ use http::{HeaderValue, StatusCode};
 use serde_json::json;
 
 use crate::body::{full, ProxyBody};
+use crate::upstream::UpstreamError;
 
 /// Why the proxy itself could not answer a request.
 #[derive(Debug, thiserror::Error)]
@@ -28,16 +29,8 @@ pub enum ProxyError {
         path: String,
         allowed: &'static str,
     },
-    #[error("upstream {upstream} is unreachable: {detail}")]
-    UpstreamUnreachable { upstream: String, detail: String },
-    #[error(
-        "upstream {upstream} did not answer within {timeout_ms} ms (upstreams.read_timeout_ms)"
-    )]
-    UpstreamTimeout { upstream: String, timeout_ms: u64 },
-    #[error("upstream {upstream} sent an invalid response: {detail}")]
-    UpstreamProtocol { upstream: String, detail: String },
-    #[error("the proxy is shutting down; retry on another replica")]
-    ShuttingDown,
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
 }
 
 impl ProxyError {
@@ -71,25 +64,15 @@ impl ProxyError {
                 "invalid_request_error",
                 Some("method_not_allowed"),
             ),
-            UpstreamUnreachable { .. } => (
+            Upstream(UpstreamError::Unreachable { .. }) => (
                 StatusCode::BAD_GATEWAY,
                 "upstream_error",
                 Some("upstream_unreachable"),
             ),
-            UpstreamTimeout { .. } => (
+            Upstream(UpstreamError::Timeout { .. }) => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_error",
                 Some("upstream_timeout"),
-            ),
-            UpstreamProtocol { .. } => (
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                Some("upstream_protocol_error"),
-            ),
-            ShuttingDown => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                Some("shutting_down"),
             ),
         }
     }
@@ -168,11 +151,14 @@ mod tests {
         let errs = [
             ProxyError::InvalidJson("x".into()),
             ProxyError::BodyTooLarge { limit: 1 },
-            ProxyError::UpstreamTimeout {
+            ProxyError::Upstream(UpstreamError::Timeout {
                 upstream: "u".into(),
                 timeout_ms: 1,
-            },
-            ProxyError::ShuttingDown,
+            }),
+            ProxyError::Upstream(UpstreamError::Unreachable {
+                upstream: "u".into(),
+                detail: "connection refused".into(),
+            }),
         ];
         for e in errs {
             let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();

@@ -4,6 +4,11 @@
 //! The request path: [`server`] accepts connections → [`router`] names the request and picks a
 //! handler → [`chat`] (the proxy's own phases) or [`passthrough`] (verbatim) → [`upstream`]
 //! sends it → [`relay`] streams the answer back. Errors become responses in [`error`].
+//!
+//! The dev tooling lives in crates of its own under `crates/` and is re-exported here under
+//! its old paths: [`tokens`] (token counting, which the proxy uses too), [`mock`] (the mock
+//! upstream), [`corpus`] (the agent-traffic corpus format) and [`traffic`] (the sample-traffic
+//! generator).
 
 #![forbid(unsafe_code)]
 
@@ -14,15 +19,21 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod headers;
+pub mod healthcheck;
 pub mod logging;
 pub mod metrics;
-pub mod mock;
 pub mod passthrough;
 pub mod relay;
+pub mod reload;
 pub mod request_body;
+pub mod response;
 pub mod router;
 pub mod server;
+pub mod state;
 pub mod store;
-pub mod tokens;
-pub mod traffic;
 pub mod upstream;
+
+pub use context_proxy_corpus as corpus;
+pub use context_proxy_mock as mock;
+pub use context_proxy_tokens as tokens;
+pub use context_proxy_traffic as traffic;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use context_proxy::config::Config;
+use context_proxy::config::{Config, ValidConfig};
 use context_proxy::mock::{MockConfig, MockUpstream};
 use context_proxy::server::Server;
 
@@ -39,11 +39,14 @@ enum Command {
     MockUpstream(context_proxy::mock::MockArgs),
     /// Measure the proxy's overhead against calling the mock upstream directly.
     Bench(context_proxy::bench::BenchArgs),
-    /// Write the sample agent traffic (seeded, deterministic) that the benchmarks replay.
+    /// Write the sample agent traffic (seeded, deterministic) that the context benchmark plans
+    /// over.
     GenTraffic(context_proxy::traffic::GenTrafficArgs),
+    /// Check that a running proxy is healthy (GET /healthz answers 200): exit status 0, else 1.
+    Healthcheck(context_proxy::healthcheck::HealthcheckArgs),
 }
 
-fn load_config(cli: &Cli) -> anyhow::Result<Config> {
+fn load_config(cli: &Cli) -> anyhow::Result<ValidConfig> {
     let mut config = match &cli.config {
         Some(path) => Config::from_file(path)?,
         None if std::path::Path::new("config.toml").exists() => {
@@ -56,26 +59,28 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
     }
     let mut config = config.validate()?;
     if let Some(url) = &cli.upstream {
-        let default = config.upstreams.iter().position(|u| u.default).unwrap_or(0);
-        config.upstreams[default].base_url = url.clone();
-        config = config.validate()?;
+        let mut edited = config.into_inner();
+        let default = edited.upstreams.iter().position(|u| u.default).unwrap_or(0);
+        edited.upstreams[default].base_url = url.clone();
+        config = edited.validate()?;
     }
     Ok(config)
 }
 
-async fn serve(mut config: Config, demo: bool) -> anyhow::Result<()> {
+async fn serve(config: ValidConfig, demo: bool) -> anyhow::Result<()> {
     let _log = context_proxy::logging::init(&config.log);
     // In the demo the mock lives as long as the proxy serves.
-    let _mock = if demo {
+    let (config, _mock) = if demo {
         let mock = MockUpstream::bind("127.0.0.1:0".parse()?, MockConfig::default()).await?;
         tracing::info!(upstream = %mock.base_url(), "demo: serving with the built-in mock upstream");
-        for upstream in &mut config.upstreams {
+        let mut edited = config.into_inner();
+        for upstream in &mut edited.upstreams {
             upstream.base_url = mock.base_url();
             upstream.api_key_env = None;
         }
-        Some(mock)
+        (edited.validate()?, Some(mock))
     } else {
-        None
+        (config, None)
     };
     let server = Server::bind(config).await?;
     let addr = server.local_addr();
@@ -132,6 +137,7 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Bench(args)) => Ok(runtime(0)?.block_on(context_proxy::bench::run(args))?),
         Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
+        Some(Command::Healthcheck(args)) => Ok(context_proxy::healthcheck::run(&args)?),
     }
 }
 

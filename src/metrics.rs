@@ -1,6 +1,7 @@
 //! Process-wide counters, served at `GET /metrics` in the Prometheus text format.
 //!
-//! Plain atomics: recording is a relaxed add on the request path, nothing else.
+//! Plain atomics: recording is a relaxed add on the request path, nothing else. The upstream's
+//! usage is read by [`crate::response::UsageProbe`].
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -21,6 +22,12 @@ pub struct Metrics {
     /// Σ (upstream's prompt_tokens − proxy's count), and Σ of its absolute value.
     pub usage_diff_sum: AtomicI64,
     pub usage_diff_abs_sum: AtomicU64,
+    /// Rounds of the proxy's own tool calls answered (context_read / context_search).
+    pub reload_rounds: AtomicU64,
+    pub reload_read_ok: AtomicU64,
+    pub reload_read_failed: AtomicU64,
+    pub reload_search_ok: AtomicU64,
+    pub reload_search_failed: AtomicU64,
 }
 
 impl Metrics {
@@ -41,7 +48,7 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let counters: [(&str, &str, u64); 8] = [
+        let counters: [(&str, &str, u64); 13] = [
             (
                 "context_proxy_chat_requests_total",
                 "Chat-completions requests handled.",
@@ -82,6 +89,31 @@ impl Metrics {
                 "Sum of |upstream prompt_tokens - proxy count|.",
                 load(&self.usage_diff_abs_sum),
             ),
+            (
+                "context_proxy_reload_rounds_total",
+                "Rounds of the proxy's own tool calls answered before calling the upstream again.",
+                load(&self.reload_rounds),
+            ),
+            (
+                "context_proxy_reload_read_ok_total",
+                "context_read calls answered with content.",
+                load(&self.reload_read_ok),
+            ),
+            (
+                "context_proxy_reload_read_failed_total",
+                "context_read calls answered with an error (bad arguments, unknown ref, store down).",
+                load(&self.reload_read_failed),
+            ),
+            (
+                "context_proxy_reload_search_ok_total",
+                "context_search calls answered with results.",
+                load(&self.reload_search_ok),
+            ),
+            (
+                "context_proxy_reload_search_failed_total",
+                "context_search calls answered with an error (bad pattern, unknown ref, store down).",
+                load(&self.reload_search_failed),
+            ),
         ];
         let mut out = String::new();
         for (name, help, value) in counters {
@@ -102,76 +134,9 @@ fn load(c: &AtomicU64) -> u64 {
     c.load(Ordering::Relaxed)
 }
 
-/// Finds the last `"prompt_tokens":N` in a body as it streams past, chunk by chunk, keeping
-/// only a short tail of the previous chunk (no buffering of the body).
-#[derive(Debug, Default)]
-pub struct UsageProbe {
-    tail: Vec<u8>,
-    found: Option<u64>,
-}
-
-const KEY: &[u8] = b"\"prompt_tokens\":";
-
-impl UsageProbe {
-    pub fn feed(&mut self, chunk: &[u8]) {
-        let mut window = std::mem::take(&mut self.tail);
-        window.extend_from_slice(chunk);
-        let mut at = 0;
-        while let Some(pos) = find(&window[at..], KEY) {
-            let start = at + pos + KEY.len();
-            let digits: Vec<u8> = window[start..]
-                .iter()
-                .skip_while(|b| **b == b' ')
-                .take_while(|b| b.is_ascii_digit())
-                .copied()
-                .collect();
-            let complete = window[start..]
-                .iter()
-                .skip_while(|b| **b == b' ')
-                .nth(digits.len())
-                .is_some();
-            if complete {
-                if let Ok(n) = std::str::from_utf8(&digits).unwrap_or("").parse() {
-                    self.found = Some(n);
-                }
-                at = start;
-            } else {
-                // The number may go on in the next chunk: keep it for then.
-                self.tail = window[at + pos..].to_vec();
-                return;
-            }
-        }
-        let keep = window.len().saturating_sub(KEY.len() + 24);
-        self.tail = window[keep..].to_vec();
-    }
-
-    /// The last `prompt_tokens` seen, if any.
-    pub fn prompt_tokens(&self) -> Option<u64> {
-        self.found
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn probe_finds_usage_split_across_chunks() {
-        let body = br#"data: {"choices":[],"usage":{"prompt_tokens":1234,"completion_tokens":5}}"#;
-        for cut in 0..body.len() {
-            let mut p = UsageProbe::default();
-            p.feed(&body[..cut]);
-            p.feed(&body[cut..]);
-            assert_eq!(p.prompt_tokens(), Some(1234), "cut at {cut}");
-        }
-        let mut p = UsageProbe::default();
-        p.feed(br#"{"usage":null} {"text":"no usage here"}"#);
-        assert_eq!(p.prompt_tokens(), None);
-    }
 
     #[test]
     fn render_is_prometheus_text() {

@@ -13,8 +13,7 @@ use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::relay::relay;
 use crate::request_body::{declared_length, read_limited};
-use crate::server::AppState;
-use crate::upstream::Outgoing;
+use crate::state::AppState;
 
 /// Forwards `req` to the upstream serving its model (or the default one).
 pub async fn handle(
@@ -38,14 +37,14 @@ pub async fn handle(
     let upstream = state.upstreams.route(model.as_deref());
     tracing::debug!(upstream = %upstream.name, %path, "forwarding verbatim");
     let incoming = upstream
-        .send(Outgoing {
-            method: parts.method.clone(),
+        .send_streaming(
+            parts.method.clone(),
             path,
-            query: parts.uri.query(),
-            headers: parts.headers,
-            drop_headers: &[header::HOST],
+            parts.uri.query(),
+            parts.headers,
+            &[header::HOST],
             body,
-        })
+        )
         .await?;
     Ok(relay(incoming))
 }

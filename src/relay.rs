@@ -6,8 +6,11 @@
 //! mid-stream) instead of a bare cut; anywhere else the connection is aborted so the client
 //! sees an incomplete body rather than a truncated one passed off as whole.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use http::header;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
@@ -16,16 +19,38 @@ use serde_json::json;
 use crate::body::{BoxError, ProxyBody};
 use crate::upstream::{BodyError, Incoming};
 
-/// The client's response for `incoming`.
-pub fn relay(incoming: Incoming) -> http::Response<ProxyBody> {
-    relay_observed(incoming, |_| {})
+/// How a relayed body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The upstream's body was relayed whole.
+    Complete,
+    /// The upstream failed or fell silent mid-way.
+    Failed,
+    /// The client went away (or the server cut the connection) before the end.
+    Cancelled,
 }
 
-/// [`relay`], showing every chunk to `observe` as it passes (it must not block). `observe` is
-/// dropped when the body ends or the client goes away.
+/// Sees a relayed body as it passes. Neither method may block: they run on the response path.
+pub trait Observer: Send + 'static {
+    /// Every chunk, before it is sent on.
+    fn chunk(&mut self, _bytes: &Bytes) {}
+    /// Once, when the body ended or was dropped.
+    fn end(&mut self, _end: End) {}
+}
+
+/// Observes nothing.
+impl Observer for () {}
+
+/// The client's response for `incoming`.
+pub fn relay(incoming: Incoming) -> http::Response<ProxyBody> {
+    relay_observed(incoming, ())
+}
+
+/// [`relay`], showing every chunk and the end of the body to `observer`. The observer is told
+/// the end exactly once, also when the client goes away and the body is dropped.
 pub fn relay_observed(
     mut incoming: Incoming,
-    observe: impl FnMut(&Bytes) + Send + 'static,
+    observer: impl Observer,
 ) -> http::Response<ProxyBody> {
     let status = incoming.status;
     let headers = std::mem::take(&mut incoming.headers);
@@ -33,22 +58,85 @@ pub fn relay_observed(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let body = relay_body(incoming.into_stream(), is_event_stream, observe);
+    let body = relay_body(incoming.into_stream(), is_event_stream, observer);
     let mut response = http::Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
 }
 
+/// A response built by the proxy (`status`, end-to-end `headers`, the body as `chunks`),
+/// relayed the same way as an upstream's, with `observer`.
+pub fn respond_observed(
+    status: http::StatusCode,
+    headers: http::HeaderMap,
+    chunks: impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
+    observer: impl Observer,
+) -> http::Response<ProxyBody> {
+    let is_event_stream = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let mut response = http::Response::new(relay_body(chunks, is_event_stream, observer));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+type Chunks = Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>>;
+
+/// The upstream's chunks with an observer: tells it each chunk, and the end once (on drop at
+/// the latest).
+struct Observed<O: Observer> {
+    chunks: Chunks,
+    observer: O,
+    ended: bool,
+}
+
+impl<O: Observer> Observed<O> {
+    fn end(&mut self, end: End) {
+        if !self.ended {
+            self.ended = true;
+            self.observer.end(end);
+        }
+    }
+}
+
+impl<O: Observer + Unpin> Stream for Observed<O> {
+    type Item = Result<Bytes, BodyError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let polled = this.chunks.as_mut().poll_next(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(bytes))) => this.observer.chunk(bytes),
+            Poll::Ready(Some(Err(_))) => this.end(End::Failed),
+            Poll::Ready(None) => this.end(End::Complete),
+            Poll::Pending => {}
+        }
+        polled
+    }
+}
+
+impl<O: Observer> Drop for Observed<O> {
+    fn drop(&mut self) {
+        self.end(End::Cancelled);
+    }
+}
+
 fn relay_body(
-    chunks: impl futures_util::Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
+    chunks: impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
     is_event_stream: bool,
-    mut observe: impl FnMut(&Bytes) + Send + 'static,
+    observer: impl Observer,
 ) -> ProxyBody {
     let mut at_event_boundary = true;
-    let frames = chunks.map(move |item| match item {
+    let observed = Observed {
+        chunks: Box::pin(chunks),
+        observer: Unpinned(observer),
+        ended: false,
+    };
+    let frames = observed.map(move |item| match item {
         Ok(bytes) => {
-            observe(&bytes);
             if !bytes.is_empty() {
                 at_event_boundary = bytes.ends_with(b"\n\n") || bytes.ends_with(b"\r\n\r\n");
             }
@@ -65,6 +153,20 @@ fn relay_body(
     });
     StreamBody::new(frames).boxed_unsync()
 }
+
+/// Any observer, made `Unpin` (its methods take `&mut self`; it is never pinned in place).
+struct Unpinned<O>(O);
+
+impl<O: Observer> Observer for Unpinned<O> {
+    fn chunk(&mut self, bytes: &Bytes) {
+        self.0.chunk(bytes);
+    }
+    fn end(&mut self, end: End) {
+        self.0.end(end);
+    }
+}
+
+impl<O> Unpin for Unpinned<O> {}
 
 /// One SSE event carrying `err` in the OpenAI error shape.
 fn error_event(err: &BodyError) -> Bytes {
@@ -106,7 +208,7 @@ mod tests {
 
     #[tokio::test]
     async fn event_stream_failure_at_boundary_ends_with_error_event() {
-        let (bytes, aborted) = collect(relay_body(failing("data: {}\n\n"), true, |_| {})).await;
+        let (bytes, aborted) = collect(relay_body(failing("data: {}\n\n"), true, ())).await;
         assert!(!aborted);
         let text = String::from_utf8(bytes).unwrap();
         let last = text.trim_end().rsplit("\n\n").next().unwrap();
@@ -117,9 +219,53 @@ mod tests {
 
     #[tokio::test]
     async fn failure_mid_event_or_in_json_aborts() {
-        let (_, aborted) = collect(relay_body(failing("data: {\"id\""), true, |_| {})).await;
+        let (_, aborted) = collect(relay_body(failing("data: {\"id\""), true, ())).await;
         assert!(aborted);
-        let (_, aborted) = collect(relay_body(failing("{\"id\":"), false, |_| {})).await;
+        let (_, aborted) = collect(relay_body(failing("{\"id\":"), false, ())).await;
         assert!(aborted);
+    }
+
+    /// Records what it was told.
+    #[derive(Clone, Default)]
+    struct Seen(std::sync::Arc<std::sync::Mutex<(Vec<u8>, Vec<End>)>>);
+
+    impl Observer for Seen {
+        fn chunk(&mut self, bytes: &Bytes) {
+            self.0.lock().unwrap().0.extend_from_slice(bytes);
+        }
+        fn end(&mut self, end: End) {
+            self.0.lock().unwrap().1.push(end);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_observer_sees_every_chunk_and_the_end_once() {
+        let chunks = futures_util::stream::iter(vec![
+            Ok(Bytes::from_static(b"data: 1\n\n")),
+            Ok(Bytes::from_static(b"data: 2\n\n")),
+        ]);
+        let seen = Seen::default();
+        let (bytes, aborted) = collect(relay_body(chunks, true, seen.clone())).await;
+        assert!(!aborted);
+        let (observed, ends) = seen.0.lock().unwrap().clone();
+        assert_eq!(observed, bytes);
+        assert_eq!(ends, vec![End::Complete]);
+
+        let seen = Seen::default();
+        collect(relay_body(failing("data: {}\n\n"), true, seen.clone())).await;
+        assert_eq!(seen.0.lock().unwrap().1, vec![End::Failed]);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_tells_the_observer_cancelled() {
+        let chunks = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"data: 1\n\n"))])
+            .chain(futures_util::stream::pending());
+        let seen = Seen::default();
+        let mut body = relay_body(chunks, true, seen.clone());
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.data_ref().unwrap().as_ref(), b"data: 1\n\n");
+        assert!(seen.0.lock().unwrap().1.is_empty());
+        drop(body);
+        assert_eq!(seen.0.lock().unwrap().1, vec![End::Cancelled]);
     }
 }

@@ -15,7 +15,7 @@ use tracing::{Instrument, Level};
 
 use crate::body::{full, ProxyBody};
 use crate::error::ProxyError;
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::{chat, passthrough};
 
 /// Response header carrying the request id (also on every log line of the request). The
@@ -31,7 +31,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
     // What the per-request line needs, taken only when that line is logged.
     let line =
         tracing::enabled!(Level::INFO).then(|| (req.method().clone(), req.uri().path().to_owned()));
-    let mut response = route(state, req)
+    let mut response = route(state, req, id.clone())
         .instrument(span.clone())
         .await
         .unwrap_or_else(ProxyError::into_response);
@@ -53,6 +53,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
 async fn route(
     state: Arc<AppState>,
     req: Request<Incoming>,
+    id: HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let path = req.uri().path();
     match path {
@@ -73,7 +74,9 @@ async fn route(
             );
             Ok(resp)
         }
-        "/v1/chat/completions" if req.method() == Method::POST => chat::handle(state, req).await,
+        "/v1/chat/completions" if req.method() == Method::POST => {
+            chat::handle(state, req, id).await
+        }
         _ if path.starts_with("/v1/") => passthrough::handle(state, req).await,
         _ => Err(ProxyError::NotFound {
             method: req.method().to_string(),
@@ -95,7 +98,7 @@ fn method_not_allowed(req: &Request<Incoming>, allowed: &'static str) -> ProxyEr
 async fn health(state: &AppState, readiness: bool) -> Response<ProxyBody> {
     let (status, text) = if !readiness {
         (StatusCode::OK, r#"{"status":"ok"}"#.to_string())
-    } else if state.draining.load(Ordering::SeqCst) {
+    } else if state.is_draining() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             r#"{"status":"draining"}"#.to_string(),

@@ -8,7 +8,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,41 +20,9 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::config::Config;
-use crate::context::ContextManager;
+use crate::config::ValidConfig;
 use crate::router;
-use crate::store::StoreError;
-use crate::tokens::{Counter, Encoding};
-use crate::upstream::{UpstreamSetupError, Upstreams};
-
-/// What every request handler shares.
-pub struct AppState {
-    pub config: Config,
-    pub upstreams: Upstreams,
-    pub context: ContextManager,
-    pub metrics: crate::metrics::Metrics,
-    /// Set once shutdown begins: `/readyz` then answers 503 so load balancers move away.
-    pub draining: AtomicBool,
-}
-
-impl AppState {
-    /// Builds the upstream clients and opens the store.
-    pub async fn new(config: Config) -> Result<AppState, ServerError> {
-        let upstreams = Upstreams::new(&config.upstreams, |var| std::env::var(var).ok())?;
-        let store = crate::store::open(&config.store)
-            .await
-            .map_err(ServerError::Store)?;
-        let counter = Counter::new(Encoding::O200kBase, config.tokens.clone());
-        let context = ContextManager::new(config.context.clone(), counter, store);
-        Ok(AppState {
-            config,
-            upstreams,
-            context,
-            metrics: crate::metrics::Metrics::default(),
-            draining: AtomicBool::new(false),
-        })
-    }
-}
+use crate::state::{AppState, StateError};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -66,9 +33,7 @@ pub enum ServerError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Upstream(#[from] UpstreamSetupError),
-    #[error("cannot open the store: {0}")]
-    Store(StoreError),
+    State(#[from] StateError),
 }
 
 /// A bound, not yet serving, proxy.
@@ -78,8 +43,8 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `config.server.listen` and builds the upstream clients. `config` must be validated.
-    pub async fn bind(config: Config) -> Result<Server, ServerError> {
+    /// Binds `config.server.listen` and builds the application state.
+    pub async fn bind(config: ValidConfig) -> Result<Server, ServerError> {
         let addr = config.server.listen;
         let listener = TcpListener::bind(addr)
             .await
@@ -156,7 +121,7 @@ impl Server {
         }
 
         drop(listener);
-        state.draining.store(true, Ordering::SeqCst);
+        state.begin_draining();
         tracing::info!(
             connections = graceful.count(),
             "shutting down: draining in-flight requests"
@@ -172,7 +137,7 @@ impl Server {
             }
         }
         while tasks.join_next().await.is_some() {}
-        state.context.store().close().await;
+        state.shutdown().await;
     }
 }
 
@@ -184,8 +149,8 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// Binds and starts serving `config` (validated) on a task of the current runtime.
-    pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
+    /// Binds and starts serving `config` on a task of the current runtime.
+    pub async fn start(config: ValidConfig) -> Result<RunningServer, ServerError> {
         let server = Server::bind(config).await?;
         let addr = server.local_addr();
         let (stop, stopped) = oneshot::channel::<()>();

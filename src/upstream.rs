@@ -15,7 +15,6 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::Method;
 
 use crate::config::UpstreamConfig;
-use crate::error::ProxyError;
 use crate::headers::end_to_end;
 
 /// One upstream API.
@@ -40,7 +39,7 @@ pub struct Upstream {
 /// Every configured upstream and the routing between them.
 #[derive(Debug)]
 pub struct Upstreams {
-    list: Vec<Upstream>,
+    list: Vec<Arc<Upstream>>,
     default: usize,
 }
 
@@ -103,7 +102,7 @@ impl Upstreams {
                     upstream: cfg.name.clone(),
                     url: cfg.base_url.clone(),
                 })?;
-            list.push(Upstream {
+            list.push(Arc::new(Upstream {
                 name: cfg.name.clone(),
                 label: Arc::from(cfg.name.as_str()),
                 base_path: base.path().trim_end_matches('/').to_string(),
@@ -113,14 +112,14 @@ impl Upstreams {
                 read_timeout: cfg.read_timeout(),
                 client,
                 encoding: cfg.encoding,
-            });
+            }));
         }
         let default = configs.iter().position(|c| c.default).unwrap_or(0);
         Ok(Upstreams { list, default })
     }
 
     /// The upstream serving `model`: the first whose patterns match, else the default.
-    pub fn route(&self, model: Option<&str>) -> &Upstream {
+    pub fn route(&self, model: Option<&str>) -> &Arc<Upstream> {
         model
             .and_then(|m| {
                 self.list
@@ -131,17 +130,28 @@ impl Upstreams {
     }
 }
 
-/// What to send upstream.
-pub struct Outgoing<'a> {
+/// Why an upstream call got no answer. Mapped to the client's status and error shape in one
+/// place (`ProxyError::from`).
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream {upstream} is unreachable: {detail}")]
+    Unreachable { upstream: String, detail: String },
+    #[error(
+        "upstream {upstream} did not answer within {timeout_ms} ms (upstreams.read_timeout_ms)"
+    )]
+    Timeout { upstream: String, timeout_ms: u64 },
+}
+
+/// A request for an upstream, built once and sendable any number of times (a tool loop or a
+/// retry sends it again, possibly with another body): method, full URL, the headers to send
+/// (end-to-end only, the upstream's own key in place of the client's when it has one) and the
+/// body.
+#[derive(Debug, Clone)]
+pub struct UpstreamRequest {
     pub method: Method,
-    /// Path below `/v1`, with its leading slash, e.g. `/chat/completions`.
-    pub path: &'a str,
-    pub query: Option<&'a str>,
-    /// The client's request headers (taken: only the end-to-end ones are sent on).
+    pub url: reqwest::Url,
     pub headers: HeaderMap,
-    /// Headers of the client's request not to forward (beyond hop-by-hop and `host`).
-    pub drop_headers: &'a [HeaderName],
-    pub body: reqwest::Body,
+    pub body: Bytes,
 }
 
 /// The upstream's answer: status, end-to-end headers and the body as a stream of chunks.
@@ -167,20 +177,66 @@ impl Upstream {
         url
     }
 
-    /// Sends `out` and waits for the response headers (bounded by the read timeout).
-    pub async fn send(&self, out: Outgoing<'_>) -> Result<Incoming, ProxyError> {
-        let mut headers = end_to_end(out.headers, out.drop_headers);
+    /// The headers to send for a client's `headers`: end-to-end ones only, less `drop` and
+    /// `host`, with this upstream's own key when it has one.
+    fn outgoing_headers(&self, headers: HeaderMap, drop: &[HeaderName]) -> HeaderMap {
+        let mut headers = end_to_end(headers, drop);
         headers.remove(header::HOST);
         if let Some(auth) = &self.authorization {
             headers.insert(header::AUTHORIZATION, auth.clone());
         }
-        let mut request = reqwest::Request::new(out.method, self.url(out.path, out.query));
-        *request.headers_mut() = headers;
-        *request.body_mut() = Some(out.body);
+        headers
+    }
+
+    /// Builds a request for `path` (below `/v1`) from the client's headers (taken) and `body`.
+    pub fn request(
+        &self,
+        method: Method,
+        path: &str,
+        query: Option<&str>,
+        client_headers: HeaderMap,
+        drop: &[HeaderName],
+        body: Bytes,
+    ) -> UpstreamRequest {
+        UpstreamRequest {
+            method,
+            url: self.url(path, query),
+            headers: self.outgoing_headers(client_headers, drop),
+            body,
+        }
+    }
+
+    /// Sends `req` (it stays usable) and waits for the response headers, bounded by the read
+    /// timeout.
+    pub async fn send(&self, req: &UpstreamRequest) -> Result<Incoming, UpstreamError> {
+        let mut request = reqwest::Request::new(req.method.clone(), req.url.clone());
+        *request.headers_mut() = req.headers.clone();
+        *request.body_mut() = Some(req.body.clone().into());
+        self.execute(request).await
+    }
+
+    /// Sends a request whose body streams from the client as it arrives (pass-through routes):
+    /// it can be sent only once.
+    pub async fn send_streaming(
+        &self,
+        method: Method,
+        path: &str,
+        query: Option<&str>,
+        client_headers: HeaderMap,
+        drop: &[HeaderName],
+        body: reqwest::Body,
+    ) -> Result<Incoming, UpstreamError> {
+        let mut request = reqwest::Request::new(method, self.url(path, query));
+        *request.headers_mut() = self.outgoing_headers(client_headers, drop);
+        *request.body_mut() = Some(body);
+        self.execute(request).await
+    }
+
+    async fn execute(&self, request: reqwest::Request) -> Result<Incoming, UpstreamError> {
         let mut response =
             match tokio::time::timeout(self.read_timeout, self.client.execute(request)).await {
                 Err(_) => return Err(self.timeout_error()),
-                Ok(Err(e)) => return Err(self.send_error(&e)),
+                Ok(Err(e)) => return Err(self.send_error(e)),
                 Ok(Ok(r)) => r,
             };
         let status = response.status();
@@ -194,20 +250,22 @@ impl Upstream {
         })
     }
 
-    fn timeout_error(&self) -> ProxyError {
-        ProxyError::UpstreamTimeout {
+    fn timeout_error(&self) -> UpstreamError {
+        UpstreamError::Timeout {
             upstream: self.name.clone(),
             timeout_ms: self.read_timeout.as_millis() as u64,
         }
     }
 
-    fn send_error(&self, e: &reqwest::Error) -> ProxyError {
+    /// The error for a failed send. The URL is left out of the message: clients see the
+    /// upstream's name, never its address.
+    fn send_error(&self, e: reqwest::Error) -> UpstreamError {
         if e.is_timeout() {
             return self.timeout_error();
         }
-        ProxyError::UpstreamUnreachable {
+        UpstreamError::Unreachable {
             upstream: self.name.clone(),
-            detail: error_chain(e),
+            detail: error_chain(&e.without_url()),
         }
     }
 }

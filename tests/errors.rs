@@ -72,9 +72,13 @@ async fn unreachable_upstream_is_a_502_naming_it() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
-    let proxy = RunningServer::start(config_for(&format!("http://127.0.0.1:{port}/v1")))
-        .await
-        .unwrap();
+    let proxy = RunningServer::start(
+        config_for(&format!("http://127.0.0.1:{port}/v1"))
+            .validate()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
     let resp = reqwest::Client::new()
         .post(format!("http://{}/v1/chat/completions", proxy.addr()))
         .json(&json!({"model": "gpt-4o", "messages": []}))

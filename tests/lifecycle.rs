@@ -47,7 +47,7 @@ async fn slow_headers_are_cut_by_the_header_read_timeout() {
 #[tokio::test]
 async fn shutdown_drains_an_in_flight_stream_and_refuses_new_connections() {
     let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
-    let mut proxy = RunningServer::start(config_for(&mock.base_url()))
+    let mut proxy = RunningServer::start(config_for(&mock.base_url()).validate().unwrap())
         .await
         .unwrap();
     let addr = proxy.addr();
@@ -101,7 +101,9 @@ async fn shutdown_cuts_streams_that_outlive_the_grace_period() {
     let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
     let mut config = config_for(&mock.base_url());
     config.server.shutdown_grace_ms = 100;
-    let mut proxy = RunningServer::start(config).await.unwrap();
+    let mut proxy = RunningServer::start(config.validate().unwrap())
+        .await
+        .unwrap();
     let gate = Gate::new(); // never opened
     mock.push(Reply::text("held forever").hold_after(1, gate));
     let resp = reqwest::Client::new()

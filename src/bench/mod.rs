@@ -20,10 +20,10 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use context_proxy_tokens::Encoding;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
-use crate::tokens::Encoding;
 use cpu::{CpuPerRequest, Processes};
 use load::{run_load, LoadResult};
 

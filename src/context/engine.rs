@@ -81,8 +81,30 @@ pub struct Report {
     pub truncated: usize,
     pub compacted: usize,
     pub offloaded: usize,
-    /// Why the engine left the request alone although it could have acted.
-    pub skipped: Option<String>,
+    /// Why the request was left alone although context management was on.
+    pub skipped: Option<Skipped>,
+}
+
+/// Why a request was forwarded as it came although context management was on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skipped {
+    /// The body has no `messages` array: nothing to manage.
+    NoMessages,
+    /// The conversation is not well formed (a tool result without its call, …): the engine
+    /// never rewrites what it cannot keep valid.
+    Malformed(String),
+    /// The store failed, so nothing could be offloaded (fail-open).
+    StoreUnavailable,
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skipped::NoMessages => f.write_str("no messages array"),
+            Skipped::Malformed(why) => write!(f, "malformed conversation: {why}"),
+            Skipped::StoreUnavailable => f.write_str("store unavailable"),
+        }
+    }
 }
 
 impl Report {
@@ -260,6 +282,22 @@ impl Work<'_> {
     }
 }
 
+/// Whether no decision can change a request of `total` tokens whose messages count
+/// `per_message`: it is within budget and no message is over the truncation or compaction
+/// thresholds. The caller may then skip the session lookup and [`run`] altogether.
+///
+/// The one case where [`run`] could still act is a conversation moved out earlier that is back
+/// under budget, which needs the budget or mode to have changed between its requests.
+pub fn nothing_to_do(total: usize, per_message: &[usize], settings: &Settings) -> bool {
+    let largest = per_message.iter().copied().max().unwrap_or(0);
+    settings.mode == Mode::Off
+        || (total <= settings.budget
+            && largest
+                <= settings
+                    .tool_result_max_tokens
+                    .min(settings.truncate_tokens))
+}
+
 /// Plans and applies context management to one request.
 pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn Env) -> Outcome {
     let n = input.messages.len();
@@ -281,7 +319,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     let units = match segment(input.messages) {
         Ok(units) => units,
         Err(malformed) => {
-            report.skipped = Some(format!("malformed conversation: {malformed}"));
+            report.skipped = Some(Skipped::Malformed(malformed.to_string()));
             return unchanged(report);
         }
     };

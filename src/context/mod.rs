@@ -26,8 +26,10 @@ use xxhash_rust::xxh3::xxh3_128;
 
 use crate::store::{ContentRef, Store, StoreError, Tenant};
 use crate::tokens::{Counter, Encoding};
+pub use engine::Skipped;
 use engine::{content_text, Decision, Env, Input, Report, Source};
-use session::{identify, Decisions, Identity, Prefixes};
+pub use session::Identity;
+use session::{identify, Decisions, Prefixes};
 pub use settings::{ContextConfig, Mode, Settings};
 
 /// Response headers that tell the client what was done.
@@ -37,8 +39,6 @@ pub const ACTIONS_HEADER: &str = "x-context-actions";
 /// Request header choosing the mode for one request.
 pub const MODE_HEADER: &str = "x-context-mode";
 
-/// Sessions whose decisions are kept in memory (the store keeps them all).
-const MEMORY_SESSIONS: usize = 100_000;
 /// Content references remembered as already stored, and content hashes → references.
 const MEMORY_REFS: usize = 1_000_000;
 
@@ -52,16 +52,81 @@ pub struct Managed {
     pub fail_open: bool,
     /// The request was counted (`report`'s token figures mean something); false in mode off.
     pub counted: bool,
+    /// The stored content the new body refers to (empty when it refers to none).
+    pub refs: Vec<ContentRef>,
 }
 
 impl Managed {
+    /// Nothing done and nothing counted (mode off, or before the plan ran).
+    pub fn off() -> Managed {
+        Managed {
+            body: None,
+            report: Report::default(),
+            fail_open: false,
+            counted: false,
+            refs: Vec::new(),
+        }
+    }
+
     fn unchanged(report: Report) -> Managed {
         Managed {
             body: None,
             report,
             fail_open: false,
             counted: true,
+            refs: Vec::new(),
         }
+    }
+}
+
+/// What the plan phase decided for one request, handed to the apply phase.
+#[derive(Debug)]
+pub struct Plan {
+    /// What the plan does (the token figures mean something when `counted`).
+    pub report: Report,
+    /// The request was counted; false in mode off.
+    pub counted: bool,
+    /// Set when the engine ran: what it needs from the session to apply.
+    decided: Option<Decided>,
+}
+
+#[derive(Debug)]
+struct Decided {
+    prefixes: Prefixes,
+    prior: Decision,
+    outcome: engine::Outcome,
+}
+
+impl Plan {
+    fn off() -> Plan {
+        Plan {
+            report: Report::default(),
+            counted: false,
+            decided: None,
+        }
+    }
+
+    fn unchanged(report: Report) -> Plan {
+        Plan {
+            report,
+            counted: true,
+            decided: None,
+        }
+    }
+
+    /// Whether applying this plan changes the request.
+    pub fn rewrites(&self) -> bool {
+        self.decided
+            .as_ref()
+            .is_some_and(|d| d.outcome.messages.is_some())
+    }
+
+    /// Whether the new body will refer to stored content (so the reload tools are worth
+    /// offering).
+    pub fn refers_to_stored_content(&self) -> bool {
+        self.decided
+            .as_ref()
+            .is_some_and(|d| d.outcome.messages.is_some() && !d.outcome.writes.is_empty())
     }
 }
 
@@ -107,7 +172,7 @@ impl ContextManager {
         ContextManager {
             config,
             counter,
-            decisions: Decisions::new(store.clone(), MEMORY_SESSIONS),
+            decisions: Decisions::new(store.clone()),
             store,
             written: DashMap::new(),
             references: DashMap::new(),
@@ -128,57 +193,63 @@ impl ContextManager {
         &self.store
     }
 
-    /// Manages the context of `body` (a parsed chat request). Never fails: on any error the
-    /// request is left unchanged and the error logged.
-    pub async fn manage(
+    /// The `[context.reload]` settings.
+    pub fn reload_config(&self) -> &crate::reload::ReloadConfig {
+        &self.config.reload
+    }
+
+    /// The token counter for `model` (or the upstream's `encoding`).
+    pub fn counter_for(&self, model: &str, encoding: Option<Encoding>) -> Counter {
+        self.counter
+            .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)))
+    }
+
+    /// Identify: whose conversation `body` is, or `None` when it has no `messages` array.
+    pub fn identify(&self, headers: &HeaderMap, body: &Value) -> Option<Identity> {
+        let messages = body.get("messages").and_then(Value::as_array)?;
+        Some(identify(headers, messages))
+    }
+
+    /// Plan: counts the request, looks up the decision recorded for its conversation's prefix
+    /// (only when the pure engine says a decision could matter) and runs the engine. Never
+    /// fails: a store error is logged and the engine decides without the session's state.
+    pub async fn plan(
         &self,
-        headers: &HeaderMap,
-        body: &mut Value,
+        identity: Option<&Identity>,
+        body: &Value,
         mode: Mode,
         encoding: Option<Encoding>,
-    ) -> Managed {
+    ) -> Plan {
         let started = Instant::now();
         if mode == Mode::Off {
             // Untouched and uncounted: pass-through never loads the BPE tables.
-            return Managed {
-                body: None,
-                report: Report::default(),
-                fail_open: false,
-                counted: false,
-            };
+            return Plan::off();
         }
-        let model = body
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
+        let model = body.get("model").and_then(Value::as_str).unwrap_or("");
         let counter = self
             .counter
-            .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(&model)));
+            .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)));
         let count = counter.count_request(body);
-        let mut report = Report {
+        let report = Report {
             tokens_before: count.total,
             tokens_after: count.total,
             ..Report::default()
         };
-        let Some(messages) = body.get("messages").and_then(Value::as_array) else {
-            report.skipped = Some("no messages array".into());
-            return Managed::unchanged(report);
+        let (Some(identity), Some(messages)) =
+            (identity, body.get("messages").and_then(Value::as_array))
+        else {
+            let report = Report {
+                skipped: Some(Skipped::NoMessages),
+                ..report
+            };
+            return Plan::unchanged(report);
         };
-        let settings = self.config.resolve(&model, mode);
-        // Nothing to truncate or compact and within budget: no decision can change it.
-        let largest = count.per_message.iter().copied().max().unwrap_or(0);
-        if count.total <= settings.budget
-            && largest
-                <= settings
-                    .tool_result_max_tokens
-                    .min(settings.truncate_tokens)
-        {
-            return Managed::unchanged(report);
+        let settings = self.config.resolve(model, mode);
+        if engine::nothing_to_do(count.total, &count.per_message, &settings) {
+            return Plan::unchanged(report);
         }
-        let identity = identify(headers, messages);
         let prefixes = Prefixes::of(messages);
-        let prior = match self.decisions.lookup(&identity, &prefixes).await {
+        let prior = match self.decisions.lookup(identity, &prefixes).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "context store unavailable: deciding without the session's state");
@@ -196,16 +267,67 @@ impl ContextManager {
             fixed,
         };
         let outcome = engine::run(&input, &settings, prior, &env);
-        let report = outcome.report.clone();
+        tracing::debug!(
+            before = outcome.report.tokens_before,
+            after = outcome.report.tokens_after,
+            actions = %outcome.report.actions(),
+            compact_before = outcome.decision.compact_before,
+            offload_before = outcome.decision.offload_before,
+            budget = settings.budget,
+            micros = started.elapsed().as_micros() as u64,
+            "context plan"
+        );
+        Plan {
+            report: outcome.report.clone(),
+            counted: true,
+            decided: Some(Decided {
+                prefixes,
+                prior,
+                outcome,
+            }),
+        }
+    }
 
+    /// Apply: stores everything the plan removes (before the smaller request can go out),
+    /// remembers a changed decision, and writes the new messages into `body`. Returns the new
+    /// body's bytes when it changed. Never fails: if a write fails, the request goes out as it
+    /// came (fail-open).
+    pub async fn apply(
+        &self,
+        identity: Option<&Identity>,
+        plan: Plan,
+        body: &mut Value,
+        request_id: &str,
+    ) -> Managed {
+        let Plan {
+            report,
+            counted,
+            decided,
+        } = plan;
+        let (Some(identity), Some(decided)) = (identity, decided) else {
+            return Managed {
+                body: None,
+                report,
+                fail_open: false,
+                counted,
+                refs: Vec::new(),
+            };
+        };
+        let mut decided = decided;
+        let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+            return Managed::unchanged(report);
+        };
         // Reversible: everything removed is stored before the smaller request goes out.
-        if outcome.messages.is_some() {
-            if let Err(e) = self.write_all(&identity, messages, &outcome.writes).await {
+        if decided.outcome.messages.is_some() {
+            if let Err(e) = self
+                .write_all(identity, messages, &decided.outcome.writes)
+                .await
+            {
                 tracing::warn!(error = %e, "context store write failed: forwarding the request unchanged");
                 let report = Report {
-                    tokens_before: count.total,
-                    tokens_after: count.total,
-                    skipped: Some("store unavailable".into()),
+                    tokens_before: report.tokens_before,
+                    tokens_after: report.tokens_before,
+                    skipped: Some(Skipped::StoreUnavailable),
                     ..Report::default()
                 };
                 return Managed {
@@ -213,29 +335,12 @@ impl ContextManager {
                     report,
                     fail_open: true,
                     counted: true,
+                    refs: Vec::new(),
                 };
             }
         }
-        self.remember_decision(
-            &identity,
-            &prefixes,
-            prior,
-            outcome.decision,
-            &report,
-            &outcome.writes,
-        )
-        .await;
-        tracing::debug!(
-            before = report.tokens_before,
-            after = report.tokens_after,
-            actions = %report.actions(),
-            compact_before = outcome.decision.compact_before,
-            offload_before = outcome.decision.offload_before,
-            budget = settings.budget,
-            micros = started.elapsed().as_micros() as u64,
-            "context plan"
-        );
-        let Some(new_messages) = outcome.messages else {
+        self.remember_decision(identity, &decided, request_id).await;
+        let Some(new_messages) = decided.outcome.messages.take() else {
             return Managed::unchanged(report);
         };
         if let Some(slot) = body.get_mut("messages") {
@@ -248,7 +353,26 @@ impl ContextManager {
             report,
             fail_open: false,
             counted: true,
+            refs: decided
+                .outcome
+                .writes
+                .iter()
+                .map(|w| w.reference.clone())
+                .collect(),
         }
+    }
+
+    /// identify, plan and apply in one call (tests and benchmarks).
+    pub async fn manage(
+        &self,
+        headers: &HeaderMap,
+        body: &mut Value,
+        mode: Mode,
+        encoding: Option<Encoding>,
+    ) -> Managed {
+        let identity = self.identify(headers, body);
+        let plan = self.plan(identity.as_ref(), body, mode, encoding).await;
+        self.apply(identity.as_ref(), plan, body, "").await
     }
 
     /// Writes every piece of content the new request refers to (unless already stored).
@@ -290,22 +414,22 @@ impl ContextManager {
     }
 
     /// Records a changed decision in the session state and its log. Failures only warn.
-    async fn remember_decision(
-        &self,
-        id: &Identity,
-        prefixes: &Prefixes,
-        prior: Decision,
-        decision: Decision,
-        report: &Report,
-        writes: &[engine::Write],
-    ) {
-        if decision == prior {
+    async fn remember_decision(&self, id: &Identity, decided: &Decided, request_id: &str) {
+        let Decided {
+            prefixes,
+            prior,
+            outcome,
+        } = decided;
+        let (decision, report, writes) = (outcome.decision, &outcome.report, &outcome.writes);
+        if decision == *prior {
             return;
         }
         match self.decisions.record(id, prefixes, decision).await {
             Ok(false) => {}
             Ok(true) => {
                 let record = json!({
+                    "ts": rfc3339(std::time::SystemTime::now()),
+                    "request_id": request_id,
                     "event": "decision",
                     "compact_before": decision.compact_before,
                     "offload_before": decision.offload_before,
@@ -324,5 +448,44 @@ impl ContextManager {
             }
             Err(e) => tracing::warn!(error = %e, "cannot record the context decision"),
         }
+    }
+}
+
+/// `t` as an RFC 3339 UTC timestamp with milliseconds, e.g. `2026-11-23T21:07:27.123Z`.
+fn rfc3339(t: std::time::SystemTime) -> String {
+    let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3_600,
+        rest % 3_600 / 60,
+        rest % 60,
+        since.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn rfc3339_timestamps() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let t = UNIX_EPOCH + Duration::from_millis(1_795_554_447_123);
+        assert_eq!(rfc3339(t), "2026-11-24T21:07:27.123Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
     }
 }

@@ -2,12 +2,11 @@
 //! conversation prefixes, and the decisions remembered against those prefixes, so that the
 //! next request of a conversation reuses them instead of deciding again.
 //!
-//! Decisions live in memory (bounded) and in the store's session state, so they survive a
-//! restart (fs) and are shared by replicas (redis).
+//! Decisions live in the store's session state, so they survive a restart (fs) and are shared
+//! by replicas (redis); updates are compare-and-set, so concurrent replicas never lose one.
 
 use std::sync::Arc;
 
-use dashmap::DashMap;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -74,6 +73,7 @@ pub fn identify(headers: &HeaderMap, messages: &[Value]) -> Identity {
 }
 
 /// `hashes[k]` identifies `messages[..k]`: a rolling hash over each message's content hash.
+#[derive(Debug)]
 pub struct Prefixes {
     hashes: Vec<u128>,
 }
@@ -109,53 +109,55 @@ struct Recorded {
 
 /// Decisions remembered per session: a few recent ones, newest first (a session may hold
 /// several branches of a conversation).
+///
+/// Safe for several replicas sharing one store: every lookup reads the session's record from
+/// the store (another replica may have added a decision since; nothing is cached in the
+/// process), and every update is a compare-and-set that merges with what another writer put
+/// there in the meantime, so no decision is ever overwritten.
 pub struct Decisions {
     store: Arc<dyn Store>,
-    memory: DashMap<Identity, Vec<Recorded>>,
-    max_sessions: usize,
 }
 
+/// Decisions kept per session.
 const PER_SESSION: usize = 8;
+/// Compare-and-set attempts before an update gives up (each failed attempt means another
+/// writer succeeded).
+const CAS_ATTEMPTS: usize = 16;
 
 fn state_key() -> Result<StateKey, StoreError> {
     StateKey::parse("decisions")
 }
 
 impl Decisions {
-    pub fn new(store: Arc<dyn Store>, max_sessions: usize) -> Decisions {
-        Decisions {
-            store,
-            memory: DashMap::new(),
-            max_sessions: max_sessions.max(1),
-        }
+    pub fn new(store: Arc<dyn Store>) -> Decisions {
+        Decisions { store }
     }
 
-    async fn entries(&self, id: &Identity) -> Result<Vec<Recorded>, StoreError> {
-        if let Some(e) = self.memory.get(id) {
-            return Ok(e.clone());
-        }
+    /// The session's record as stored (for compare-and-set) and its entries.
+    async fn read(&self, id: &Identity) -> Result<(Option<Vec<u8>>, Vec<Recorded>), StoreError> {
         let stored = self
             .store
             .get_state(&id.tenant, &id.session, &state_key()?)
             .await?;
-        let entries: Vec<Recorded> = stored
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
-        self.remember(id, entries.clone());
-        Ok(entries)
-    }
-
-    fn remember(&self, id: &Identity, entries: Vec<Recorded>) {
-        if self.memory.len() >= self.max_sessions && !self.memory.contains_key(id) {
-            // Simple bound: forget everything; the store still has it.
-            self.memory.clear();
-        }
-        self.memory.insert(id.clone(), entries);
+        let entries = match stored
+            .as_deref()
+            .map(serde_json::from_slice::<Vec<Recorded>>)
+        {
+            None => Vec::new(),
+            Some(Ok(entries)) => entries,
+            Some(Err(e)) => {
+                // Written by an incompatible version or damaged: start the session afresh
+                // (the next update replaces it through compare-and-set).
+                tracing::warn!(error = %e, "unreadable decisions record: ignoring it");
+                Vec::new()
+            }
+        };
+        Ok((stored, entries))
     }
 
     /// The decision recorded for the longest prefix this conversation shares, or none.
     pub async fn lookup(&self, id: &Identity, prefixes: &Prefixes) -> Result<Decision, StoreError> {
-        let entries = self.entries(id).await?;
+        let (_, entries) = self.read(id).await?;
         Ok(entries
             .iter()
             .filter(|r| {
@@ -168,7 +170,8 @@ impl Decisions {
             .unwrap_or_default())
     }
 
-    /// Remembers `decision` against the prefix it covers. Returns whether it was new.
+    /// Remembers `decision` against the prefix it covers, merged with whatever other writers
+    /// recorded. Returns whether it was new.
     pub async fn record(
         &self,
         id: &Identity,
@@ -184,19 +187,27 @@ impl Decisions {
             prefix_hash: format!("{hash:032x}"),
             decision,
         };
-        let mut entries = self.entries(id).await?;
-        if entries.contains(&entry) {
-            return Ok(false);
+        let key = state_key()?;
+        for _ in 0..CAS_ATTEMPTS {
+            let (stored, mut entries) = self.read(id).await?;
+            if entries.contains(&entry) {
+                return Ok(false);
+            }
+            entries.insert(0, entry.clone());
+            entries.truncate(PER_SESSION);
+            let bytes =
+                serde_json::to_vec(&entries).map_err(|e| StoreError::Internal(e.to_string()))?;
+            if self
+                .store
+                .compare_and_set_state(&id.tenant, &id.session, &key, stored.as_deref(), &bytes)
+                .await?
+            {
+                return Ok(true);
+            }
         }
-        entries.insert(0, entry);
-        entries.truncate(PER_SESSION);
-        let bytes =
-            serde_json::to_vec(&entries).map_err(|e| StoreError::Internal(e.to_string()))?;
-        self.remember(id, entries);
-        self.store
-            .put_state(&id.tenant, &id.session, &state_key()?, &bytes)
-            .await?;
-        Ok(true)
+        Err(StoreError::Internal(format!(
+            "the session's decisions changed under {CAS_ATTEMPTS} attempts in a row"
+        )))
     }
 }
 

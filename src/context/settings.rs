@@ -82,6 +82,8 @@ pub struct ContextConfig {
     /// Context windows of models, overriding or adding to the built-in table
     /// (`[context.model_windows]`, e.g. `"my-model" = 32768`; a trailing `*` matches a prefix).
     pub model_windows: HashMap<String, usize>,
+    /// The proxy's `context_read` / `context_search` tools (`[context.reload]`).
+    pub reload: crate::reload::ReloadConfig,
 }
 
 impl Default for ContextConfig {
@@ -99,6 +101,7 @@ impl Default for ContextConfig {
             preview_head_lines: 8,
             preview_tail_lines: 4,
             model_windows: HashMap::new(),
+            reload: crate::reload::ReloadConfig::default(),
         }
     }
 }
@@ -106,6 +109,7 @@ impl Default for ContextConfig {
 impl ContextConfig {
     /// Checks the ranges; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
+        self.reload.validate()?;
         let ratio = |name: &str, v: f64| {
             if v > 0.0 && v <= 1.0 {
                 Ok(())

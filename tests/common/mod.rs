@@ -20,7 +20,8 @@ pub struct Harness {
     pub client: reqwest::Client,
 }
 
-/// A validated config whose single upstream is `base_url`, listening on a free port.
+/// A config (validated, so `[upstream]` is folded in) whose single upstream is `base_url`,
+/// listening on a free port. Validate it again after editing it.
 pub fn config_for(base_url: &str) -> Config {
     let mut config = Config::default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
@@ -31,7 +32,7 @@ pub fn config_for(base_url: &str) -> Config {
         default: true,
         ..UpstreamConfig::default()
     }];
-    config.validate().unwrap()
+    config.validate().unwrap().into_inner()
 }
 
 impl Harness {

@@ -1,0 +1,293 @@
+//! A session of agent traffic and the requests it stands for.
+//!
+//! Histories repeat from one request to the next, so a session stores its messages once and
+//! the end of each request: request `k` is `messages[..request_ends[k]]`, and the message at
+//! `request_ends[k]` is the assistant reply the model gave to it (a mock upstream can replay it).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::AgentKind;
+
+/// One agent conversation, stored compactly.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Session {
+    pub id: String,
+    pub kind: AgentKind,
+    pub model: String,
+    /// The `tools` array sent with every request.
+    pub tools: Value,
+    /// Whether requests ask for a stream (`stream: true`, `stream_options.include_usage`).
+    pub stream: bool,
+    pub messages: Vec<Value>,
+    /// End (exclusive) of each request's history in `messages`, strictly increasing.
+    pub request_ends: Vec<usize>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// A request body borrowing the session, so it can be serialized without cloning messages.
+#[derive(Serialize)]
+struct RequestView<'a> {
+    model: &'a str,
+    messages: &'a [Value],
+    tools: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+impl Session {
+    /// Number of requests the agent sends.
+    pub fn request_count(&self) -> usize {
+        self.request_ends.len()
+    }
+
+    fn view(&self, end: usize) -> RequestView<'_> {
+        RequestView {
+            model: &self.model,
+            messages: &self.messages[..end],
+            tools: &self.tools,
+            stream: self.stream.then_some(true),
+            stream_options: self.stream.then_some(StreamOptions {
+                include_usage: true,
+            }),
+        }
+    }
+
+    /// The body of request `k`: `model`, the history `messages[..request_ends[k]]`, `tools`,
+    /// and the stream fields when the session streams.
+    ///
+    /// # Panics
+    /// If `k >= self.request_count()`.
+    pub fn request(&self, k: usize) -> Value {
+        // Serializing plain JSON values and strings cannot fail.
+        serde_json::to_value(self.view(self.request_ends[k])).unwrap_or(Value::Null)
+    }
+
+    /// The body of request `k` as compact JSON bytes, byte-identical to serializing
+    /// `self.request(k)`, without cloning the history.
+    ///
+    /// # Panics
+    /// If `k >= self.request_count()`.
+    pub fn request_body(&self, k: usize) -> Vec<u8> {
+        serde_json::to_vec(&self.view(self.request_ends[k])).unwrap_or_default()
+    }
+
+    /// Every request, in the order the agent sends them.
+    pub fn requests(&self) -> impl Iterator<Item = Value> + '_ {
+        (0..self.request_count()).map(move |k| self.request(k))
+    }
+
+    /// The assistant message the model answered request `k` with.
+    pub fn reply(&self, k: usize) -> Option<&Value> {
+        self.request_ends
+            .get(k)
+            .and_then(|&end| self.messages.get(end))
+    }
+
+    /// The content of every tool message.
+    pub fn tool_results(&self) -> impl Iterator<Item = &str> + '_ {
+        self.messages
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .filter_map(|m| m["content"].as_str())
+    }
+
+    /// Size in bytes of the body of every request, in order, computed from the size of each
+    /// message without serializing any request.
+    pub fn request_sizes(&self) -> Vec<usize> {
+        let empty = serde_json::to_vec(&self.view(0)).map_or(0, |b| b.len());
+        let mut sizes = Vec::with_capacity(self.request_count());
+        let mut prefix = 0;
+        let mut done = 0;
+        for &end in &self.request_ends {
+            for m in &self.messages[done..end.min(self.messages.len())] {
+                prefix += serde_json::to_vec(m).map_or(0, |b| b.len());
+            }
+            done = end;
+            sizes.push(empty + prefix + end.saturating_sub(1));
+        }
+        sizes
+    }
+
+    /// Checks the invariants every session satisfies, naming the first one broken: requests
+    /// end strictly increasing on a user or tool message and are answered by an assistant
+    /// message; every assistant message answers a request; each tool call is followed, in
+    /// order, by exactly one tool message with its id; no tool message stands alone; every
+    /// call names a declared tool and carries a JSON object as `arguments`.
+    pub fn validate(&self) -> Result<(), String> {
+        let id = &self.id;
+        if self.request_ends.is_empty() {
+            return Err(format!("session {id}: no requests"));
+        }
+        let declared: Vec<&str> = self
+            .tools
+            .as_array()
+            .map(|tools| {
+                tools
+                    .iter()
+                    .filter_map(|t| t["function"]["name"].as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut prev = 0;
+        for (k, &end) in self.request_ends.iter().enumerate() {
+            if end <= prev || end >= self.messages.len() {
+                return Err(format!(
+                    "session {id}: request {k} ends at {end}, after {prev} of {}",
+                    self.messages.len()
+                ));
+            }
+            let last = &self.messages[end - 1]["role"];
+            if last != "user" && last != "tool" {
+                return Err(format!(
+                    "session {id}: request {k} ends with a {last} message"
+                ));
+            }
+            if self.messages[end]["role"] != "assistant" {
+                return Err(format!(
+                    "session {id}: request {k} is not answered by an assistant message"
+                ));
+            }
+            prev = end;
+        }
+        let assistants = self
+            .messages
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .count();
+        if assistants != self.request_ends.len() {
+            return Err(format!(
+                "session {id}: {assistants} assistant messages for {} requests",
+                self.request_ends.len()
+            ));
+        }
+        let mut ids = std::collections::HashSet::new();
+        let mut i = 0;
+        while i < self.messages.len() {
+            let m = &self.messages[i];
+            match m["role"].as_str() {
+                Some("system" | "developer" | "user") => {}
+                Some("assistant") => {
+                    let calls = m.get("tool_calls").and_then(Value::as_array);
+                    for (j, call) in calls.into_iter().flatten().enumerate() {
+                        let call_id = call["id"].as_str().unwrap_or("");
+                        if !ids.insert(call_id.to_string()) || !call_id.starts_with("call_") {
+                            return Err(format!(
+                                "session {id}: message {i}: bad or repeated call id {call_id:?}"
+                            ));
+                        }
+                        let name = call["function"]["name"].as_str().unwrap_or("");
+                        if call["type"] != "function" || !declared.contains(&name) {
+                            return Err(format!(
+                                "session {id}: message {i}: call to undeclared tool {name:?}"
+                            ));
+                        }
+                        let args = call["function"]["arguments"].as_str().unwrap_or("");
+                        if !serde_json::from_str::<Value>(args).is_ok_and(|v| v.is_object()) {
+                            return Err(format!(
+                                "session {id}: message {i}: arguments are not a JSON object"
+                            ));
+                        }
+                        let result = self.messages.get(i + 1 + j);
+                        let answered = result.is_some_and(|r| {
+                            r["role"] == "tool"
+                                && r["tool_call_id"] == call_id
+                                && r["content"].is_string()
+                        });
+                        if !answered {
+                            return Err(format!("session {id}: message {i}: call {call_id} has no result right after it"));
+                        }
+                    }
+                    if m["content"].is_null() && calls.is_none_or(|c| c.is_empty()) {
+                        return Err(format!("session {id}: message {i}: assistant message with neither content nor calls"));
+                    }
+                    i += calls.map_or(0, Vec::len);
+                }
+                Some("tool") => {
+                    return Err(format!(
+                        "session {id}: message {i}: tool message without a call"
+                    ))
+                }
+                other => return Err(format!("session {id}: message {i}: unknown role {other:?}")),
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sample() -> Session {
+        Session {
+            id: "t".into(),
+            kind: AgentKind::Support,
+            model: "gpt-4o".into(),
+            tools: json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+            stream: true,
+            messages: vec![
+                json!({"role": "system", "content": "s"}),
+                json!({"role": "user", "content": "hi"}),
+                json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": "call_1", "content": "ok"}),
+                json!({"role": "assistant", "content": "done"}),
+            ],
+            request_ends: vec![2, 4],
+        }
+    }
+
+    #[test]
+    fn requests_are_prefixes_with_stream_fields() {
+        let s = sample();
+        s.validate().unwrap();
+        let r = s.request(1);
+        assert_eq!(r["messages"].as_array().unwrap().len(), 4);
+        assert_eq!(r["stream"], true);
+        assert_eq!(r["stream_options"]["include_usage"], true);
+        assert_eq!(s.reply(0).unwrap()["tool_calls"][0]["id"], "call_1");
+        assert_eq!(s.requests().count(), 2);
+        assert_eq!(s.tool_results().collect::<Vec<_>>(), ["ok"]);
+    }
+
+    #[test]
+    fn request_body_and_sizes_match_the_value() {
+        let mut s = sample();
+        for stream in [true, false] {
+            s.stream = stream;
+            let sizes = s.request_sizes();
+            assert_eq!(sizes.len(), s.request_count());
+            for (k, size) in sizes.into_iter().enumerate() {
+                let body = s.request_body(k);
+                assert_eq!(body, serde_json::to_vec(&s.request(k)).unwrap());
+                assert_eq!(size, body.len());
+            }
+        }
+        assert!(s.request(0).get("stream").is_none());
+    }
+
+    #[test]
+    fn validate_rejects_broken_sessions() {
+        let mut orphan = sample();
+        orphan.messages.swap(2, 3);
+        assert!(orphan.validate().is_err());
+        let mut bad_args = sample();
+        bad_args.messages[2]["tool_calls"][0]["function"]["arguments"] = json!("{not json");
+        assert!(bad_args.validate().unwrap_err().contains("arguments"));
+        let mut bad_end = sample();
+        bad_end.request_ends = vec![3, 4];
+        assert!(bad_end.validate().is_err());
+        let mut unknown = sample();
+        unknown.messages[2]["tool_calls"][0]["function"]["name"] = json!("g");
+        assert!(unknown.validate().unwrap_err().contains("undeclared"));
+    }
+}

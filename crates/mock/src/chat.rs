@@ -1,0 +1,350 @@
+//! `POST /v1/chat/completions`: validate the request like OpenAI does, enforce the context limit,
+//! take the next scripted reply (or the default one), wait the configured latency, and answer as
+//! JSON or as an SSE stream.
+//!
+//! Phases: parse → count → limit → take reply → wait → respond. A request refused by parsing or
+//! by the context limit does not consume a scripted reply: it never reached "the model".
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{header, HeaderValue, Response, StatusCode};
+use serde_json::Value;
+use tracing::{debug, warn};
+
+use super::script::{Completion, Gate, Reply};
+use super::server::Ctx;
+use super::sse::{self, StreamPlan};
+use super::usage::prompt_tokens;
+use super::wire::{self, Answer, AnswerMeta};
+use crate::body::{full, MockBody};
+use context_proxy_tokens::Encoding;
+
+/// The answer when no reply is queued.
+pub const DEFAULT_REPLY_TEXT: &str = "This is the mock upstream's default reply.";
+
+/// OpenAI's message for a body that is not JSON.
+const INVALID_JSON_MESSAGE: &str = "We could not parse the JSON body of your request. (HINT: \
+    This likely means you aren't using your HTTP library correctly. The OpenAI API expects a \
+    JSON payload, but what was sent was not valid JSON. If you have trouble figuring out how to \
+    fix this, please contact us through our help center at help.openai.com.)";
+
+/// The parts of a chat request the mock acts on.
+#[derive(Debug)]
+struct ChatRequest {
+    body: Value,
+    model: String,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Answers one chat-completions request.
+pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
+    let request = match parse(body) {
+        Ok(request) => request,
+        Err(error) => return json_response(StatusCode::BAD_REQUEST, &error),
+    };
+    let prompt_tokens = prompt_tokens(&request.body, Encoding::for_model(&request.model));
+    let delay = latency(ctx, prompt_tokens);
+    if let Some(limit) = ctx
+        .config
+        .context_limit
+        .filter(|limit| prompt_tokens > *limit)
+    {
+        debug!(limit, prompt_tokens, "context length exceeded");
+        if !ctx.life.sleep(delay).await {
+            return shutting_down();
+        }
+        let body = wire::context_length_exceeded(limit, prompt_tokens);
+        return json_response(StatusCode::BAD_REQUEST, &body);
+    }
+    let reply = ctx
+        .state
+        .pop_reply()
+        .unwrap_or_else(|| Reply::text(DEFAULT_REPLY_TEXT));
+    if !ctx.life.sleep(delay).await {
+        return shutting_down();
+    }
+    respond(ctx, reply, &request, prompt_tokens).await
+}
+
+/// Fixed latency plus the per-prompt-token latency.
+fn latency(ctx: &Ctx, prompt_tokens: usize) -> Duration {
+    let per_token = ctx.config.latency_per_input_token.as_nanos();
+    let tokens = u128::try_from(prompt_tokens).unwrap_or(u128::MAX);
+    let nanos = u64::try_from(per_token.saturating_mul(tokens)).unwrap_or(u64::MAX);
+    ctx.config
+        .latency
+        .saturating_add(Duration::from_nanos(nanos))
+}
+
+async fn respond(
+    ctx: &Ctx,
+    reply: Reply,
+    request: &ChatRequest,
+    prompt_tokens: usize,
+) -> Response<MockBody> {
+    let (reply, hold) = unwrap_hold(reply);
+    if let (Reply::Completion(completion), true) = (&reply, request.stream) {
+        return stream(ctx, completion, request, prompt_tokens, hold);
+    }
+    if let Some((_, gate)) = hold {
+        if ctx.life.unless_stopping(gate.opened()).await.is_none() {
+            return shutting_down();
+        }
+    }
+    match reply {
+        Reply::Completion(completion) => {
+            let answer = answer(ctx, &completion, request, prompt_tokens);
+            json_response(StatusCode::OK, &answer.to_json())
+        }
+        Reply::Error { status, body } => match StatusCode::from_u16(status) {
+            Ok(status) => json_response(status, &body),
+            Err(_) => bad_script(&format!("error status {status} is not an HTTP status")),
+        },
+        Reply::Raw {
+            status,
+            headers,
+            body,
+        } => raw_response(status, &headers, body),
+        // `unwrap_hold` took every hold off.
+        Reply::Held { .. } => bad_script("nested hold"),
+    }
+}
+
+/// Takes the holds off a reply; the outermost hold applies.
+fn unwrap_hold(mut reply: Reply) -> (Reply, Option<(usize, Gate)>) {
+    let mut hold = None;
+    while let Reply::Held {
+        reply: inner,
+        after,
+        gate,
+    } = reply
+    {
+        hold.get_or_insert((after, gate));
+        reply = *inner;
+    }
+    (reply, hold)
+}
+
+fn answer(
+    ctx: &Ctx,
+    completion: &Completion,
+    request: &ChatRequest,
+    prompt_tokens: usize,
+) -> Answer {
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    Answer::new(
+        completion,
+        AnswerMeta {
+            mock_name: &ctx.config.name,
+            serial: ctx.state.next_serial(),
+            model: &request.model,
+            created,
+            prompt_tokens,
+        },
+    )
+}
+
+fn stream(
+    ctx: &Ctx,
+    completion: &Completion,
+    request: &ChatRequest,
+    prompt_tokens: usize,
+    hold: Option<(usize, Gate)>,
+) -> Response<MockBody> {
+    let answer = answer(ctx, completion, request, prompt_tokens);
+    let plan = StreamPlan {
+        events: answer.to_events(request.include_usage),
+        interval: ctx.config.chunk_interval,
+        hold,
+    };
+    let body = sse::stream(plan, &answer.id, ctx.state.clone(), ctx.life.clone());
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// Parses and validates the body, or gives the body of OpenAI's 400 for it.
+fn parse(body: &[u8]) -> Result<ChatRequest, Value> {
+    let invalid = |message: &str, param: Option<&str>, code: Option<&str>| {
+        wire::error_body(message, "invalid_request_error", param, code)
+    };
+    let body: Value =
+        serde_json::from_slice(body).map_err(|_| invalid(INVALID_JSON_MESSAGE, None, None))?;
+    if !body.is_object() {
+        let message = format!(
+            "Invalid type for 'body': expected an object, but got {} instead.",
+            json_kind(&body)
+        );
+        return Err(invalid(&message, None, Some("invalid_type")));
+    }
+    let model = match &body["model"] {
+        Value::String(model) => model.clone(),
+        _ => return Err(invalid("you must provide a model parameter", None, None)),
+    };
+    match &body["messages"] {
+        Value::Null => {
+            return Err(invalid(
+                "Missing required parameter: 'messages'.",
+                Some("messages"),
+                Some("missing_required_parameter"),
+            ))
+        }
+        Value::Array(messages) if messages.is_empty() => {
+            return Err(invalid(
+                "Invalid 'messages': empty array. Expected an array with minimum length 1, but \
+                 got an empty array instead.",
+                Some("messages"),
+                Some("empty_array"),
+            ))
+        }
+        Value::Array(_) => {}
+        other => {
+            let message = format!(
+                "Invalid type for 'messages': expected an array, but got {} instead.",
+                json_kind(other)
+            );
+            return Err(invalid(&message, Some("messages"), Some("invalid_type")));
+        }
+    }
+    let stream = body["stream"] == Value::Bool(true);
+    let include_usage = body["stream_options"]["include_usage"] == Value::Bool(true);
+    Ok(ChatRequest {
+        body,
+        model,
+        stream,
+        include_usage,
+    })
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `value` as an `application/json` response.
+pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response<MockBody> {
+    let mut response = Response::new(full(value.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn raw_response(
+    status: u16,
+    headers: &[(String, String)],
+    body: bytes::Bytes,
+) -> Response<MockBody> {
+    let Ok(status) = StatusCode::from_u16(status) else {
+        return bad_script(&format!("raw status {status} is not an HTTP status"));
+    };
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    for (name, value) in headers {
+        let (Ok(name), Ok(value)) = (
+            header::HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) else {
+            return bad_script(&format!(
+                "raw header `{name}: {value}` is not a valid header"
+            ));
+        };
+        response.headers_mut().append(name, value);
+    }
+    response
+}
+
+/// A 500 telling the test its scripted reply cannot be sent.
+fn bad_script(problem: &str) -> Response<MockBody> {
+    warn!(problem, "scripted reply cannot be sent");
+    let message = format!("mock upstream: the scripted reply cannot be sent: {problem}");
+    let body = wire::error_body(&message, "server_error", None, Some("mock_bad_script"));
+    json_response(StatusCode::INTERNAL_SERVER_ERROR, &body)
+}
+
+/// A 503 for a request cut short by shutdown.
+pub(crate) fn shutting_down() -> Response<MockBody> {
+    let body = wire::error_body(
+        "mock upstream is shutting down",
+        "server_error",
+        None,
+        Some("mock_shutting_down"),
+    );
+    json_response(StatusCode::SERVICE_UNAVAILABLE, &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_requests_get_openai_shaped_errors() {
+        let cases: [(&[u8], Value, Value); 5] = [
+            (b"{not json", Value::Null, Value::Null),
+            (b"[]", Value::Null, "invalid_type".into()),
+            (
+                br#"{"messages":[{"role":"user","content":"x"}]}"#,
+                Value::Null,
+                Value::Null,
+            ),
+            (
+                br#"{"model":"gpt-4o"}"#,
+                "messages".into(),
+                "missing_required_parameter".into(),
+            ),
+            (
+                br#"{"model":"gpt-4o","messages":[]}"#,
+                "messages".into(),
+                "empty_array".into(),
+            ),
+        ];
+        for (body, param, code) in cases {
+            let error = parse(body).unwrap_err();
+            let error = &error["error"];
+            assert_eq!(error["type"], "invalid_request_error", "{error}");
+            assert_eq!(error["param"], param, "{error}");
+            assert_eq!(error["code"], code, "{error}");
+            assert!(!error["message"].as_str().unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn stream_flags_are_read() {
+        let request = parse(
+            br#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true,
+                 "stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        assert!(request.stream && request.include_usage);
+        assert_eq!(request.model, "m");
+    }
+
+    #[test]
+    fn outermost_hold_applies() {
+        let outer = Gate::new();
+        let reply = Reply::Held {
+            reply: Box::new(Reply::text("x").hold_after(1, Gate::new())),
+            after: 5,
+            gate: outer,
+        };
+        let (reply, hold) = unwrap_hold(reply);
+        assert!(matches!(reply, Reply::Completion(_)));
+        assert_eq!(hold.map(|(after, _)| after), Some(5));
+    }
+}

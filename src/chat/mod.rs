@@ -1,0 +1,260 @@
+//! `POST /v1/chat/completions`: the proxy's own request path, as a short list of phases over
+//! one per-request context ([`ChatCtx`]):
+//!
+//! **parse → identify → plan → apply → forward → tool loop → respond → record**
+//!
+//! - `parse` reads the body (bounded) and parses it; the raw bytes are kept, so a request no
+//!   phase changes reaches the upstream byte-identical;
+//! - `identify` says whose conversation it is (tenant, session), in which mode, and which
+//!   upstream serves its model;
+//! - `plan` puts back what the proxy hid from the client earlier (its own tool calls), counts
+//!   the conversation and lets the pure engine decide ([`crate::context`]);
+//! - `apply` stores what the plan removes, builds the new body, and offers the proxy's own
+//!   tools when the body refers to stored content ([`crate::reload`]);
+//! - `forward` builds the upstream request once (it can be sent again) and sends it;
+//! - `tool loop` answers the model's calls of the proxy's tools and asks the upstream again,
+//!   hiding them from the client (`tool_loop.rs`, `loop_json.rs`, `loop_stream.rs`);
+//! - `respond` relays the answer to the client as it arrives, reading it on the way;
+//! - `record` runs once the response is known — when its body has ended or the client left.
+//!
+//! Each phase is a plain function with one job; this function is the list.
+
+mod ctx;
+mod loop_json;
+mod loop_stream;
+mod record;
+mod request;
+mod respond;
+mod tool_loop;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{header, HeaderValue, Method, Request, Response};
+use hyper::body::Incoming;
+
+use crate::body::ProxyBody;
+use crate::context::Mode;
+use crate::error::ProxyError;
+use crate::request_body::read_limited;
+use crate::state::AppState;
+use crate::upstream;
+use serde_json::Value;
+
+pub use ctx::{ChatCtx, Timings};
+pub use request::ChatRequest;
+
+/// Runs the phases for one request.
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let mut ctx = parse(&state, req, request_id).await?;
+    identify(&state, &mut ctx)?;
+    plan(&state, &mut ctx).await;
+    apply(&state, &mut ctx).await;
+    let answer = forward(&mut ctx).await?;
+    let answer = tool_loop(&state, &mut ctx, answer).await?;
+    Ok(respond::respond(state, ctx, answer))
+}
+
+/// What the client gets: the upstream's answer relayed as it is, or one the tool loop built.
+pub enum Answer {
+    Relay(upstream::Incoming),
+    Json(loop_json::Final),
+    Stream {
+        status: http::StatusCode,
+        headers: http::HeaderMap,
+        events: std::pin::Pin<
+            Box<dyn futures_util::Stream<Item = Result<bytes::Bytes, upstream::BodyError>> + Send>,
+        >,
+    },
+}
+
+/// parse: the body, read under `server.max_body_bytes`, as a JSON object, and the upstream
+/// serving its model.
+async fn parse(
+    state: &AppState,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+) -> Result<ChatCtx, ProxyError> {
+    let received = Instant::now();
+    let (parts, body) = req.into_parts();
+    let raw = read_limited(body, &parts.headers, state.config.server.max_body_bytes).await?;
+    let request = ChatRequest::parse(raw)?;
+    let upstream = state.upstreams.route(request.model()).clone();
+    tracing::debug!(upstream = %upstream.name, model = request.model().unwrap_or(""), "routed");
+    Ok(ChatCtx::new(request_id, parts, request, upstream, received))
+}
+
+/// identify: the mode (`x-context-mode` or the config's) and, when the context is managed,
+/// the conversation (tenant from the API key, session).
+fn identify(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
+    ctx.mode = state
+        .context
+        .mode(&ctx.headers)
+        .map_err(ProxyError::InvalidRequest)?;
+    if ctx.mode != Mode::Off {
+        ctx.identity = state.context.identify(&ctx.headers, &ctx.request.body);
+    }
+    Ok(())
+}
+
+/// plan: put back the proxy's hidden tool calls, then count and decide (no store writes).
+async fn plan(state: &AppState, ctx: &mut ChatCtx) {
+    if let Some(identity) = &ctx.identity {
+        let hidden = crate::reload::hidden::Hidden::new(state.context.store().clone());
+        if let Some(Value::Array(messages)) = ctx.request.body.get_mut("messages") {
+            match hidden.restore(identity, messages).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    ctx.restored = n;
+                    ctx.body_changed = true;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the proxy's hidden tool calls: forwarding the conversation as the client sent it")
+                }
+            }
+        }
+    }
+    let plan = state
+        .context
+        .plan(
+            ctx.identity.as_ref(),
+            &ctx.request.body,
+            ctx.mode,
+            ctx.upstream.encoding,
+        )
+        .await;
+    ctx.plan = Some(plan);
+}
+
+/// apply: offer the proxy's tools when the new body will refer to stored content; store what
+/// the plan removes, remember the decision, build the new body.
+async fn apply(state: &AppState, ctx: &mut ChatCtx) {
+    let Some(plan) = ctx.plan.take() else {
+        return;
+    };
+    let offered = if plan.refers_to_stored_content() {
+        match crate::reload::offer(&ctx.request.body, state.context.reload_config()) {
+            crate::reload::Offer::Tools(names) => {
+                let client_had_tools = ctx
+                    .request
+                    .body
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .is_some_and(|t| !t.is_empty());
+                crate::reload::inject(&mut ctx.request.body, &names);
+                Some((names, client_had_tools))
+            }
+            crate::reload::Offer::NotOffered(why) => {
+                tracing::debug!(?why, "the proxy's tools are not offered");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let request_id = ctx.request_id.clone();
+    ctx.managed = state
+        .context
+        .apply(
+            ctx.identity.as_ref(),
+            plan,
+            &mut ctx.request.body,
+            request_id.to_str().unwrap_or_default(),
+        )
+        .await;
+    if let Some((names, client_had_tools)) = offered {
+        if ctx.managed.body.is_some() {
+            ctx.reload = Some(tool_loop::Reload {
+                names,
+                client_had_tools,
+                refs: ctx.managed.refs.clone(),
+            });
+        } else {
+            // Nothing was stored after all (the store failed): no tools either.
+            crate::reload::remove(&mut ctx.request.body, &names, client_had_tools);
+        }
+    }
+    ctx.timings.planned = Some(Instant::now());
+}
+
+/// forward: the upstream request, built once from the new body (or the client's bytes) and the
+/// client's headers, then sent.
+async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
+    let body = match (&ctx.managed.body, ctx.body_changed) {
+        (Some(body), _) => body.clone(),
+        (None, true) => bytes::Bytes::from(ctx.request.body.to_string()),
+        (None, false) => ctx.request.raw.clone(),
+    };
+    let request = ctx.upstream.request(
+        Method::POST,
+        "/chat/completions",
+        ctx.query.as_deref(),
+        std::mem::take(&mut ctx.headers),
+        // Content-Length follows the body we send. Accept-Encoding is left out so the answer
+        // comes uncompressed and the proxy can read it as it streams past.
+        &[
+            header::HOST,
+            header::CONTENT_LENGTH,
+            header::ACCEPT_ENCODING,
+        ],
+        body,
+    );
+    let answer = ctx.upstream.send(&request).await?;
+    ctx.stats
+        .upstream_calls
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ctx.timings.upstream_headers = Some(Instant::now());
+    ctx.outgoing = Some(request);
+    Ok(answer)
+}
+
+/// tool loop: when the proxy offered its tools and the upstream answered, run the model's
+/// calls of them and ask again, until the answer is the client's (see `tool_loop.rs`).
+async fn tool_loop(
+    state: &Arc<AppState>,
+    ctx: &mut ChatCtx,
+    answer: upstream::Incoming,
+) -> Result<Answer, ProxyError> {
+    let (Some(reload), Some(identity), Some(outgoing)) =
+        (&ctx.reload, &ctx.identity, &ctx.outgoing)
+    else {
+        return Ok(Answer::Relay(answer));
+    };
+    if !answer.status.is_success() {
+        return Ok(Answer::Relay(answer));
+    }
+    let model = ctx.request.model().unwrap_or("").to_string();
+    let round = tool_loop::Round {
+        state: state.clone(),
+        upstream: ctx.upstream.clone(),
+        identity: identity.clone(),
+        reload: reload.clone(),
+        body: std::mem::take(&mut ctx.request.body),
+        outgoing: outgoing.clone(),
+        model,
+        encoding: ctx.upstream.encoding,
+        stats: ctx.stats.clone(),
+        request_id: ctx.request_id().to_string(),
+    };
+    let is_stream = answer
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if is_stream {
+        let status = answer.status;
+        let mut headers = answer.headers.clone();
+        headers.remove(header::CONTENT_LENGTH);
+        let events = Box::pin(loop_stream::spawn(round, answer));
+        return Ok(Answer::Stream {
+            status,
+            headers,
+            events,
+        });
+    }
+    Ok(Answer::Json(loop_json::run(round, answer).await?))
+}

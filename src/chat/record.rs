@@ -1,0 +1,57 @@
+//! record: what one request did, once its response is known — metrics, the comparison of the
+//! proxy's token count with the upstream's `usage`, and a debug line with the timings.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::ChatCtx;
+use crate::context::Skipped;
+use crate::relay::End;
+use crate::state::AppState;
+
+/// Records a finished request. `billed` is the upstream's `usage.prompt_tokens`, when read.
+pub fn record(
+    state: &AppState,
+    ctx: &ChatCtx,
+    status: http::StatusCode,
+    end: End,
+    billed: Option<u64>,
+) {
+    let metrics = &state.metrics;
+    let add = |c: &AtomicU64, n: usize| c.fetch_add(n as u64, Ordering::Relaxed);
+    let managed = &ctx.managed;
+    add(&metrics.chat_requests, 1);
+    add(&metrics.tokens_before, managed.report.tokens_before);
+    add(&metrics.tokens_after, managed.report.tokens_after);
+    if managed.body.is_some() {
+        add(&metrics.context_rewritten, 1);
+    }
+    if managed.fail_open {
+        add(&metrics.context_fail_open, 1);
+    }
+    if matches!(managed.report.skipped, Some(Skipped::Malformed(_))) {
+        add(&metrics.context_malformed, 1);
+    }
+    let upstream_calls = ctx.stats.upstream_calls.load(Ordering::Relaxed);
+    // Only one upstream call's usage is comparable with the proxy's count of the request.
+    if let (true, 1, Some(billed)) = (managed.counted, upstream_calls, billed) {
+        metrics.record_usage(managed.report.tokens_after, billed);
+    }
+    let t = &ctx.timings;
+    let ms = |at: Option<std::time::Instant>| {
+        at.map(|at| at.duration_since(t.received).as_secs_f64() * 1e3)
+    };
+    tracing::debug!(
+        status = status.as_u16(),
+        end = ?end,
+        upstream = %ctx.upstream.name,
+        upstream_calls,
+        reload_rounds = ctx.stats.rounds.load(Ordering::Relaxed),
+        restored = ctx.restored,
+        actions = %managed.report.actions(),
+        planned_ms = ms(t.planned),
+        upstream_headers_ms = ms(t.upstream_headers),
+        first_byte_ms = ms(t.first_byte),
+        done_ms = ms(t.done),
+        "chat request recorded"
+    );
+}

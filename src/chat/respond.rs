@@ -1,0 +1,113 @@
+//! respond: the answer to the client, relayed as it arrives, with the context headers; the
+//! answer is read on the way (its usage) and, once its body has ended or the client has left,
+//! the record phase runs.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response};
+
+use super::record::record;
+use super::{Answer, ChatCtx};
+use crate::body::ProxyBody;
+use crate::context::{Managed, ACTIONS_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER};
+use crate::relay::{relay_observed, respond_observed, End, Observer};
+use crate::response::UsageProbe;
+use crate::state::AppState;
+
+/// Response header: rounds and calls of the proxy's own tools answered for this request
+/// (JSON answers; a stream's headers leave before its rounds).
+pub const RELOAD_HEADER: &str = "x-context-reload";
+
+/// The client's response for `answer`.
+pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<ProxyBody> {
+    let mut headers = context_headers(&ctx.managed);
+    let rounds = ctx.stats.rounds.load(Ordering::Relaxed);
+    if rounds > 0 {
+        let calls = ctx.stats.calls.load(Ordering::Relaxed);
+        let failed = ctx.stats.failed_calls.load(Ordering::Relaxed);
+        if let Ok(v) =
+            HeaderValue::from_str(&format!("rounds={rounds},calls={calls},failed={failed}"))
+        {
+            headers.push((RELOAD_HEADER, v));
+        }
+    }
+    let reader = |status| Reader {
+        state,
+        ctx: Some(ctx),
+        probe: UsageProbe::default(),
+        status,
+    };
+    let mut response = match answer {
+        Answer::Relay(incoming) => {
+            let status = incoming.status;
+            relay_observed(incoming, reader(status))
+        }
+        Answer::Json(done) => {
+            let chunks = futures_util::stream::iter([Ok(done.body)]);
+            respond_observed(done.status, done.headers, chunks, reader(done.status))
+        }
+        Answer::Stream {
+            status,
+            headers,
+            events,
+        } => respond_observed(status, headers, events, reader(status)),
+    };
+    for (name, value) in headers {
+        response.headers_mut().insert(name, value);
+    }
+    response
+}
+
+/// Reads the answer as it passes and runs `record` at its end.
+struct Reader {
+    state: Arc<AppState>,
+    /// Taken by `end`.
+    ctx: Option<ChatCtx>,
+    probe: UsageProbe,
+    status: http::StatusCode,
+}
+
+impl Observer for Reader {
+    fn chunk(&mut self, bytes: &Bytes) {
+        if let Some(ctx) = &mut self.ctx {
+            ctx.timings.first_byte.get_or_insert_with(Instant::now);
+            // The usage is only compared with the proxy's count when the request was counted.
+            if ctx.managed.counted && self.probe.prompt_tokens().is_none() {
+                self.probe.feed(bytes);
+            }
+        }
+    }
+
+    fn end(&mut self, end: End) {
+        if let Some(mut ctx) = self.ctx.take() {
+            ctx.timings.done = Some(Instant::now());
+            self.probe.finish();
+            record(
+                &self.state,
+                &ctx,
+                self.status,
+                end,
+                self.probe.prompt_tokens(),
+            );
+        }
+    }
+}
+
+/// `x-context-tokens-before`, `x-context-tokens-after` (when counted) and `x-context-actions`.
+fn context_headers(managed: &Managed) -> Vec<(&'static str, HeaderValue)> {
+    let report = &managed.report;
+    if !managed.counted {
+        return vec![(ACTIONS_HEADER, HeaderValue::from_static("off"))];
+    }
+    [
+        (TOKENS_BEFORE_HEADER, report.tokens_before.to_string()),
+        (TOKENS_AFTER_HEADER, report.tokens_after.to_string()),
+        (ACTIONS_HEADER, report.actions()),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| Some((name, HeaderValue::from_str(&value).ok()?)))
+    .collect()
+}

@@ -1,0 +1,285 @@
+//! Hidden exchanges. When one answer of the model calls both the client's tools and the
+//! proxy's, the client gets the assistant message with its own calls only; the proxy keeps the
+//! calls it answered itself, with their results, in the session. When the client sends the
+//! conversation back (with its tool results), the proxy puts them back in place, so the model
+//! sees what it really did — and sees the same bytes on every later turn (prompt cache).
+//!
+//! An exchange is found by the ids of the client's calls in that assistant message (the
+//! upstream's ids, unique per call), not by the message's bytes, which client libraries may
+//! re-serialize.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use xxhash_rust::xxh3::xxh3_128;
+
+use crate::context::Identity;
+use crate::store::{StateKey, Store, StoreError};
+
+/// Exchanges kept per session (the oldest go first).
+const PER_SESSION: usize = 256;
+/// Compare-and-set attempts before an update gives up.
+const CAS_ATTEMPTS: usize = 16;
+
+/// What the proxy hid from the client in one assistant message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Exchange {
+    /// Identifies the assistant message: a hash of its client calls' ids.
+    pub key: String,
+    /// The hidden calls, each with its position among all the message's calls.
+    pub calls: Vec<(usize, Value)>,
+    /// The tool messages answering the hidden calls, in call order.
+    pub results: Vec<Value>,
+}
+
+/// The key of an assistant message whose client calls have these ids.
+pub fn key_of<'a>(ids: impl IntoIterator<Item = &'a str>) -> String {
+    let mut joined = String::new();
+    for id in ids {
+        joined.push_str(id);
+        joined.push('\n');
+    }
+    format!("{:032x}", xxh3_128(joined.as_bytes()))
+}
+
+/// The ids of the calls in an assistant message.
+fn call_ids(message: &Value) -> Vec<&str> {
+    message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .filter_map(|c| c.get("id").and_then(Value::as_str))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn state_key() -> Result<StateKey, StoreError> {
+    StateKey::parse("hidden")
+}
+
+/// The hidden exchanges of a session, in the store.
+pub struct Hidden {
+    store: Arc<dyn Store>,
+}
+
+impl Hidden {
+    pub fn new(store: Arc<dyn Store>) -> Hidden {
+        Hidden { store }
+    }
+
+    async fn read(&self, id: &Identity) -> Result<(Option<Vec<u8>>, Vec<Exchange>), StoreError> {
+        let stored = self
+            .store
+            .get_state(&id.tenant, &id.session, &state_key()?)
+            .await?;
+        let list = match stored
+            .as_deref()
+            .map(serde_json::from_slice::<Vec<Exchange>>)
+        {
+            None => Vec::new(),
+            Some(Ok(list)) => list,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "unreadable hidden exchanges record: ignoring it");
+                Vec::new()
+            }
+        };
+        Ok((stored, list))
+    }
+
+    /// Keeps `exchange` for the session (merged with what other replicas keep).
+    pub async fn keep(&self, id: &Identity, exchange: Exchange) -> Result<(), StoreError> {
+        let key = state_key()?;
+        for _ in 0..CAS_ATTEMPTS {
+            let (stored, mut list) = self.read(id).await?;
+            if list.iter().any(|e| e.key == exchange.key) {
+                return Ok(());
+            }
+            list.push(exchange.clone());
+            if list.len() > PER_SESSION {
+                list.drain(..list.len() - PER_SESSION);
+            }
+            let bytes =
+                serde_json::to_vec(&list).map_err(|e| StoreError::Internal(e.to_string()))?;
+            if self
+                .store
+                .compare_and_set_state(&id.tenant, &id.session, &key, stored.as_deref(), &bytes)
+                .await?
+            {
+                return Ok(());
+            }
+        }
+        Err(StoreError::Internal(format!(
+            "the session's hidden exchanges changed under {CAS_ATTEMPTS} attempts in a row"
+        )))
+    }
+
+    /// Puts every hidden exchange of the session back in place in `messages`. Returns how many
+    /// were restored. Reads the store only when some assistant message has tool calls.
+    pub async fn restore(
+        &self,
+        id: &Identity,
+        messages: &mut Vec<Value>,
+    ) -> Result<usize, StoreError> {
+        let has_calls = messages.iter().any(|m| {
+            m.get("role").and_then(Value::as_str) == Some("assistant")
+                && m.get("tool_calls")
+                    .and_then(Value::as_array)
+                    .is_some_and(|c| !c.is_empty())
+        });
+        if !has_calls {
+            return Ok(0);
+        }
+        let (_, list) = self.read(id).await?;
+        if list.is_empty() {
+            return Ok(0);
+        }
+        Ok(restore_in(&list, messages))
+    }
+}
+
+/// [`Hidden::restore`] on a list already read.
+pub fn restore_in(list: &[Exchange], messages: &mut Vec<Value>) -> usize {
+    let mut restored = 0;
+    let mut i = 0;
+    while i < messages.len() {
+        let message = &messages[i];
+        if message.get("role").and_then(Value::as_str) != Some("assistant") {
+            i += 1;
+            continue;
+        }
+        let ids = call_ids(message);
+        if ids.is_empty() {
+            i += 1;
+            continue;
+        }
+        let key = key_of(ids.iter().copied());
+        let Some(exchange) = list.iter().find(|e| e.key == key) else {
+            i += 1;
+            continue;
+        };
+        // Already restored (the client kept the proxy's calls): leave it.
+        let hidden_ids: Vec<&str> = exchange
+            .calls
+            .iter()
+            .filter_map(|(_, c)| c.get("id").and_then(Value::as_str))
+            .collect();
+        if hidden_ids.iter().any(|h| ids.contains(h)) {
+            i += 1;
+            continue;
+        }
+        if let Some(Value::Array(calls)) = messages[i].get_mut("tool_calls") {
+            for (position, call) in &exchange.calls {
+                let at = (*position).min(calls.len());
+                calls.insert(at, call.clone());
+            }
+        }
+        let results = exchange.results.len();
+        for (k, result) in exchange.results.iter().enumerate() {
+            messages.insert(i + 1 + k, result.clone());
+        }
+        restored += 1;
+        i += 1 + results;
+    }
+    restored
+}
+
+/// Splits the calls of an assistant message into the client's and the proxy's (`is_proxy`
+/// says which names are the proxy's). Returns the message as the client must see it (its own
+/// calls only, `index` fields renumbered when present) and the hidden calls with their
+/// positions.
+pub fn split(message: &Value, is_proxy: impl Fn(&str) -> bool) -> (Value, Vec<(usize, Value)>) {
+    let mut visible = message.clone();
+    let mut hidden = Vec::new();
+    if let Some(Value::Array(calls)) = visible.get_mut("tool_calls") {
+        let mut kept = Vec::with_capacity(calls.len());
+        for (position, call) in calls.drain(..).enumerate() {
+            let name = call
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if is_proxy(name) {
+                hidden.push((position, call));
+            } else {
+                kept.push(call);
+            }
+        }
+        for (index, call) in kept.iter_mut().enumerate() {
+            if let Some(slot) = call.get_mut("index") {
+                *slot = Value::from(index);
+            }
+        }
+        *calls = kept;
+    }
+    (visible, hidden)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(id: &str, name: &str) -> Value {
+        json!({"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}})
+    }
+
+    #[test]
+    fn split_then_restore_gives_back_the_models_view() {
+        let full = json!({"role": "assistant", "content": null, "tool_calls": [
+            call("c1", "context_read"), call("c2", "run_tests"), call("c3", "context_search"), call("c4", "edit")
+        ]});
+        let (visible, hidden) = split(&full, |n| n.starts_with("context_"));
+        assert_eq!(visible["tool_calls"].as_array().unwrap().len(), 2);
+        assert_eq!(visible["tool_calls"][0]["id"], "c2");
+        let exchange = Exchange {
+            key: key_of(["c2", "c4"]),
+            calls: hidden,
+            results: vec![
+                json!({"role": "tool", "tool_call_id": "c1", "content": "read"}),
+                json!({"role": "tool", "tool_call_id": "c3", "content": "found"}),
+            ],
+        };
+        let mut messages = vec![
+            json!({"role": "user", "content": "go"}),
+            visible.clone(),
+            json!({"role": "tool", "tool_call_id": "c2", "content": "ok"}),
+            json!({"role": "tool", "tool_call_id": "c4", "content": "done"}),
+        ];
+        assert_eq!(
+            restore_in(std::slice::from_ref(&exchange), &mut messages),
+            1
+        );
+        assert_eq!(messages[1], full);
+        let ids: Vec<&str> = messages[2..]
+            .iter()
+            .map(|m| m["tool_call_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["c1", "c3", "c2", "c4"]);
+        // Restoring again (the client kept what it got back) changes nothing.
+        let again = messages.clone();
+        assert_eq!(
+            restore_in(std::slice::from_ref(&exchange), &mut messages),
+            0
+        );
+        assert_eq!(messages, again);
+    }
+
+    #[test]
+    fn the_key_is_the_client_call_ids() {
+        assert_eq!(key_of(["a", "b"]), key_of(["a", "b"]));
+        assert_ne!(key_of(["a", "b"]), key_of(["ab"]));
+        let other = vec![json!({"role": "assistant", "tool_calls": [call("x", "f")]})];
+        let exchange = Exchange {
+            key: key_of(["y"]),
+            calls: vec![],
+            results: vec![],
+        };
+        let mut m = other.clone();
+        assert_eq!(restore_in(&[exchange], &mut m), 0);
+        assert_eq!(m, other);
+    }
+}

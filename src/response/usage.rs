@@ -1,0 +1,216 @@
+//! The token usage an upstream reports, summed over the upstream calls of one request and
+//! written back into the answer.
+
+use serde_json::{Map, Number, Value};
+
+/// One `usage` object: the counts the proxy reads, and the object as the upstream sent it so
+/// that writing it back keeps the fields the proxy does not name (`completion_tokens_details`,
+/// vendor extras such as a cost).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    /// `prompt_tokens_details.cached_tokens`, when the upstream reports it.
+    pub cached_tokens: Option<u64>,
+    /// The upstream's object (after [`add`](Self::add), the field-wise sum).
+    pub raw: Map<String, Value>,
+}
+
+impl Usage {
+    /// Reads a `usage` object; `None` unless it is an object with a whole `prompt_tokens`.
+    /// A missing `total_tokens` is prompt + completion.
+    pub fn from_json(value: &Value) -> Option<Usage> {
+        let raw = value.as_object()?;
+        let prompt_tokens = raw.get("prompt_tokens")?.as_u64()?;
+        let completion_tokens = raw
+            .get("completion_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let total_tokens = raw
+            .get("total_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(prompt_tokens + completion_tokens);
+        let cached_tokens = raw
+            .get("prompt_tokens_details")
+            .and_then(|d| d.get("cached_tokens"))
+            .and_then(Value::as_u64);
+        Some(Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens,
+            cached_tokens,
+            raw: raw.clone(),
+        })
+    }
+
+    /// Adds another call's usage: the counts are summed, and so is every number of the raw
+    /// objects, field by field (token details, timings, costs); any other field takes
+    /// `other`'s value, and fields only one side has are kept.
+    pub fn add(&mut self, other: &Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.total_tokens += other.total_tokens;
+        self.cached_tokens = match (self.cached_tokens, other.cached_tokens) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        merge_sum(&mut self.raw, &other.raw);
+    }
+
+    /// The `usage` object to send: the raw object (its field order and unknown fields kept)
+    /// with the counts set from this value.
+    pub fn to_json(&self) -> Value {
+        let mut out = self.raw.clone();
+        out.insert("prompt_tokens".into(), self.prompt_tokens.into());
+        out.insert("completion_tokens".into(), self.completion_tokens.into());
+        out.insert("total_tokens".into(), self.total_tokens.into());
+        if let Some(cached) = self.cached_tokens {
+            let details = out
+                .entry("prompt_tokens_details")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !details.is_object() {
+                *details = Value::Object(Map::new());
+            }
+            if let Value::Object(details) = details {
+                details.insert("cached_tokens".into(), cached.into());
+            }
+        }
+        Value::Object(out)
+    }
+
+    /// Sets `body.usage` (a completion or a stream chunk) to this usage.
+    pub fn write_into(&self, body: &mut Value) {
+        if let Value::Object(body) = body {
+            body.insert("usage".into(), self.to_json());
+        }
+    }
+}
+
+/// `into` += `from`, field by field: numbers add, objects merge, anything else is replaced.
+fn merge_sum(into: &mut Map<String, Value>, from: &Map<String, Value>) {
+    for (key, value) in from {
+        match (into.get_mut(key), value) {
+            (Some(Value::Number(a)), Value::Number(b)) => {
+                if let Some(sum) = add_numbers(a, b) {
+                    *a = sum;
+                }
+            }
+            (Some(Value::Object(a)), Value::Object(b)) => merge_sum(a, b),
+            (Some(slot), _) => *slot = value.clone(),
+            (None, _) => {
+                into.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+fn add_numbers(a: &Number, b: &Number) -> Option<Number> {
+    if let (Some(a), Some(b)) = (a.as_u64(), b.as_u64()) {
+        return Some(a.saturating_add(b).into());
+    }
+    if let (Some(a), Some(b)) = (a.as_i64(), b.as_i64()) {
+        return Some(a.saturating_add(b).into());
+    }
+    Number::from_f64(a.as_f64()? + b.as_f64()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reads_counts_and_cached_tokens() {
+        let u = Usage::from_json(&json!({
+            "prompt_tokens": 812, "completion_tokens": 41, "total_tokens": 853,
+            "prompt_tokens_details": {"cached_tokens": 768}
+        }))
+        .unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+            (812, 41, 853)
+        );
+        assert_eq!(u.cached_tokens, Some(768));
+        let u = Usage::from_json(&json!({"prompt_tokens": 5, "completion_tokens": 2})).unwrap();
+        assert_eq!((u.total_tokens, u.cached_tokens), (7, None));
+        assert_eq!(Usage::from_json(&Value::Null), None);
+        assert_eq!(Usage::from_json(&json!({"completion_tokens": 2})), None);
+        assert_eq!(Usage::from_json(&json!({"prompt_tokens": -1})), None);
+    }
+
+    #[test]
+    fn add_sums_counts_details_and_extras() {
+        let mut total = Usage::from_json(&json!({
+            "prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110,
+            "prompt_tokens_details": {"cached_tokens": 64, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 4},
+            "cost": 0.25, "provider": "a"
+        }))
+        .unwrap();
+        let second = Usage::from_json(&json!({
+            "prompt_tokens": 150, "completion_tokens": 20, "total_tokens": 170,
+            "completion_tokens_details": {"reasoning_tokens": 6, "audio_tokens": 1},
+            "cost": 0.5, "provider": "b", "queue_time": 1
+        }))
+        .unwrap();
+        total.add(&second);
+        assert_eq!(
+            (
+                total.prompt_tokens,
+                total.completion_tokens,
+                total.total_tokens
+            ),
+            (250, 30, 280)
+        );
+        assert_eq!(total.cached_tokens, Some(64));
+        assert_eq!(
+            total.to_json(),
+            json!({
+                "prompt_tokens": 250, "completion_tokens": 30, "total_tokens": 280,
+                "prompt_tokens_details": {"cached_tokens": 64, "audio_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": 10, "audio_tokens": 1},
+                "cost": 0.75, "provider": "b", "queue_time": 1
+            })
+        );
+        let keys: Vec<_> = total
+            .to_json()
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(
+            keys[..4],
+            [
+                "prompt_tokens",
+                "completion_tokens",
+                "total_tokens",
+                "prompt_tokens_details"
+            ]
+        );
+    }
+
+    #[test]
+    fn writes_a_built_usage_and_into_a_body() {
+        let mut u = Usage::default();
+        u.add(&Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            total_tokens: 5,
+            cached_tokens: Some(1),
+            raw: Map::new(),
+        });
+        let mut body = json!({"id": "x", "usage": null, "choices": []});
+        u.write_into(&mut body);
+        assert_eq!(
+            body,
+            json!({"id": "x", "choices": [], "usage": {
+                "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                "prompt_tokens_details": {"cached_tokens": 1}
+            }})
+        );
+        let keys: Vec<_> = body.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(keys, ["id", "usage", "choices"], "usage stays where it was");
+    }
+}

@@ -1,0 +1,579 @@
+//! Reload through the real proxy and the mock upstream scripted to call the proxy's tools:
+//! the tools are offered when the forwarded request refers to stored content, the proxy answers
+//! the calls and asks again, and the client never sees any of it — in JSON and in streams.
+
+mod common;
+
+use common::{sse_data, Harness, WAIT};
+use context_proxy::config::Config;
+use context_proxy::mock::{Gate, MockConfig, Reply};
+use context_proxy::store::ContentRef;
+use serde_json::{json, Value};
+
+fn numbered_lines(prefix: &str, n: usize) -> String {
+    (1..=n)
+        .map(|i| format!("{prefix} line {i}: let value_{i} = compute({i}) * 2;\n"))
+        .collect()
+}
+
+fn file_a() -> String {
+    numbered_lines("a.rs", 600)
+}
+
+fn file_b() -> String {
+    numbered_lines("b.rs", 400)
+}
+
+/// A conversation whose two large tool results get compacted (so the request refers to
+/// stored content), ending with a user question.
+fn conversation() -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Read both files."}),
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"a.rs\"}"}},
+            {"id": "call_b", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"b.rs\"}"}}
+        ]}),
+        json!({"role": "tool", "tool_call_id": "call_a", "content": file_a()}),
+        json!({"role": "tool", "tool_call_id": "call_b", "content": file_b()}),
+        json!({"role": "assistant", "content": "Both files define compute-based values."}),
+        json!({"role": "user", "content": "What is on line 7 of a.rs?"}),
+    ]
+}
+
+fn managed(c: &mut Config) {
+    c.context.keep_recent_messages = 2;
+    c.context.compact_batch_tokens = 1000;
+}
+
+async fn harness() -> Harness {
+    Harness::start_with(MockConfig::default(), managed).await
+}
+
+fn ref_a() -> String {
+    ContentRef::of(&file_a()).as_str().to_string()
+}
+
+fn ref_b() -> String {
+    ContentRef::of(&file_b()).as_str().to_string()
+}
+
+fn read(r: &str, offset: usize, limit: usize) -> (String, Value) {
+    (
+        "context_read".into(),
+        json!({"ref": r, "offset": offset, "limit": limit}),
+    )
+}
+
+fn names_of_tools(body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The proxy's tool names must not appear anywhere in what the client receives.
+fn assert_invisible(bytes: &[u8]) {
+    let text = String::from_utf8_lossy(bytes);
+    for name in ["context_read", "context_search"] {
+        assert!(!text.contains(name), "the client saw {name}: {text}");
+    }
+}
+
+/// The assistant's text in a JSON answer or an event stream.
+fn answer_text(bytes: &[u8], stream: bool) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    if !stream {
+        let v: Value = serde_json::from_str(&text).unwrap();
+        return v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+    }
+    sse_data(&text)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| {
+            let c: Value = serde_json::from_str(d).unwrap();
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// The prompt tokens the mock bills for `body` (asked directly, not through the proxy).
+async fn billed_prompt(h: &Harness, body: &Value) -> u64 {
+    h.mock.push(Reply::text("x"));
+    let mut direct = body.clone();
+    direct["stream"] = json!(false);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/chat/completions", h.mock.base_url()))
+        .json(&direct)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = resp.json().await.unwrap();
+    v["usage"]["prompt_tokens"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn json_single_read_is_answered_by_the_proxy_and_hidden() {
+    let h = harness().await;
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 5, 3)]));
+    h.mock.push(Reply::text("Line 7 computes value_7."));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation()}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-context-reload"],
+        "rounds=1,calls=1,failed=0"
+    );
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "Line 7 computes value_7."
+    );
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+
+    let received = h.mock.received();
+    assert_eq!(received.len(), 2);
+    let first = received[0].json();
+    // The tools come after the client's (none here), and the markers name them.
+    assert_eq!(names_of_tools(&first), ["context_read", "context_search"]);
+    assert!(first.to_string().contains(&ref_a()));
+    let second = received[1].json();
+    let messages = second["messages"].as_array().unwrap();
+    let n = messages.len();
+    assert_eq!(
+        messages[n - 2]["tool_calls"][0]["function"]["name"],
+        "context_read"
+    );
+    let result = messages[n - 1]["content"].as_str().unwrap();
+    assert!(
+        result.starts_with(&format!("[context_read {}: lines 5–7 of 600.", ref_a())),
+        "{result}"
+    );
+    assert!(result.contains("a.rs line 7: let value_7"), "{result}");
+    assert!(!result.contains("a.rs line 8:"), "{result}");
+    assert_eq!(
+        messages[n - 1]["tool_call_id"],
+        messages[n - 2]["tool_calls"][0]["id"]
+    );
+
+    // usage covers both upstream calls.
+    let expected = billed_prompt(&h, &first).await + billed_prompt(&h, &second).await;
+    assert_eq!(body["usage"]["prompt_tokens"].as_u64().unwrap(), expected);
+}
+
+#[tokio::test]
+async fn nothing_is_offered_when_nothing_is_stored() {
+    let h = harness().await;
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("x-context-reload").is_none());
+    let sent = h.mock.received()[0].json();
+    assert!(sent.get("tools").is_none(), "{sent}");
+}
+
+#[tokio::test]
+async fn stream_single_read_continues_the_same_response_live() {
+    let h = harness().await;
+    h.mock.push(Reply::text_and_tool_calls(
+        "Let me look. ",
+        vec![read(&ref_a(), 7, 1)],
+    ));
+    h.mock.push(Reply::text("Line 7 computes value_7."));
+    let resp = h
+        .chat(
+            &json!({"model": "gpt-4o", "messages": conversation(), "stream": true,
+                      "stream_options": {"include_usage": true}}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let data = sse_data(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1);
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    // One response: every chunk has the first round's id, created and model.
+    let id = &chunks[0]["id"];
+    assert!(chunks
+        .iter()
+        .all(|c| &c["id"] == id && c["created"] == chunks[0]["created"]));
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "Let me look. Line 7 computes value_7.");
+    let finishes: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0].get("finish_reason"))
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finishes, [&json!("stop")]);
+    // One usage chunk, last, summed over both rounds.
+    let usage: Vec<&Value> = chunks.iter().filter(|c| c["usage"].is_object()).collect();
+    assert_eq!(usage.len(), 1);
+    assert!(chunks.last().unwrap()["usage"].is_object());
+    let received = h.mock.received();
+    assert_eq!(received.len(), 2);
+    assert_eq!(received[1].json()["stream"], true);
+    let expected =
+        billed_prompt(&h, &received[0].json()).await + billed_prompt(&h, &received[1].json()).await;
+    assert_eq!(
+        usage[0]["usage"]["prompt_tokens"].as_u64().unwrap(),
+        expected
+    );
+}
+
+#[tokio::test]
+async fn parallel_calls_and_several_rounds() {
+    let h = harness().await;
+    h.mock.push(Reply::tool_calls(vec![
+        read(&ref_a(), 1, 2),
+        ("context_search".into(), json!({"pattern": "b.rs line 7:"})),
+    ]));
+    h.mock.push(Reply::tool_calls(vec![read(&ref_b(), 7, 1)]));
+    h.mock.push(Reply::text("Found it."));
+    for stream in [false, true] {
+        if stream {
+            h.mock.push(Reply::tool_calls(vec![
+                read(&ref_a(), 1, 2),
+                ("context_search".into(), json!({"pattern": "b.rs line 7:"})),
+            ]));
+            h.mock.push(Reply::tool_calls(vec![read(&ref_b(), 7, 1)]));
+            h.mock.push(Reply::text("Found it."));
+        }
+        let resp = h
+            .chat(&json!({"model": "gpt-4o", "messages": conversation(), "stream": stream}))
+            .await;
+        assert_eq!(resp.status(), 200);
+        if !stream {
+            assert_eq!(
+                resp.headers()["x-context-reload"],
+                "rounds=2,calls=3,failed=0"
+            );
+        }
+        let bytes = resp.bytes().await.unwrap();
+        assert_invisible(&bytes);
+        assert_eq!(answer_text(&bytes, stream), "Found it.");
+    }
+    let received = h.mock.received();
+    assert_eq!(received.len(), 6);
+    for third in [&received[2], &received[5]] {
+        let body = third.json();
+        let messages = body["messages"].as_array().unwrap();
+        let results: Vec<&str> = messages
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .filter_map(|m| m["content"].as_str())
+            .filter(|c| c.starts_with("[context_"))
+            .collect();
+        assert_eq!(results.len(), 3, "{results:?}");
+        assert!(
+            results[1].contains(&format!("{}:7: b.rs line 7:", ref_b())),
+            "{}",
+            results[1]
+        );
+        assert!(results[2].contains("b.rs line 7: let value_7"));
+    }
+}
+
+#[tokio::test]
+async fn after_the_last_round_the_model_answers_without_the_tools() {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        managed(c);
+        c.context.reload.max_rounds = 2;
+    })
+    .await;
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 1, 1)]));
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 2, 1)]));
+    h.mock.push(Reply::text("Enough."));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation()}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-context-reload"],
+        "rounds=2,calls=2,failed=0"
+    );
+    let received = h.mock.received();
+    assert_eq!(received.len(), 3);
+    assert_eq!(names_of_tools(&received[1].json()).len(), 2);
+    // The client sent no tools: the last request has none at all.
+    assert!(received[2].json().get("tools").is_none());
+}
+
+#[tokio::test]
+async fn bad_calls_are_tool_errors_and_the_client_still_gets_its_answer() {
+    let h = harness().await;
+    let foreign = ContentRef::of("someone else's secret").as_str().to_string();
+    h.mock.push(Reply::tool_calls(vec![
+        ("context_read".into(), json!({"ref": foreign})),
+        ("context_read".into(), json!({"ref": "../../etc/passwd"})),
+        ("context_read".into(), json!("{not json")),
+        (
+            "context_read".into(),
+            json!({"ref": ref_a(), "offset": 9999}),
+        ),
+        ("context_search".into(), json!({"pattern": "/(unclosed/"})),
+    ]));
+    h.mock.push(Reply::text("Sorry."));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation()}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-context-reload"],
+        "rounds=1,calls=5,failed=5"
+    );
+    let second = h.mock.received()[1].json();
+    let results: Vec<String> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .take(5)
+        .map(|m| m["content"].as_str().unwrap().to_string())
+        .collect();
+    for r in &results {
+        assert!(r.starts_with("error: "), "{r}");
+    }
+    let all = results.join("\n");
+    assert!(all.contains("nothing is stored under"));
+    assert!(all.contains("is not a reference"));
+    assert!(all.contains("arguments must be a JSON object"));
+    assert!(all.contains("past the end"));
+    assert!(all.contains("not a valid regular expression"));
+}
+
+#[tokio::test]
+async fn mixed_calls_give_the_client_its_own_and_restore_the_proxys_next_turn() {
+    for stream in [false, true] {
+        let h = harness().await;
+        let mut request = json!({"model": "gpt-4o", "messages": conversation(), "stream": stream,
+            "tools": [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]});
+        h.mock.push(Reply::tool_calls(vec![
+            read(&ref_a(), 7, 1),
+            ("run_tests".into(), json!({"suite": "unit"})),
+        ]));
+        let resp = h.chat(&request).await;
+        assert_eq!(resp.status(), 200);
+        let bytes = resp.bytes().await.unwrap();
+        assert_invisible(&bytes);
+        // What the client assembled: one call, its own, at index 0.
+        let (message, ids) = if stream {
+            let text = String::from_utf8(bytes.to_vec()).unwrap();
+            let mut calls: Vec<Value> = Vec::new();
+            for d in sse_data(&text).iter().filter(|d| *d != "[DONE]") {
+                let c: Value = serde_json::from_str(d).unwrap();
+                for tc in c["choices"][0]["delta"]["tool_calls"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    assert_eq!(tc["index"], 0, "{tc}");
+                    if tc.get("id").is_some() {
+                        calls.push(tc.clone());
+                    }
+                }
+            }
+            assert_eq!(calls.len(), 1);
+            let id = calls[0]["id"].as_str().unwrap().to_string();
+            let message = json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": id, "type": "function", "function": {"name": "run_tests", "arguments": "{\"suite\":\"unit\"}"}}]});
+            (message, vec![id])
+        } else {
+            let body: Value = serde_json::from_slice(&bytes).unwrap();
+            let message = body["choices"][0]["message"].clone();
+            assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
+            let calls = message["tool_calls"].as_array().unwrap();
+            assert_eq!(calls.len(), 1);
+            assert_eq!(calls[0]["function"]["name"], "run_tests");
+            (
+                message.clone(),
+                vec![calls[0]["id"].as_str().unwrap().to_string()],
+            )
+        };
+        // The client sends its result; the proxy puts its own call back in front of it.
+        let messages = request["messages"].as_array_mut().unwrap();
+        messages.push(message);
+        messages.push(json!({"role": "tool", "tool_call_id": ids[0], "content": "12 passed"}));
+        request["stream"] = json!(false);
+        h.mock
+            .push(Reply::text("Tests pass; line 7 computes value_7."));
+        let resp = h.chat(&request).await;
+        assert_eq!(resp.status(), 200);
+        assert_invisible(&resp.bytes().await.unwrap());
+        let received = h.mock.received();
+        let restored = received.last().unwrap().json();
+        let m = restored["messages"].as_array().unwrap();
+        let k = m
+            .iter()
+            .position(|x| x.to_string().contains("run_tests") && x["role"] == "assistant")
+            .expect("the client's call");
+        assert_eq!(m[k]["tool_calls"][0]["function"]["name"], "context_read");
+        assert_eq!(m[k]["tool_calls"][1]["function"]["name"], "run_tests");
+        assert_eq!(m[k + 1]["tool_call_id"], m[k]["tool_calls"][0]["id"]);
+        assert!(m[k + 1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("a.rs line 7:"));
+        assert_eq!(m[k + 2]["content"], "12 passed");
+        // And the same bytes again on the next turn (prompt cache).
+        let messages = request["messages"].as_array_mut().unwrap();
+        messages
+            .push(json!({"role": "assistant", "content": "Tests pass; line 7 computes value_7."}));
+        messages.push(json!({"role": "user", "content": "Thanks."}));
+        h.mock.push(Reply::text("You're welcome."));
+        assert_eq!(h.chat(&request).await.status(), 200);
+        let again = h.mock.received().last().unwrap().json();
+        let a = again["messages"].as_array().unwrap();
+        for i in 0..=k + 2 {
+            assert_eq!(
+                serde_json::to_string(&a[i]).unwrap(),
+                serde_json::to_string(&m[i]).unwrap(),
+                "message {i} changed"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_client_tool_of_the_same_name_makes_the_proxys_take_another() {
+    let h = harness().await;
+    let request = json!({"model": "gpt-4o", "messages": conversation(),
+        "tools": [{"type": "function", "function": {"name": "context_read", "parameters": {"type": "object"}}}]});
+    h.mock.push(Reply::tool_calls(vec![(
+        "proxy_context_read".into(),
+        json!({"ref": ref_a(), "offset": 7, "limit": 1}),
+    )]));
+    h.mock.push(Reply::tool_calls(vec![(
+        "context_read".into(),
+        json!({"path": "x"}),
+    )]));
+    let resp = h.chat(&request).await;
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    // The client's own context_read reaches it; the proxy's, under another name, does not.
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "context_read"
+    );
+    assert!(!body.to_string().contains("proxy_context_read"));
+    let first = h.mock.received()[0].json();
+    assert_eq!(
+        names_of_tools(&first),
+        ["context_read", "proxy_context_read", "context_search"]
+    );
+    let second = h.mock.received()[1].json();
+    let last = second["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(last["content"].as_str().unwrap().contains("a.rs line 7:"));
+}
+
+#[tokio::test]
+async fn not_offered_with_tool_choice_none_or_several_choices() {
+    let h = harness().await;
+    for extra in [json!({"tool_choice": "none"}), json!({"n": 2})] {
+        let mut request = json!({"model": "gpt-4o", "messages": conversation()});
+        for (k, v) in extra.as_object().unwrap() {
+            request[k] = v.clone();
+        }
+        let resp = h.chat(&request).await;
+        assert_eq!(resp.status(), 200);
+        let sent = h.mock.received().last().unwrap().json();
+        assert!(
+            names_of_tools(&sent).is_empty(),
+            "{extra}: {:?}",
+            names_of_tools(&sent)
+        );
+        assert_eq!(sent.get("tool_choice"), request.get("tool_choice"));
+    }
+    // A forced client tool stays forced; the proxy's tools are still there for later turns.
+    let forced = json!({"model": "gpt-4o", "messages": conversation(),
+        "tools": [{"type": "function", "function": {"name": "run_tests"}}],
+        "tool_choice": {"type": "function", "function": {"name": "run_tests"}}});
+    assert_eq!(h.chat(&forced).await.status(), 200);
+    let sent = h.mock.received().last().unwrap().json();
+    assert_eq!(sent["tool_choice"], forced["tool_choice"]);
+    assert_eq!(
+        names_of_tools(&sent),
+        ["run_tests", "context_read", "context_search"]
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_error_in_round_two_reaches_the_client() {
+    let h = harness().await;
+    let error = json!({"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}});
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 1, 1)]));
+    h.mock.push(Reply::error(429, error.clone()));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation()}))
+        .await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.json::<Value>().await.unwrap(), error);
+
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 1, 1)]));
+    h.mock.push(Reply::error(429, error.clone()));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation(), "stream": true}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let last = sse_data(&text).last().cloned().unwrap();
+    let event: Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(event["error"]["code"], "rate_limit_exceeded");
+    assert_invisible(text.as_bytes());
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_during_a_round_stops_the_loop() {
+    let h = harness().await;
+    let gate = Gate::new();
+    h.mock.push(Reply::text_and_tool_calls(
+        "Checking. ",
+        vec![read(&ref_a(), 1, 1)],
+    ));
+    h.mock
+        .push(Reply::text("never seen in full").hold_after(2, gate.clone()));
+    let mut resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation(), "stream": true}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    // Read until round two has started (its first events arrive), then leave.
+    let mut seen = String::new();
+    while !seen.contains("never") {
+        let chunk = tokio::time::timeout(WAIT, resp.chunk())
+            .await
+            .unwrap()
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    drop(resp);
+    assert!(
+        h.mock.wait_stream_cancelled(WAIT).await,
+        "round two was not cancelled"
+    );
+    gate.open();
+}

@@ -1,0 +1,142 @@
+//! Reload with real client libraries: the official OpenAI Python SDK's
+//! `client.chat.completions.stream()` assembles consistent tool calls when the model reads back
+//! through the proxy and calls the client's tool in the same answer, and an OpenAI Agents SDK
+//! run in which the model reads back and then calls a client tool completes. Neither ever sees
+//! the proxy's tools (the script checks every event and item it receives).
+//!
+//! Needs `.venv` with `openai` and `openai-agents` (`.ci/run` installs them; this test installs
+//! them when missing).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::Harness;
+use context_proxy::mock::{MockConfig, Reply};
+use context_proxy::store::ContentRef;
+use serde_json::{json, Value};
+
+fn lines(prefix: &str, n: usize) -> String {
+    (1..=n)
+        .map(|i| format!("{prefix} line {i}: let value_{i} = compute({i}) * 2;\n"))
+        .collect()
+}
+
+fn python_with_sdks() -> PathBuf {
+    if let Ok(p) = std::env::var("CONTEXT_PROXY_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join(".venv/bin/python");
+    let has = |py: &PathBuf| {
+        Command::new(py)
+            .args(["-c", "import openai, agents"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    if !has(&python) {
+        if !python.exists() {
+            let ok = Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(root.join(".venv"))
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "python3 -m venv .venv failed");
+        }
+        let ok = Command::new(root.join(".venv/bin/pip"))
+            .args(["install", "--quiet", "openai", "openai-agents"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "pip install openai openai-agents failed");
+    }
+    assert!(
+        has(&python),
+        "{} cannot import openai and agents",
+        python.display()
+    );
+    python
+}
+
+#[tokio::test]
+async fn real_client_libraries_never_see_the_proxys_tools() {
+    let python = python_with_sdks();
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    let ref_a = ContentRef::of(&lines("a.rs", 600)).as_str().to_string();
+    let read_a = || {
+        (
+            "context_read".to_string(),
+            json!({"ref": ref_a, "offset": 7, "limit": 1}),
+        )
+    };
+    // chat.completions.stream(): one answer calling the proxy's tool and the client's.
+    h.mock.push(Reply::tool_calls(vec![
+        read_a(),
+        ("read_file".into(), json!({"path": "c.rs"})),
+    ]));
+    // The Agents SDK run: read a.rs, read b.rs, read back line 7 (the proxy answers), run the
+    // tests, answer.
+    h.mock.push(Reply::tool_calls(vec![(
+        "read_file".into(),
+        json!({"path": "a.rs"}),
+    )]));
+    h.mock.push(Reply::tool_calls(vec![(
+        "read_file".into(),
+        json!({"path": "b.rs"}),
+    )]));
+    h.mock.push(Reply::tool_calls(vec![read_a()]));
+    h.mock
+        .push(Reply::tool_calls(vec![("run_tests".into(), json!({}))]));
+    h.mock
+        .push(Reply::text("Line 7 computes value_7; 12 tests pass."));
+
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/sdk_reload.py");
+    let base = h.url("/v1");
+    let output =
+        tokio::task::spawn_blocking(move || Command::new(python).arg(script).arg(base).output())
+            .await
+            .unwrap()
+            .unwrap();
+    assert!(
+        output.status.success(),
+        "SDK client failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        seen["stream_calls"],
+        json!([["read_file", {"path": "c.rs"}]])
+    );
+    assert_eq!(
+        seen["agent_output"],
+        "Line 7 computes value_7; 12 tests pass."
+    );
+    assert_eq!(
+        seen["agent_calls"],
+        json!([["read_file", "a.rs"], ["read_file", "b.rs"], ["run_tests"]])
+    );
+
+    // What the upstream saw: the proxy's call answered with the stored line each time.
+    let received = h.mock.received();
+    let answered: Vec<String> = received
+        .iter()
+        .flat_map(|r| r.json()["messages"].as_array().cloned().unwrap_or_default())
+        .filter(|m| m["role"] == "tool")
+        .filter_map(|m| m["content"].as_str().map(str::to_string))
+        .filter(|c| c.starts_with("[context_read"))
+        .collect();
+    assert!(
+        answered
+            .iter()
+            .any(|c| c.contains("a.rs line 7: let value_7")),
+        "{answered:?}"
+    );
+}
