@@ -1,6 +1,8 @@
 //! The redis store when Redis fails: every call fails within its timeout (no hang) while the
 //! server is away, and works again once it is back, without reopening the store; a store opened
-//! while Redis is down opens anyway, its ping fails until Redis starts, then succeeds. Each test
+//! while Redis is down opens anyway, its ping fails until Redis starts, then succeeds; a proxy
+//! started while Redis is down serves requests and reports not ready (`/readyz` 503) until
+//! Redis starts. Each test
 //! runs its own `redis-server` on a free port (`REDIS_URL` is not used: these tests kill it).
 
 mod common;
@@ -175,4 +177,48 @@ async fn a_store_on_a_cluster_that_is_down_opens_too() {
     };
     let store = open(&cfg).await.expect("opening must not need Redis");
     assert!(store.ping().await.is_err());
+}
+
+#[tokio::test]
+async fn a_proxy_started_while_redis_is_down_serves_and_becomes_ready_when_redis_starts() {
+    let port = RedisServer::free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let h = common::Harness::start_with(context_proxy::mock::MockConfig::default(), |c| {
+        c.store = config(url);
+    })
+    .await;
+    let readyz = || async {
+        h.client
+            .get(h.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(readyz().await, 503);
+    assert_eq!(
+        h.client
+            .get(h.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // Requests are served all the same (fail-open), forwarded as they came.
+    let body = serde_json::json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "hello"}
+    ]})
+    .to_string();
+    assert_eq!(h.chat_raw(body).await.status(), 200);
+
+    let server = tokio::task::spawn_blocking(move || RedisServer::start_on(port))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while readyz().await != 200 {
+        assert!(Instant::now() < deadline, "/readyz never became 200");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(server);
 }
