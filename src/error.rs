@@ -31,6 +31,8 @@ pub enum ProxyError {
     },
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
+    #[error("the context store is unavailable ({0}) and store.on_error = \"closed\": the request was not forwarded; retry later")]
+    StoreUnavailable(String),
 }
 
 impl ProxyError {
@@ -68,6 +70,11 @@ impl ProxyError {
                 StatusCode::BAD_GATEWAY,
                 "upstream_error",
                 Some("upstream_unreachable"),
+            ),
+            StoreUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("store_unavailable"),
             ),
             Upstream(UpstreamError::Timeout { .. }) => (
                 StatusCode::GATEWAY_TIMEOUT,

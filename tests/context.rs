@@ -206,6 +206,32 @@ async fn a_failing_store_means_the_request_goes_out_unchanged() {
 }
 
 #[tokio::test]
+async fn a_failing_store_with_on_error_closed_is_a_503_and_nothing_is_forwarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        with_store(&data)(c);
+        c.store.on_error = context_proxy::store::OnError::Closed;
+    })
+    .await;
+    std::fs::remove_dir_all(&data).unwrap();
+    std::fs::write(&data, b"not a directory").unwrap();
+    let body = json!({"model": "gpt-4o", "messages": conversation()}).to_string();
+    let resp = h.chat_raw(body).await;
+    assert_eq!(resp.status(), 503);
+    let err = common::assert_openai_error(&resp.bytes().await.unwrap());
+    assert_eq!(err["code"], "store_unavailable");
+    assert!(
+        err["message"].as_str().unwrap().contains("store.on_error"),
+        "{err}"
+    );
+    assert!(h.mock.received().is_empty());
+    // A request that needs no store still goes through.
+    let small = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(h.chat(&small).await.status(), 200);
+}
+
+#[tokio::test]
 async fn a_malformed_conversation_is_forwarded_as_it_came() {
     let h = Harness::start().await;
     let body = json!({"model": "gpt-4o", "messages": [

@@ -55,7 +55,7 @@ pub async fn handle(
     let mut ctx = parse(&state, req, request_id).await?;
     identify(&state, &mut ctx)?;
     plan(&state, &mut ctx).await;
-    apply(&state, &mut ctx).await;
+    apply(&state, &mut ctx).await?;
     let answer = forward(&mut ctx).await?;
     let answer = tool_loop(&state, &mut ctx, answer).await?;
     Ok(respond::respond(state, ctx, answer))
@@ -150,11 +150,18 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
 }
 
 /// apply: offer the proxy's tools when the new body will refer to stored content; store what
-/// the plan removes, remember the decision, build the new body.
-async fn apply(state: &AppState, ctx: &mut ChatCtx) {
+/// the plan removes, remember the decision, build the new body. With `store.on_error =
+/// "closed"`, a store failure refuses the request instead of forwarding it unmanaged.
+async fn apply(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     let Some(plan) = ctx.plan.take() else {
-        return;
+        return Ok(());
     };
+    let fail_closed = state.config.store.fail_closed();
+    if fail_closed && plan.store_failed {
+        return Err(ProxyError::StoreUnavailable(
+            "the session's state could not be read".into(),
+        ));
+    }
     let offered = if plan.refers_to_stored_content() {
         match ctx.offer.clone() {
             crate::reload::Offer::Tools(names) => {
@@ -197,7 +204,13 @@ async fn apply(state: &AppState, ctx: &mut ChatCtx) {
             crate::reload::remove(&mut ctx.request.body, &names, client_had_tools);
         }
     }
+    if fail_closed && ctx.managed.fail_open {
+        return Err(ProxyError::StoreUnavailable(
+            "the removed content could not be stored".into(),
+        ));
+    }
     ctx.timings.planned = Some(Instant::now());
+    Ok(())
 }
 
 /// forward: the upstream request, built once from the new body (or the client's bytes) and the

@@ -105,6 +105,8 @@ pub struct Plan {
     pub report: Report,
     /// The request was counted; false in mode off.
     pub counted: bool,
+    /// The session's state could not be read (the plan was made without it).
+    pub store_failed: bool,
     /// Set when the engine ran: what it needs from the session to apply.
     decided: Option<Decided>,
 }
@@ -121,6 +123,7 @@ impl Plan {
         Plan {
             report: Report::default(),
             counted: false,
+            store_failed: false,
             decided: None,
         }
     }
@@ -129,6 +132,7 @@ impl Plan {
         Plan {
             report,
             counted: true,
+            store_failed: false,
             decided: None,
         }
     }
@@ -339,10 +343,12 @@ impl ContextManager {
             return Plan::unchanged(report);
         }
         let prefixes = Prefixes::of(messages);
+        let mut store_failed = false;
         let prior = match self.decisions.lookup(identity, &prefixes).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "context store unavailable: deciding without the session's state");
+                store_failed = true;
                 Decision::default()
             }
         };
@@ -371,6 +377,7 @@ impl ContextManager {
         Plan {
             report: outcome.report.clone(),
             counted: true,
+            store_failed,
             decided: Some(Decided {
                 prefixes,
                 prior,
@@ -393,13 +400,14 @@ impl ContextManager {
         let Plan {
             report,
             counted,
+            store_failed,
             decided,
         } = plan;
         let (Some(identity), Some(decided)) = (identity, decided) else {
             return Managed {
                 body: None,
                 report,
-                fail_open: false,
+                fail_open: store_failed,
                 counted,
                 refs: Vec::new(),
             };
