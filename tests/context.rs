@@ -113,8 +113,10 @@ async fn the_compacted_prefix_is_byte_stable_across_turns() {
     let dir = tempfile::tempdir().unwrap();
     let h = Harness::start_with(MockConfig::default(), with_store(dir.path())).await;
     let mut messages = conversation();
-    h.chat(&json!({"model": "gpt-4o", "messages": messages}))
+    let first_resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": messages}))
         .await;
+    let first_id = header(&first_resp, "x-context-request-id");
     messages.push(json!({"role": "assistant", "content": "Summary: two modules."}));
     messages.push(json!({"role": "user", "content": "Thanks. Anything else?"}));
     let resp = h
@@ -128,14 +130,28 @@ async fn the_compacted_prefix_is_byte_stable_across_turns() {
     let first_bytes: Vec<String> = first.iter().map(Value::to_string).collect();
     let second_bytes: Vec<String> = second[..first.len()].iter().map(Value::to_string).collect();
     assert_eq!(first_bytes, second_bytes);
-    // The session log recorded the decision once (the second request reused it).
+    // The session log recorded what was stored and the decision once, both by the first
+    // request (the second reused them), each line with a timestamp and the request id.
     let logs: Vec<_> = walk(dir.path())
         .into_iter()
         .filter(|p| p.ends_with("context.jsonl"))
         .collect();
     assert_eq!(logs.len(), 1, "{logs:?}");
-    let lines = std::fs::read_to_string(&logs[0]).unwrap();
-    assert_eq!(lines.lines().count(), 1, "{lines}");
+    let text = std::fs::read_to_string(&logs[0]).unwrap();
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let events: Vec<&str> = lines.iter().map(|l| l["event"].as_str().unwrap()).collect();
+    assert_eq!(events, ["stored", "decision"], "{text}");
+    for line in &lines {
+        assert_eq!(line["request_id"], first_id.as_str(), "{line}");
+        assert!(line["ts"].as_str().unwrap().ends_with('Z'), "{line}");
+    }
+    let stored: Vec<&str> = lines[0]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(stored, ["compacted", "compacted"], "{text}");
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {

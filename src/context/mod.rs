@@ -418,24 +418,30 @@ impl ContextManager {
         };
         // Reversible: everything removed is stored before the smaller request goes out.
         if decided.outcome.messages.is_some() {
-            if let Err(e) = self
+            match self
                 .write_all(identity, messages, &decided.outcome.writes)
                 .await
             {
-                tracing::warn!(error = %e, "context store write failed: forwarding the request unchanged");
-                let report = Report {
-                    tokens_before: report.tokens_before,
-                    tokens_after: report.tokens_before,
-                    skipped: Some(Skipped::StoreUnavailable),
-                    ..Report::default()
-                };
-                return Managed {
-                    body: None,
-                    report,
-                    fail_open: true,
-                    counted: true,
-                    refs: Vec::new(),
-                };
+                Ok(new) => {
+                    self.log_stored(identity, &decided.outcome.writes, &new, request_id)
+                        .await
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "context store write failed: forwarding the request unchanged");
+                    let report = Report {
+                        tokens_before: report.tokens_before,
+                        tokens_after: report.tokens_before,
+                        skipped: Some(Skipped::StoreUnavailable),
+                        ..Report::default()
+                    };
+                    return Managed {
+                        body: None,
+                        report,
+                        fail_open: true,
+                        counted: true,
+                        refs: Vec::new(),
+                    };
+                }
             }
         }
         self.remember_decision(identity, &decided, request_id).await;
@@ -484,8 +490,9 @@ impl ContextManager {
         id: &Identity,
         messages: &[Value],
         writes: &[engine::Write],
-    ) -> Result<(), StoreError> {
-        for w in writes {
+    ) -> Result<Vec<usize>, StoreError> {
+        let mut stored_now = Vec::new();
+        for (n, w) in writes.iter().enumerate() {
             let key = (id.tenant.clone(), w.reference.clone());
             if self.written.contains_key(&key) {
                 continue;
@@ -512,8 +519,48 @@ impl ContextManager {
                 self.written.clear();
             }
             self.written.insert(key, ());
+            stored_now.push(n);
         }
-        Ok(())
+        Ok(stored_now)
+    }
+
+    /// Appends one line to the session's journal naming what this request stored for the
+    /// first time (truncated, compacted, moved out, or the original of a lossless transform).
+    /// Failures only warn.
+    async fn log_stored(
+        &self,
+        id: &Identity,
+        writes: &[engine::Write],
+        new: &[usize],
+        request_id: &str,
+    ) {
+        if new.is_empty() {
+            return;
+        }
+        let stored: Vec<Value> = new
+            .iter()
+            .filter_map(|&n| writes.get(n))
+            .map(|w| {
+                json!({
+                    "ref": w.reference.as_str(),
+                    "action": w.action.as_str(),
+                    "kind": w.kind.as_str(),
+                })
+            })
+            .collect();
+        let record = json!({
+            "ts": rfc3339(std::time::SystemTime::now()),
+            "request_id": request_id,
+            "event": "stored",
+            "items": stored,
+        });
+        if let Err(e) = self
+            .store
+            .append_log(&id.tenant, &id.session, &record)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot append to the session log");
+        }
     }
 
     /// Records a changed decision in the session state and its log. Failures only warn.
