@@ -236,9 +236,15 @@ fn has_text_content(message: &Value) -> bool {
     }
 }
 
-/// Whether any message is a tool result (something the lossless stage may transform).
-pub fn has_tool_results(messages: &[Value]) -> bool {
-    messages.iter().any(|m| role(m) == "tool")
+/// Whether a lossless transform applies to some tool result (asked of `env`, which callers
+/// cache by content, so a conversation seen before costs one hash per result).
+pub fn has_pending_transform(messages: &[Value], env: &dyn Env) -> bool {
+    messages.iter().any(|m| {
+        role(m) == "tool"
+            && m.get("content")
+                .and_then(Value::as_str)
+                .is_some_and(|text| env.lossless(text).is_some())
+    })
 }
 
 /// `message` with its content replaced by `text`, every other field kept in place.
@@ -416,7 +422,7 @@ impl Work<'_> {
 }
 
 /// Whether no decision can change this request: it is within budget, no message is over the
-/// truncation or compaction thresholds, and no tool result awaits a lossless transform. The
+/// truncation or compaction thresholds, and no tool result has a lossless transform. The
 /// caller may then skip the session lookup and [`run`] altogether.
 ///
 /// The one case where [`run`] could still act is a conversation moved out earlier that is back
@@ -426,6 +432,7 @@ pub fn nothing_to_do(
     per_message: &[usize],
     messages: &[Value],
     settings: &Settings,
+    env: &dyn Env,
 ) -> bool {
     let largest = per_message.iter().copied().max().unwrap_or(0);
     settings.mode == Mode::Off
@@ -434,7 +441,7 @@ pub fn nothing_to_do(
                 <= settings
                     .tool_result_max_tokens
                     .min(settings.truncate_tokens)
-            && !(settings.lossless && has_tool_results(messages)))
+            && !(settings.lossless && has_pending_transform(messages, env)))
 }
 
 /// Attempts at cutting a text under the hard cap.

@@ -339,7 +339,12 @@ impl ContextManager {
         let limits = self.request_limits(route, model, body);
         let mut settings = self.config.resolve(model, mode, &limits);
         settings.readback = route.readback.clone();
-        if engine::nothing_to_do(count.total, &count.per_message, messages, &settings) {
+        let env = CachedEnv {
+            counter: &counter,
+            references: &self.references,
+            transformed: &self.transformed,
+        };
+        if engine::nothing_to_do(count.total, &count.per_message, messages, &settings, &env) {
             return Plan::unchanged(report);
         }
         let prefixes = Prefixes::of(messages);
@@ -353,11 +358,6 @@ impl ContextManager {
             }
         };
         let fixed = count.total - count.per_message.iter().sum::<usize>();
-        let env = CachedEnv {
-            counter: &counter,
-            references: &self.references,
-            transformed: &self.transformed,
-        };
         let input = Input {
             messages,
             counts: &count.per_message,
