@@ -107,26 +107,11 @@ fn identify(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
 /// markers name the proxy's tools as they will be offered in this request.
 async fn plan(state: &AppState, ctx: &mut ChatCtx) {
     ctx.offer = crate::reload::offer(&ctx.request.body, state.context.reload_config());
-    if let Some(identity) = &ctx.identity {
-        let hidden = crate::reload::hidden::Hidden::new(state.context.store().clone());
-        if let Some(Value::Array(messages)) = ctx.request.body.get_mut("messages") {
-            match hidden.restore(identity, messages).await {
-                Ok(0) => {}
-                Ok(n) => {
-                    ctx.restored = n;
-                    ctx.body_changed = true;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the proxy's hidden tool calls: forwarding the conversation as the client sent it")
-                }
-            }
-        }
-    }
     let plan = state
         .context
         .plan(
             ctx.identity.as_ref(),
-            &ctx.request.body,
+            &mut ctx.request.body,
             ctx.mode,
             &crate::context::Route {
                 upstream: Some(&ctx.upstream.name),
@@ -146,6 +131,10 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
             },
         )
         .await;
+    if plan.restored > 0 {
+        ctx.restored = plan.restored;
+        ctx.body_changed = true;
+    }
     ctx.plan = Some(plan);
 }
 

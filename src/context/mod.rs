@@ -107,6 +107,8 @@ pub struct Plan {
     pub counted: bool,
     /// The session's state could not be read (the plan was made without it).
     pub store_failed: bool,
+    /// Hidden exchanges of the proxy's tools put back into the body's messages.
+    pub restored: usize,
     /// Set when the engine ran: what it needs from the session to apply.
     decided: Option<Decided>,
 }
@@ -124,6 +126,7 @@ impl Plan {
             report: Report::default(),
             counted: false,
             store_failed: false,
+            restored: 0,
             decided: None,
         }
     }
@@ -133,6 +136,7 @@ impl Plan {
             report,
             counted: true,
             store_failed: false,
+            restored: 0,
             decided: None,
         }
     }
@@ -170,6 +174,8 @@ pub struct ContextManager {
     decisions: Decisions,
     /// Content already in the store, per tenant: not written again.
     written: DashMap<(Tenant, ContentRef), ()>,
+    /// The proxy's tool calls hidden from clients, per session.
+    hidden: crate::reload::hidden::Hidden,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
     references: DashMap<u128, ContentRef>,
     /// Content hash → lossless form of a tool result (`None`: no transform applies), so each
@@ -224,6 +230,7 @@ impl ContextManager {
             config,
             counter,
             decisions: Decisions::new(store.clone()),
+            hidden: crate::reload::hidden::Hidden::new(store.clone()),
             store,
             written: DashMap::new(),
             references: DashMap::new(),
@@ -306,7 +313,7 @@ impl ContextManager {
     pub async fn plan(
         &self,
         identity: Option<&Identity>,
-        body: &Value,
+        body: &mut Value,
         mode: Mode,
         route: &Route<'_>,
     ) -> Plan {
@@ -320,8 +327,8 @@ impl ContextManager {
         let counter = self
             .counter
             .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)));
-        let count = counter.count_request(body);
-        let report = Report {
+        let mut count = counter.count_request(body);
+        let mut report = Report {
             tokens_before: count.total,
             tokens_after: count.total,
             ..Report::default()
@@ -347,6 +354,24 @@ impl ContextManager {
         if engine::nothing_to_do(count.total, &count.per_message, messages, &settings, &env) {
             return Plan::unchanged(report);
         }
+        // Put back the proxy's own tool calls hidden from the client. Only a conversation that
+        // needs planning can hold them: one was made when an earlier, shorter request of it
+        // showed a reference, and what made that request need planning is still here.
+        let mut restored = 0;
+        if let Some(Value::Array(list)) = body.get_mut("messages") {
+            match self.hidden.restore(identity, list).await {
+                Ok(n) => restored = n,
+                Err(e) => tracing::warn!(error = %e, "cannot read the proxy's hidden tool calls: planning the conversation as the client sent it"),
+            }
+        }
+        if restored > 0 {
+            count = counter.count_request(body);
+            report.tokens_before = count.total;
+            report.tokens_after = count.total;
+        }
+        let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+            return Plan::unchanged(report);
+        };
         let prefixes = Prefixes::of(messages);
         let mut store_failed = false;
         let prior = match self.decisions.lookup(identity, &prefixes).await {
@@ -378,6 +403,7 @@ impl ContextManager {
             report: outcome.report.clone(),
             counted: true,
             store_failed,
+            restored,
             decided: Some(Decided {
                 prefixes,
                 prior,
@@ -402,6 +428,7 @@ impl ContextManager {
             counted,
             store_failed,
             decided,
+            ..
         } = plan;
         let (Some(identity), Some(decided)) = (identity, decided) else {
             return Managed {
