@@ -1,0 +1,159 @@
+//! Reload figures for BENCHMARKS.md ("Reload").
+//!
+//! The real proxy (in this process, embedded `fs` store in a temporary directory) in front of
+//! the in-process mock upstream, on a conversation whose 10 KB tool result is compacted:
+//! 1. the proxy's own time for one reload round: (a request whose answer takes one round of
+//!    `context_read` of the 10 KB result) − (the same request answered at once) − (one direct
+//!    call to the mock, the round's second upstream call);
+//! 2. a streamed answer without reload: time to the first content byte through the proxy
+//!    minus direct to the mock.
+//!
+//! Run: `cargo run --release --example reload_overhead`. Medians of `ROUNDS` alternated runs.
+
+use std::error::Error;
+use std::time::{Duration, Instant};
+
+use context_proxy::config::{Config, UpstreamConfig};
+use context_proxy::mock::{MockConfig, MockUpstream, Reply};
+use context_proxy::server::RunningServer;
+use context_proxy::store::{Backend, ContentRef};
+use serde_json::{json, Value};
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+const ROUNDS: usize = 300;
+
+fn result_10k() -> String {
+    (0..)
+        .map(|i| format!("{i:>4}: let value_{i} = compute({i}) * 2; // ok\n"))
+        .scan(String::new(), |acc, line| {
+            acc.push_str(&line);
+            Some(acc.clone())
+        })
+        .find(|s| s.len() >= 10 * 1024)
+        .unwrap_or_default()
+}
+
+fn conversation(result: &str) -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Read the file."}),
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"a.rs\"}"}}]}),
+        json!({"role": "tool", "tool_call_id": "call_a", "content": result}),
+        json!({"role": "assistant", "content": "Read it."}),
+        json!({"role": "user", "content": "What is on line 7?"}),
+    ]
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+async fn timed(client: &reqwest::Client, url: &str, body: &Value) -> Result<Duration> {
+    let t = Instant::now();
+    let resp = client.post(url).json(body).send().await?;
+    let status = resp.status();
+    resp.bytes().await?;
+    if !status.is_success() {
+        return Err(format!("{url} answered {status}").into());
+    }
+    Ok(t.elapsed())
+}
+
+async fn first_content_byte(client: &reqwest::Client, url: &str, body: &Value) -> Result<Duration> {
+    let t = Instant::now();
+    let mut resp = client.post(url).json(body).send().await?;
+    let mut seen = String::new();
+    while let Some(chunk) = resp.chunk().await? {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+        if seen.contains("\"content\":\"") && seen.contains("first") {
+            let at = t.elapsed();
+            while resp.chunk().await?.is_some() {}
+            return Ok(at);
+        }
+    }
+    Err("no content in the stream".into())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mock = MockUpstream::start(MockConfig::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse()?;
+    config.store.backend = Backend::Fs;
+    config.store.path = dir.path().join("data");
+    config.context.keep_recent_messages = 2;
+    config.context.compact_batch_tokens = 500;
+    config.context.tool_result_max_tokens = 500;
+    config.upstreams = vec![UpstreamConfig {
+        base_url: mock.base_url(),
+        default: true,
+        ..UpstreamConfig::default()
+    }];
+    let proxy = RunningServer::start(config.validate()?).await?;
+    let client = reqwest::Client::new();
+    let proxied = format!("http://{}/v1/chat/completions", proxy.addr());
+    let direct = format!("{}/chat/completions", mock.base_url());
+    let result = result_10k();
+    let reference = ContentRef::of(&result).as_str().to_string();
+    let body = json!({"model": "gpt-4o", "messages": conversation(&result)});
+    let read = || {
+        Reply::tool_calls(vec![(
+            "context_read".into(),
+            json!({"ref": reference, "offset": 1, "limit": 400}),
+        )])
+    };
+    let stream = |model: &str| {
+        json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+    };
+
+    let (mut plain, mut reload, mut one_call) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ttfb_proxy, mut ttfb_direct) = (Vec::new(), Vec::new());
+    for i in 0..ROUNDS + 20 {
+        mock.push(Reply::text("first answer"));
+        let p = timed(&client, &proxied, &body).await?;
+        mock.push(read());
+        mock.push(Reply::text("first answer"));
+        let r = timed(&client, &proxied, &body).await?;
+        // The round's second upstream call, as the proxy made it, sent directly.
+        let second = mock
+            .received()
+            .get(2)
+            .map(|r| r.json())
+            .ok_or("the mock did not see the round's second call")?;
+        mock.push(Reply::text("first answer"));
+        let d = timed(&client, &direct, &second).await?;
+        mock.push(Reply::text("first answer, streamed").stream_chunks(4));
+        let tp = first_content_byte(&client, &proxied, &stream("gpt-4o")).await?;
+        mock.push(Reply::text("first answer, streamed").stream_chunks(4));
+        let td = first_content_byte(&client, &direct, &stream("gpt-4o")).await?;
+        if i >= 20 {
+            plain.push(p);
+            reload.push(r);
+            one_call.push(d);
+            ttfb_proxy.push(tp);
+            ttfb_direct.push(td);
+        }
+        mock.reset();
+    }
+    let (p, r, d) = (median(plain), median(reload), median(one_call));
+    let (tp, td) = (median(ttfb_proxy), median(ttfb_direct));
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!("Reload round ({ROUNDS} runs, medians; 10 KB context_read from the fs store):\n");
+    println!("| measurement | median ms |\n|---|---:|");
+    println!("| request answered at once, through the proxy | {:.3} |", ms(p));
+    println!("| same request with one reload round | {:.3} |", ms(r));
+    println!("| the round's second upstream call (its body as the proxy sent it) made directly | {:.3} |", ms(d));
+    println!(
+        "| **proxy time of the reload round** (reload − at once − direct call) | **{:.3}** |",
+        ms(r) - ms(p) - ms(d)
+    );
+    println!("| streamed answer, first content byte: direct | {:.3} |", ms(td));
+    println!("| streamed answer, first content byte: through the proxy | {:.3} |", ms(tp));
+    println!("| **added to the first content byte** | **{:.3}** |", ms(tp) - ms(td));
+    proxy.shutdown().await;
+    Ok(())
+}
