@@ -106,9 +106,7 @@ async fn main() -> Result<()> {
             json!({"ref": reference, "offset": 1, "limit": 400}),
         )])
     };
-    let stream = |model: &str| {
-        json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi"}]})
-    };
+    let stream = |model: &str| json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
 
     let (mut plain, mut reload, mut one_call) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ttfb_proxy, mut ttfb_direct) = (Vec::new(), Vec::new());
@@ -144,16 +142,28 @@ async fn main() -> Result<()> {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!("Reload round ({ROUNDS} runs, medians; 10 KB context_read from the fs store):\n");
     println!("| measurement | median ms |\n|---|---:|");
-    println!("| request answered at once, through the proxy | {:.3} |", ms(p));
+    println!(
+        "| request answered at once, through the proxy | {:.3} |",
+        ms(p)
+    );
     println!("| same request with one reload round | {:.3} |", ms(r));
     println!("| the round's second upstream call (its body as the proxy sent it) made directly | {:.3} |", ms(d));
     println!(
         "| **proxy time of the reload round** (reload − at once − direct call) | **{:.3}** |",
         ms(r) - ms(p) - ms(d)
     );
-    println!("| streamed answer, first content byte: direct | {:.3} |", ms(td));
-    println!("| streamed answer, first content byte: through the proxy | {:.3} |", ms(tp));
-    println!("| **added to the first content byte** | **{:.3}** |", ms(tp) - ms(td));
+    println!(
+        "| streamed answer, first content byte: direct | {:.3} |",
+        ms(td)
+    );
+    println!(
+        "| streamed answer, first content byte: through the proxy | {:.3} |",
+        ms(tp)
+    );
+    println!(
+        "| **added to the first content byte** | **{:.3}** |",
+        ms(tp) - ms(td)
+    );
     proxy.shutdown().await;
     Ok(())
 }

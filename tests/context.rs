@@ -138,7 +138,10 @@ async fn the_compacted_prefix_is_byte_stable_across_turns() {
         .collect();
     assert_eq!(logs.len(), 1, "{logs:?}");
     let text = std::fs::read_to_string(&logs[0]).unwrap();
-    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let events: Vec<&str> = lines.iter().map(|l| l["event"].as_str().unwrap()).collect();
     assert_eq!(events, ["stored", "decision"], "{text}");
     for line in &lines {

@@ -1,4 +1,4 @@
-//! Property tests for the invariants of DESIGN.md, on the pure context engine with the real
+//! Property tests for the invariants in ARCHITECTURE.md ("Invariants"), on the pure context engine with the real
 //! tokenizer, over generated conversations: user text, assistant text, parallel tool calls,
 //! huge and tiny tool results, CJK and emoji, images.
 

@@ -361,7 +361,9 @@ impl ContextManager {
         if let Some(Value::Array(list)) = body.get_mut("messages") {
             match self.hidden.restore(identity, list).await {
                 Ok(n) => restored = n,
-                Err(e) => tracing::warn!(error = %e, "cannot read the proxy's hidden tool calls: planning the conversation as the client sent it"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the proxy's hidden tool calls: planning the conversation as the client sent it")
+                }
             }
         }
         if restored > 0 {
