@@ -60,6 +60,9 @@ pub struct ServerConfig {
     pub body_read_timeout_ms: u64,
     /// The slowest average rate a request body may arrive at, past `body_read_timeout_ms`.
     pub body_min_bytes_per_sec: u64,
+    /// On SIGINT/SIGTERM, how long `/readyz` answers 503 while the listener still accepts and
+    /// serves, so load balancers move away before connections are refused, in milliseconds.
+    pub drain_window_ms: u64,
     /// On SIGINT/SIGTERM, how long in-flight requests and streams may take to finish, in ms.
     pub shutdown_grace_ms: u64,
     /// Most connections served at once; further ones wait in the accept queue.
@@ -83,6 +86,7 @@ impl Default for ServerConfig {
             max_body_bytes_in_flight: 256 * 1024 * 1024,
             body_read_timeout_ms: 30_000,
             body_min_bytes_per_sec: 16_384,
+            drain_window_ms: 3_000,
             shutdown_grace_ms: 30_000,
             max_connections: 10_000,
             worker_threads: 0,
@@ -96,6 +100,9 @@ impl ServerConfig {
     }
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_millis(self.idle_timeout_ms)
+    }
+    pub fn drain_window(&self) -> Duration {
+        Duration::from_millis(self.drain_window_ms)
     }
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_millis(self.shutdown_grace_ms)

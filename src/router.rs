@@ -31,10 +31,17 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
     // What the per-request line needs, taken only when that line is logged.
     let line =
         tracing::enabled!(Level::INFO).then(|| (req.method().clone(), req.uri().path().to_owned()));
+    // Logs the request as cancelled if the client leaves before its response head.
+    let mut cancelled = Cancelled {
+        span: span.clone(),
+        started,
+        line: line.clone(),
+    };
     let mut response = request_body::holding_bodies(route(state, req, id.clone()))
         .instrument(span.clone())
         .await
         .unwrap_or_else(ProxyError::into_response);
+    cancelled.line = None;
     if let Some((method, path)) = line {
         span.in_scope(|| {
             tracing::info!(
@@ -48,6 +55,30 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
     }
     response.headers_mut().insert(REQUEST_ID, id);
     response
+}
+
+/// Logs a request whose handling was dropped (the client left before its response head); its
+/// `line` is taken once the response is ready.
+struct Cancelled {
+    span: tracing::Span,
+    started: Instant,
+    line: Option<(Method, String)>,
+}
+
+impl Drop for Cancelled {
+    fn drop(&mut self) {
+        if let Some((method, path)) = &self.line {
+            self.span.in_scope(|| {
+                tracing::info!(
+                    %method,
+                    %path,
+                    status = "cancelled",
+                    duration_ms = self.started.elapsed().as_secs_f64() * 1e3,
+                    "response"
+                )
+            });
+        }
+    }
 }
 
 async fn route(
@@ -187,12 +218,17 @@ async fn health(state: &AppState, readiness: bool) -> Response<ProxyBody> {
     resp
 }
 
-/// The client's `x-context-request-id` when it is short and printable, else a new one
-/// (`req_` and 18 hex digits: a per-process prefix, then a counter).
+/// Longest client-supplied request id kept.
+const MAX_REQUEST_ID_LEN: usize = 64;
+
+/// The client's `x-context-request-id` when it is 1 to [`MAX_REQUEST_ID_LEN`] characters of
+/// `A-Z a-z 0-9 - _ . :` (it goes into every log line of the request), else a new one (`req_`
+/// and 18 hex digits: a per-process prefix, then a counter).
 fn request_id(req: &Request<Incoming>) -> HeaderValue {
     if let Some(given) = req.headers().get(REQUEST_ID) {
         let bytes = given.as_bytes();
-        if !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(u8::is_ascii_graphic) {
+        let allowed = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':');
+        if !bytes.is_empty() && bytes.len() <= MAX_REQUEST_ID_LEN && bytes.iter().all(allowed) {
             return given.clone();
         }
     }

@@ -88,14 +88,18 @@ impl Server {
         builder.http2().timer(TokioTimer::new());
 
         tokio::pin!(shutdown);
+        let drain_window = server_cfg.drain_window();
+        let mut draining_since = None;
         loop {
             while tasks.try_join_next().is_some() {}
+            let stop = stop_accepting(shutdown.as_mut(), &mut draining_since, &state, drain_window);
+            tokio::pin!(stop);
             let permit = tokio::select! {
                 permit = connections.clone().acquire_owned() => match permit {
                     Ok(p) => p,
                     Err(_) => break,
                 },
-                () = &mut shutdown => break,
+                () = &mut stop => break,
             };
             let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -106,12 +110,12 @@ impl Server {
                         accept_errors.failed(&e);
                         tokio::select! {
                             () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => {}
-                            () = &mut shutdown => break,
+                            () = &mut stop => break,
                         }
                         continue;
                     }
                 },
-                () = &mut shutdown => break,
+                () = &mut stop => break,
             };
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
@@ -171,6 +175,30 @@ impl Server {
         while tasks.join_next().await.is_some() {}
         state.shutdown().await;
     }
+}
+
+/// Completes when the accept loop must stop: once `shutdown` has completed (then `/readyz`
+/// answers 503) and the drain window after it has passed. Cancel-safe: what it has seen is
+/// kept in `draining_since`.
+async fn stop_accepting(
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+    draining_since: &mut Option<Instant>,
+    state: &AppState,
+    window: Duration,
+) {
+    let since = match *draining_since {
+        Some(since) => since,
+        None => {
+            shutdown.await;
+            state.begin_draining();
+            tracing::info!(
+                drain_window_ms = window.as_millis() as u64,
+                "shutting down: /readyz answers 503, still accepting for server.drain_window_ms"
+            );
+            *draining_since.insert(Instant::now())
+        }
+    };
+    tokio::time::sleep_until(since + window).await;
 }
 
 /// How long the accept loop waits after a failed accept (out of file descriptors, …).

@@ -536,3 +536,275 @@ async fn a_32_mib_body_of_tiny_values_no_longer_takes_gigabytes() {
     assert_eq!(after_status, 413);
     assert!(after * 4 < before, "before {before} kB, after {after} kB");
 }
+
+#[tokio::test]
+async fn errors_name_the_upstream_never_its_address() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let proxy = context_proxy::server::RunningServer::start(
+        common::config_for(&format!("http://127.0.0.1:{port}/v1"))
+            .validate()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let chat = client
+        .post(format!("http://{}/v1/chat/completions", proxy.addr()))
+        .json(&serde_json::json!({"model": "gpt-4o", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    let models = client
+        .get(format!("http://{}/v1/models", proxy.addr()))
+        .send()
+        .await
+        .unwrap();
+    for resp in [chat, models] {
+        assert_eq!(resp.status(), 502);
+        let err = assert_openai_error(&resp.bytes().await.unwrap());
+        let message = err["message"].as_str().unwrap();
+        assert!(message.contains("upstream default"), "{message}");
+        assert!(
+            !message.contains("127.0.0.1") && !message.contains(&port.to_string()),
+            "the upstream's address reached the client: {message}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_proxys_control_headers_are_not_forwarded() {
+    let h = Harness::start().await;
+    let body =
+        serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+    let chat = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("x-context-session", "s-1")
+        .header("x-context-mode", "off")
+        .header("x-context-request-id", "r-1")
+        .header("x-contextual", "kept")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 200);
+    let models = h
+        .client
+        .get(h.url("/v1/models"))
+        .header("x-context-session", "s-1")
+        .header("x-contextual", "kept")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(models.status(), 200);
+    for received in h.mock.received() {
+        let names: Vec<&str> = received.headers.keys().map(|k| k.as_str()).collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with("x-context-")),
+            "{}: {names:?}",
+            received.path
+        );
+        assert!(names.contains(&"x-contextual"), "{names:?}");
+    }
+}
+
+#[tokio::test]
+async fn client_request_ids_are_kept_only_when_short_and_plain() {
+    let h = Harness::start().await;
+    let id_for = |given: String| {
+        let h = &h;
+        async move {
+            let resp = h
+                .client
+                .get(h.url("/healthz"))
+                .header("x-context-request-id", given)
+                .send()
+                .await
+                .unwrap();
+            resp.headers()["x-context-request-id"]
+                .to_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    assert_eq!(id_for("run-7_a.b:c".into()).await, "run-7_a.b:c");
+    for bad in [
+        "a\"b".to_string(),
+        "{\"x\":1}".to_string(),
+        "a/b".to_string(),
+        "x".repeat(65),
+    ] {
+        let got = id_for(bad.clone()).await;
+        assert_ne!(got, bad);
+        assert!(got.starts_with("req_"), "{got}");
+    }
+}
+
+#[tokio::test]
+async fn at_shutdown_readyz_is_503_while_new_connections_are_still_served() {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.server.drain_window_ms = 60_000;
+    })
+    .await;
+    let mut proxy = h.proxy;
+    proxy.begin_shutdown();
+    let addr = proxy.addr();
+    let client = reqwest::Client::new();
+    let draining = tokio::time::timeout(WAIT, async {
+        loop {
+            let resp = client
+                .get(format!("http://{addr}/readyz"))
+                .send()
+                .await
+                .unwrap();
+            if resp.status() == 503 {
+                return resp.text().await.unwrap();
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("/readyz never said draining");
+    assert!(draining.contains("draining"), "{draining}");
+    // Still accepting and serving, on new connections too.
+    let fresh = reqwest::Client::new();
+    let resp = fresh
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        fresh
+            .get(format!("http://{addr}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_request_the_client_leaves_is_logged_as_cancelled() {
+    use std::io::{BufRead, Read};
+    let mock = context_proxy::mock::MockUpstream::start(MockConfig {
+        latency: std::time::Duration::from_secs(30),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndrain_window_ms = 0\n[log]\nformat = \"json\"\nlevel = \"info\"\n[store]\nbackend = \"memory\"\n[upstream]\nbase_url = \"{}\"\n",
+            mock.base_url()
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_context-proxy"))
+        .args(["--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first.trim().rsplit("http://").next().unwrap().to_string();
+    let mut conn = TcpStream::connect(&addr).await.unwrap();
+    let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    conn.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-context-request-id: leaving-1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    // Leave once the upstream has the request (the proxy is waiting for its answer).
+    assert!(mock.wait_received(1, WAIT).await);
+    drop(conn);
+    // The proxy notices the client left; then SIGTERM flushes its log.
+    let cancelled_line = tokio::task::spawn_blocking(move || {
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut line = String::new();
+        let mut found = None;
+        while std::time::Instant::now() < deadline && found.is_none() {
+            line.clear();
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            if line.contains("\"cancelled\"") {
+                found = Some(line.clone());
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &child.id().to_string()])
+                    .status();
+            }
+        }
+        let _ = child.kill();
+        let mut rest = String::new();
+        let _ = stderr.read_to_string(&mut rest);
+        let _ = child.wait();
+        found
+    })
+    .await
+    .unwrap()
+    .expect("no log line for the cancelled request");
+    let line: serde_json::Value = serde_json::from_str(cancelled_line.trim()).unwrap();
+    let text = line.to_string();
+    assert!(text.contains("leaving-1"), "{text}");
+    assert!(text.contains("duration_ms"), "{text}");
+}
+
+#[tokio::test]
+async fn a_body_failing_mid_way_names_the_upstream_never_its_address() {
+    // An upstream that sends one whole event of a chunked answer, then drops the connection.
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = upstream.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = upstream.accept().await else {
+                return;
+            };
+            let mut buf = vec![0u8; 65536];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\na\r\ndata: {}\n\n\r\n")
+                .await;
+        }
+    });
+    let proxy = context_proxy::server::RunningServer::start(
+        common::config_for(&format!("http://127.0.0.1:{port}/v1"))
+            .validate()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    for path in ["/v1/chat/completions", "/v1/embeddings"] {
+        let resp = client
+            .post(format!("http://{}{path}", proxy.addr()))
+            .json(&serde_json::json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&resp.bytes().await.unwrap_or_default()).into_owned();
+        assert!(text.contains("upstream default"), "{path}: {text}");
+        assert!(
+            !text.contains("127.0.0.1") && !text.contains(&port.to_string()),
+            "{path}: the upstream's address reached the client: {text}"
+        );
+    }
+    server.abort();
+}
