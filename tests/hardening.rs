@@ -139,16 +139,19 @@ async fn many_silent_sockets_do_not_stop_a_normal_request() {
         c.server.max_connections = 16;
     })
     .await;
-    let mut silent = Vec::new();
-    for _ in 0..200 {
-        silent.push(TcpStream::connect(h.proxy.addr()).await.unwrap());
-    }
-    let resp = tokio::time::timeout(WAIT, h.client.get(h.url("/healthz")).send())
-        .await
-        .expect("a normal request waited behind silent sockets")
-        .unwrap();
+    let addr = h.proxy.addr();
+    let resp = tokio::time::timeout(WAIT, async {
+        let mut silent = Vec::new();
+        for _ in 0..200 {
+            silent.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let resp = h.client.get(h.url("/healthz")).send().await.unwrap();
+        drop(silent);
+        resp
+    })
+    .await
+    .expect("a normal request waited behind silent sockets");
     assert_eq!(resp.status(), 200);
-    drop(silent);
 }
 
 /// Sends a request head promising `declared` body bytes, then `sent` of them, then nothing;
@@ -690,7 +693,8 @@ async fn at_shutdown_readyz_is_503_while_new_connections_are_still_served() {
 
 #[tokio::test]
 async fn a_request_the_client_leaves_is_logged_as_cancelled() {
-    use std::io::{BufRead, Read};
+    use std::io::BufRead;
+    use std::sync::Arc;
     let mock = context_proxy::mock::MockUpstream::start(MockConfig {
         latency: std::time::Duration::from_secs(30),
         ..MockConfig::default()
@@ -734,33 +738,39 @@ async fn a_request_the_client_leaves_is_logged_as_cancelled() {
     // Leave once the upstream has the request (the proxy is waiting for its answer).
     assert!(mock.wait_received(1, WAIT).await);
     drop(conn);
-    // The proxy notices the client left; then SIGTERM flushes its log.
+    // The proxy notices the client left and logs it. The child is killed after WAIT at the
+    // latest, which ends its stderr, so a missing line fails the test instead of hanging it.
+    let stderr = child.stderr.take().unwrap();
+    let child = Arc::new(std::sync::Mutex::new(child));
+    let killer = {
+        let child = Arc::clone(&child);
+        tokio::spawn(async move {
+            tokio::time::sleep(WAIT).await;
+            let _ = child.lock().unwrap().kill();
+        })
+    };
     let cancelled_line = tokio::task::spawn_blocking(move || {
-        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-        let deadline = std::time::Instant::now() + WAIT;
+        let mut stderr = std::io::BufReader::new(stderr);
         let mut line = String::new();
-        let mut found = None;
-        while std::time::Instant::now() < deadline && found.is_none() {
+        loop {
             line.clear();
             if stderr.read_line(&mut line).unwrap_or(0) == 0 {
-                break;
+                return None;
             }
             if line.contains("\"cancelled\"") {
-                found = Some(line.clone());
-                let _ = std::process::Command::new("kill")
-                    .args(["-TERM", &child.id().to_string()])
-                    .status();
+                return Some(line);
             }
         }
-        let _ = child.kill();
-        let mut rest = String::new();
-        let _ = stderr.read_to_string(&mut rest);
-        let _ = child.wait();
-        found
     })
     .await
-    .unwrap()
-    .expect("no log line for the cancelled request");
+    .unwrap();
+    killer.abort();
+    {
+        let mut child = child.lock().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let cancelled_line = cancelled_line.expect("no log line for the cancelled request");
     let line: serde_json::Value = serde_json::from_str(cancelled_line.trim()).unwrap();
     let text = line.to_string();
     assert!(text.contains("leaving-1"), "{text}");
