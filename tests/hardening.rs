@@ -818,3 +818,64 @@ async fn a_body_failing_mid_way_names_the_upstream_never_its_address() {
     }
     server.abort();
 }
+
+#[tokio::test]
+async fn out_of_file_descriptors_is_a_rate_limited_log_line_and_service_resumes() {
+    use std::io::{BufRead, Read};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[server]\nheader_read_timeout_ms = 300\ndrain_window_ms = 0\n[log]\nformat = \"json\"\nlevel = \"info\"\n[context]\nmode = \"off\"\n[store]\nbackend = \"memory\"\n[upstream]\nbase_url = \"http://127.0.0.1:9/v1\"\n",
+    )
+    .unwrap();
+    // 64 file descriptors: the proxy runs out of them long before 150 connections.
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 64; exec \"$0\" --config \"$1\" --listen 127.0.0.1:0")
+        .arg(env!("CARGO_BIN_EXE_context-proxy"))
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first.trim().rsplit("http://").next().unwrap().to_string();
+    let mut silent = Vec::new();
+    for _ in 0..150 {
+        silent.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    // The silent connections are closed after the header timeout, and the proxy serves again.
+    let client = reqwest::Client::new();
+    let served = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(resp) = client.get(format!("http://{addr}/healthz")).send().await {
+                if resp.status() == 200 {
+                    return;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    drop(silent);
+    let _ = child.kill();
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    let _ = child.wait();
+    assert!(served.is_ok(), "the proxy did not serve again: {log}");
+    let accept_lines = log.lines().filter(|l| l.contains("accept failed")).count();
+    assert!(
+        (1..=2).contains(&accept_lines),
+        "{accept_lines} lines about failed accepts: {log}"
+    );
+}
