@@ -879,3 +879,28 @@ async fn out_of_file_descriptors_is_a_rate_limited_log_line_and_service_resumes(
         "{accept_lines} lines about failed accepts: {log}"
     );
 }
+
+#[tokio::test]
+async fn idle_http2_connections_are_closed_after_the_idle_timeout() {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.server.idle_timeout_ms = 200;
+    })
+    .await;
+    let stream = TcpStream::connect(h.proxy.addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let request = http::Request::get(format!("http://{}/healthz", h.proxy.addr()))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(request).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    // Nothing more is sent: the proxy ends the connection by itself.
+    let ended = tokio::time::timeout(WAIT, conn).await;
+    assert!(ended.is_ok(), "an idle HTTP/2 connection stayed open");
+}
