@@ -39,8 +39,30 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Largest request body accepted on `/v1/chat/completions`, in bytes (413 above).
     pub max_body_bytes: usize,
-    /// Time allowed to receive a request's headers, in milliseconds.
+    /// Time allowed to receive a request's headers, in milliseconds. It also bounds a new
+    /// connection that has not yet sent a whole request head (HTTP/1.1 or HTTP/2).
     pub header_read_timeout_ms: u64,
+    /// A connection with no request in flight (an idle HTTP/1.1 keep-alive connection, an
+    /// HTTP/2 connection without streams) is closed after this many milliseconds.
+    pub idle_timeout_ms: u64,
+    /// Most JSON values (containers, scalars, object members) a chat request body may hold,
+    /// counted from its bytes before it is parsed (413 above): parsing multiplies the memory a
+    /// body of many small values takes.
+    pub max_json_elements: usize,
+    /// Deepest nesting of arrays and objects a chat request body may have (400 above).
+    pub max_json_depth: usize,
+    /// Most request-body bytes read into memory at once, over all requests (chat and the
+    /// pass-through bodies read to route by model); a request that would go over waits for
+    /// nothing: it gets 503 with `Retry-After`. Held until the response head is sent.
+    pub max_body_bytes_in_flight: usize,
+    /// A request body must arrive within this many milliseconds plus the time its size takes
+    /// at `body_min_bytes_per_sec` (408 after it); the same bounds each wait for more of it.
+    pub body_read_timeout_ms: u64,
+    /// The slowest average rate a request body may arrive at, past `body_read_timeout_ms`.
+    pub body_min_bytes_per_sec: u64,
+    /// On SIGINT/SIGTERM, how long `/readyz` answers 503 while the listener still accepts and
+    /// serves, so load balancers move away before connections are refused, in milliseconds.
+    pub drain_window_ms: u64,
     /// On SIGINT/SIGTERM, how long in-flight requests and streams may take to finish, in ms.
     pub shutdown_grace_ms: u64,
     /// Most connections served at once; further ones wait in the accept queue.
@@ -58,6 +80,13 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 32 * 1024 * 1024,
             header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            max_json_elements: 1_000_000,
+            max_json_depth: 64,
+            max_body_bytes_in_flight: 256 * 1024 * 1024,
+            body_read_timeout_ms: 30_000,
+            body_min_bytes_per_sec: 16_384,
+            drain_window_ms: 3_000,
             shutdown_grace_ms: 30_000,
             max_connections: 10_000,
             worker_threads: 0,
@@ -68,6 +97,12 @@ impl Default for ServerConfig {
 impl ServerConfig {
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
+    }
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+    pub fn drain_window(&self) -> Duration {
+        Duration::from_millis(self.drain_window_ms)
     }
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_millis(self.shutdown_grace_ms)
@@ -254,6 +289,27 @@ impl Config {
         self.store
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if self.server.max_json_elements == 0 || self.server.max_json_depth == 0 {
+            return Err(ConfigError::Invalid(
+                "server.max_json_elements and server.max_json_depth must be above 0".into(),
+            ));
+        }
+        if self.server.max_body_bytes_in_flight < self.server.max_body_bytes {
+            return Err(ConfigError::Invalid(
+                "server.max_body_bytes_in_flight must be at least server.max_body_bytes".into(),
+            ));
+        }
+        if self.server.body_read_timeout_ms == 0 || self.server.body_min_bytes_per_sec == 0 {
+            return Err(ConfigError::Invalid(
+                "server.body_read_timeout_ms and server.body_min_bytes_per_sec must be above 0"
+                    .into(),
+            ));
+        }
+        if self.server.header_read_timeout_ms == 0 || self.server.idle_timeout_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "server.header_read_timeout_ms and server.idle_timeout_ms must be above 0".into(),
+            ));
+        }
         if self.server.max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "server.max_connections must be above 0".into(),

@@ -19,8 +19,18 @@ pub enum ProxyError {
     InvalidRequest(String),
     #[error("request body is larger than the limit of {limit} bytes (server.max_body_bytes)")]
     BodyTooLarge { limit: usize },
+    #[error("the request body holds more than {limit} JSON values (server.max_json_elements)")]
+    JsonTooLarge { limit: usize },
+    #[error("the request body nests arrays and objects deeper than {limit} levels (server.max_json_depth)")]
+    JsonTooDeep { limit: usize },
+    #[error("the proxy holds as many request bodies as it may (server.max_body_bytes_in_flight = {budget} bytes): retry shortly")]
+    Overloaded { budget: usize },
+    #[error("the request body did not arrive in time: it must arrive within {timeout_ms} ms plus its size at {min_rate} bytes per second (server.body_read_timeout_ms, server.body_min_bytes_per_sec)")]
+    BodyTimeout { timeout_ms: u64, min_rate: u64 },
     #[error("could not read the request body: {0}")]
     BodyRead(String),
+    #[error("the path {path:?} leaves /v1/ once its dot segments are resolved: this proxy only forwards /v1/* paths")]
+    InvalidPath { path: String },
     #[error("no route for {method} {path}: this proxy serves /v1/* (OpenAI-compatible API), /healthz and /readyz")]
     NotFound { method: String, path: String },
     #[error("method {method} is not allowed on {path}; use {allowed}")]
@@ -51,10 +61,35 @@ impl ProxyError {
                 "invalid_request_error",
                 Some("request_too_large"),
             ),
+            JsonTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("request_too_large"),
+            ),
+            JsonTooDeep { .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("json_too_deep"),
+            ),
+            Overloaded { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("overloaded"),
+            ),
+            BodyTimeout { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                Some("body_read_timeout"),
+            ),
             BodyRead(_) => (
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 Some("body_read_error"),
+            ),
+            InvalidPath { .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("invalid_path"),
             ),
             NotFound { .. } => (
                 StatusCode::NOT_FOUND,
@@ -111,6 +146,10 @@ impl ProxyError {
         let (status, _, _) = self.classify();
         let mut resp = http::Response::new(full(self.body()));
         *resp.status_mut() = status;
+        if matches!(self, ProxyError::Overloaded { .. }) {
+            resp.headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         resp.headers_mut().insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),

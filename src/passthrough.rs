@@ -12,7 +12,7 @@ use serde::Deserialize;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::relay::relay;
-use crate::request_body::{declared_length, read_limited};
+use crate::request_body::{declared_length, read_limited, timeout_error, Timed};
 use crate::state::AppState;
 
 /// Forwards `req` to the upstream serving its model (or the default one).
@@ -26,13 +26,17 @@ pub async fn handle(
         .path()
         .strip_prefix("/v1")
         .unwrap_or(parts.uri.path());
-    let limit = state.config.server.max_body_bytes;
+    let server = &state.config.server;
+    let limit = server.max_body_bytes;
 
-    let (model, body) = if small_json(&parts.headers, limit) {
-        let bytes = read_limited(body, &parts.headers, limit).await?;
-        (model_of(&bytes), reqwest::Body::from(bytes))
+    let (model, body, timed_out) = if small_json(&parts.headers, limit) {
+        let bytes = read_limited(body, &parts.headers, server, &state.body_budget).await?;
+        (model_of(&bytes), reqwest::Body::from(bytes), None)
     } else {
-        (None, reqwest::Body::wrap(body))
+        // Streamed, but still bounded in time: a body that stalls fails the upstream request.
+        let timed = Timed::new(body, server);
+        let timed_out = timed.expired_flag();
+        (None, reqwest::Body::wrap(timed), Some(timed_out))
     };
     let upstream = state.upstreams.route(model.as_deref());
     tracing::debug!(upstream = %upstream.name, %path, "forwarding verbatim");
@@ -45,7 +49,14 @@ pub async fn handle(
             &[header::HOST],
             body,
         )
-        .await?;
+        .await;
+    let incoming = match incoming {
+        Ok(incoming) => incoming,
+        Err(_) if timed_out.is_some_and(|t| t.load(std::sync::atomic::Ordering::SeqCst)) => {
+            return Err(timeout_error(server));
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(relay(incoming))
 }
 

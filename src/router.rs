@@ -16,7 +16,7 @@ use tracing::{Instrument, Level};
 use crate::body::{full, ProxyBody};
 use crate::error::ProxyError;
 use crate::state::AppState;
-use crate::{chat, passthrough};
+use crate::{chat, passthrough, request_body};
 
 /// Response header carrying the request id (also on every log line of the request). The
 /// upstream's own `x-request-id` is relayed untouched.
@@ -31,10 +31,17 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
     // What the per-request line needs, taken only when that line is logged.
     let line =
         tracing::enabled!(Level::INFO).then(|| (req.method().clone(), req.uri().path().to_owned()));
-    let mut response = route(state, req, id.clone())
+    // Logs the request as cancelled if the client leaves before its response head.
+    let mut cancelled = Cancelled {
+        span: span.clone(),
+        started,
+        line: line.clone(),
+    };
+    let mut response = request_body::holding_bodies(route(state, req, id.clone()))
         .instrument(span.clone())
         .await
         .unwrap_or_else(ProxyError::into_response);
+    cancelled.line = None;
     if let Some((method, path)) = line {
         span.in_scope(|| {
             tracing::info!(
@@ -50,11 +57,36 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
     response
 }
 
+/// Logs a request whose handling was dropped (the client left before its response head); its
+/// `line` is taken once the response is ready.
+struct Cancelled {
+    span: tracing::Span,
+    started: Instant,
+    line: Option<(Method, String)>,
+}
+
+impl Drop for Cancelled {
+    fn drop(&mut self) {
+        if let Some((method, path)) = &self.line {
+            self.span.in_scope(|| {
+                tracing::info!(
+                    %method,
+                    %path,
+                    status = "cancelled",
+                    duration_ms = self.started.elapsed().as_secs_f64() * 1e3,
+                    "response"
+                )
+            });
+        }
+    }
+}
+
 async fn route(
     state: Arc<AppState>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     id: HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    confine_path(&mut req)?;
     let path = req.uri().path();
     match path {
         "/healthz" | "/readyz" => {
@@ -85,6 +117,73 @@ async fn route(
     }
 }
 
+/// Resolves the dot segments of the request's path (`.`, `..`, and their percent-encoded forms
+/// `%2e`, which the upstream's URL parser would resolve too; `\` counts as `/`, as it does
+/// there) before anything routes on it. A path that then leaves `/v1/` is refused: it would
+/// reach another path of the upstream's host, with the proxy's own upstream key when it has
+/// one. A path inside `/v1/` is replaced by its resolved form.
+fn confine_path(req: &mut Request<Incoming>) -> Result<(), ProxyError> {
+    let path = req.uri().path();
+    let Some(resolved) = resolve_dot_segments(path) else {
+        return Ok(());
+    };
+    if !resolved.starts_with("/v1/") {
+        return Err(ProxyError::InvalidPath {
+            path: path.to_string(),
+        });
+    }
+    let path_and_query = match req.uri().query() {
+        Some(query) => format!("{resolved}?{query}"),
+        None => resolved,
+    };
+    let mut parts = req.uri().clone().into_parts();
+    parts.path_and_query = Some(http::uri::PathAndQuery::try_from(path_and_query).map_err(
+        |_| ProxyError::InvalidPath {
+            path: path.to_string(),
+        },
+    )?);
+    *req.uri_mut() = http::Uri::from_parts(parts).map_err(|_| ProxyError::InvalidPath {
+        path: path.to_string(),
+    })?;
+    Ok(())
+}
+
+/// `path` with its dot segments resolved (RFC 3986 §5.2.4, with `%2e` as a dot and `\` as a
+/// separator, like the WHATWG URL parser the upstream client uses), or `None` when it has none.
+/// A `..` above the root resolves to the root's `""`, so the result does not start with `/v1/`.
+fn resolve_dot_segments(path: &str) -> Option<String> {
+    let is_dot = |s: &str| s == "." || s.eq_ignore_ascii_case("%2e");
+    let is_dot_dot = |s: &str| {
+        s == ".."
+            || [".%2e", "%2e.", "%2e%2e"]
+                .iter()
+                .any(|d| s.eq_ignore_ascii_case(d))
+    };
+    let segments: Vec<&str> = path.split(['/', '\\']).skip(1).collect();
+    if !path.contains('\\') && !segments.iter().any(|s| is_dot(s) || is_dot_dot(s)) {
+        return None;
+    }
+    let mut out: Vec<&str> = Vec::with_capacity(segments.len());
+    let mut escaped = false;
+    for (i, segment) in segments.iter().enumerate() {
+        let last = i + 1 == segments.len();
+        if is_dot_dot(segment) {
+            escaped |= out.pop().is_none();
+        } else if !is_dot(segment) {
+            out.push(segment);
+            continue;
+        }
+        if last {
+            // `/a/..` is the directory `/`: keep the trailing slash.
+            out.push("");
+        }
+    }
+    if escaped {
+        return Some(String::new());
+    }
+    Some(format!("/{}", out.join("/")))
+}
+
 fn method_not_allowed(req: &Request<Incoming>, allowed: &'static str) -> ProxyError {
     ProxyError::MethodNotAllowed {
         method: req.method().to_string(),
@@ -94,7 +193,7 @@ fn method_not_allowed(req: &Request<Incoming>, allowed: &'static str) -> ProxyEr
 }
 
 /// `/healthz`: the process serves. `/readyz`: it serves, is not draining, and its store
-/// answers.
+/// answers (the fs store: a real write succeeds, so a full disk is reported).
 async fn health(state: &AppState, readiness: bool) -> Response<ProxyBody> {
     let (status, text) = if !readiness {
         (StatusCode::OK, r#"{"status":"ok"}"#.to_string())
@@ -104,7 +203,8 @@ async fn health(state: &AppState, readiness: bool) -> Response<ProxyBody> {
             r#"{"status":"draining"}"#.to_string(),
         )
     } else if let Err(e) = state.context.store().ping().await {
-        let body = serde_json::json!({"status": "store unavailable", "error": e.to_string()});
+        // Degraded: requests are still served (per store.on_error), but nothing can be stored.
+        let body = serde_json::json!({"status": "degraded", "error": e.to_string()});
         (StatusCode::SERVICE_UNAVAILABLE, body.to_string())
     } else {
         (StatusCode::OK, r#"{"status":"ok"}"#.to_string())
@@ -118,12 +218,17 @@ async fn health(state: &AppState, readiness: bool) -> Response<ProxyBody> {
     resp
 }
 
-/// The client's `x-context-request-id` when it is short and printable, else a new one
-/// (`req_` and 18 hex digits: a per-process prefix, then a counter).
+/// Longest client-supplied request id kept.
+const MAX_REQUEST_ID_LEN: usize = 64;
+
+/// The client's `x-context-request-id` when it is 1 to [`MAX_REQUEST_ID_LEN`] characters of
+/// `A-Z a-z 0-9 - _ . :` (it goes into every log line of the request), else a new one (`req_`
+/// and 18 hex digits: a per-process prefix, then a counter).
 fn request_id(req: &Request<Incoming>) -> HeaderValue {
     if let Some(given) = req.headers().get(REQUEST_ID) {
         let bytes = given.as_bytes();
-        if !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(u8::is_ascii_graphic) {
+        let allowed = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':');
+        if !bytes.is_empty() && bytes.len() <= MAX_REQUEST_ID_LEN && bytes.iter().all(allowed) {
             return given.clone();
         }
     }
@@ -154,6 +259,36 @@ fn hex_into(out: &mut [u8], mut value: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_segments_are_resolved_like_the_upstream_client_does() {
+        let resolve = |p: &str| resolve_dot_segments(p);
+        assert_eq!(resolve("/v1/models"), None);
+        assert_eq!(
+            resolve("/v1/files/../models").as_deref(),
+            Some("/v1/models")
+        );
+        assert_eq!(resolve("/v1/./models").as_deref(), Some("/v1/models"));
+        assert_eq!(resolve("/v1/../../x").as_deref(), Some(""));
+        assert_eq!(resolve("/v1/%2e%2E/x").as_deref(), Some("/x"));
+        assert_eq!(resolve("/v1/..").as_deref(), Some("/"));
+        assert_eq!(resolve("/v1/a\\..\\b").as_deref(), Some("/v1/b"));
+        assert_eq!(resolve("/v1/a/%2e").as_deref(), Some("/v1/a/"));
+        // What the upstream client (the `url` crate) would make of the same path: the same
+        // path, or (above the root, where it stops at `/`) also a path outside `/v1/`.
+        for path in [
+            "/v1/../../x",
+            "/v1/%2e%2E/x",
+            "/v1/files/../models",
+            "/v1/a\\..\\b",
+        ] {
+            let url = reqwest::Url::parse(&format!("http://h{path}")).unwrap();
+            match resolve(path).unwrap().as_str() {
+                "" => assert!(!url.path().starts_with("/v1/"), "{path}"),
+                ours => assert_eq!(url.path(), ours, "{path}"),
+            }
+        }
+    }
 
     #[test]
     fn hex_digits_are_zero_padded_low_bits() {

@@ -4,22 +4,33 @@
 //! streams finish up to a deadline, then cuts what is left.
 //!
 //! Every connection task is tracked in a `JoinSet`, so nothing outlives the server.
+//!
+//! Every connection has a watchdog: it must complete a request head within
+//! `header_read_timeout_ms` of being accepted (hyper's own header timeout does not cover
+//! hyper-util's HTTP/1-or-2 detection, nor HTTP/2), and a connection with no request in flight
+//! is closed after `idle_timeout_ms`. A request counts as in flight from its head until its
+//! response body has been sent or dropped.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::body::{BoxError, ProxyBody};
 use crate::config::ValidConfig;
 use crate::router;
 use crate::state::{AppState, StateError};
@@ -68,6 +79,7 @@ impl Server {
         let connections = Arc::new(Semaphore::new(server_cfg.max_connections));
         let graceful = GracefulShutdown::new();
         let mut tasks = JoinSet::new();
+        let mut accept_errors = AcceptErrors::default();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -76,43 +88,67 @@ impl Server {
         builder.http2().timer(TokioTimer::new());
 
         tokio::pin!(shutdown);
+        let drain_window = server_cfg.drain_window();
+        let mut draining_since = None;
         loop {
             while tasks.try_join_next().is_some() {}
+            let stop = stop_accepting(shutdown.as_mut(), &mut draining_since, &state, drain_window);
+            tokio::pin!(stop);
             let permit = tokio::select! {
                 permit = connections.clone().acquire_owned() => match permit {
                     Ok(p) => p,
                     Err(_) => break,
                 },
-                () = &mut shutdown => break,
+                () = &mut stop => break,
             };
             let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
                     Err(e) => {
-                        // Out of file descriptors and the like: wait a little, do not spin.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        // Out of file descriptors and the like: log (at most once per
+                        // ACCEPT_ERROR_LOG_EVERY), wait a little rather than spin, go on.
+                        accept_errors.failed(&e);
+                        tokio::select! {
+                            () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => {}
+                            () = &mut stop => break,
+                        }
                         continue;
                     }
                 },
-                () = &mut shutdown => break,
+                () = &mut stop => break,
             };
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
             }
             let service_state = state.clone();
+            let (activity, watched) = watch::channel(Activity::new());
+            let activity = Arc::new(activity);
             let service = service_fn(move |req| {
                 let state = service_state.clone();
-                async move { Ok::<_, Infallible>(router::handle(state, req).await) }
+                let in_flight = InFlight::begin(activity.clone());
+                async move {
+                    let response = router::handle(state, req).await;
+                    Ok::<_, Infallible>(response.map(|body| Tracked {
+                        body,
+                        _in_flight: in_flight,
+                    }))
+                }
             });
             let watcher = graceful.watcher();
             let builder = builder.clone();
             let span = tracing::debug_span!("connection", %peer);
+            let (head_timeout, idle_timeout) =
+                (server_cfg.header_read_timeout(), server_cfg.idle_timeout());
             tasks.spawn(
                 async move {
                     let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    if let Err(e) = watcher.watch(conn).await {
-                        tracing::debug!(error = %e, "connection ended with an error");
+                    tokio::select! {
+                        served = watcher.watch(conn) => if let Err(e) = served {
+                            tracing::debug!(error = %e, "connection ended with an error");
+                        },
+                        why = watchdog(watched, head_timeout, idle_timeout) => {
+                            tracing::debug!(why, "connection closed");
+                        }
                     }
                     drop(permit);
                 }
@@ -138,6 +174,163 @@ impl Server {
         }
         while tasks.join_next().await.is_some() {}
         state.shutdown().await;
+    }
+}
+
+/// Completes when the accept loop must stop: once `shutdown` has completed (then `/readyz`
+/// answers 503) and the drain window after it has passed. Cancel-safe: what it has seen is
+/// kept in `draining_since`.
+async fn stop_accepting(
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+    draining_since: &mut Option<Instant>,
+    state: &AppState,
+    window: Duration,
+) {
+    let since = match *draining_since {
+        Some(since) => since,
+        None => {
+            shutdown.await;
+            state.begin_draining();
+            tracing::info!(
+                drain_window_ms = window.as_millis() as u64,
+                "shutting down: /readyz answers 503, still accepting for server.drain_window_ms"
+            );
+            *draining_since.insert(Instant::now())
+        }
+    };
+    tokio::time::sleep_until(since + window).await;
+}
+
+/// How long the accept loop waits after a failed accept (out of file descriptors, …).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// At most one log line per this long about failed accepts, with how many there were.
+const ACCEPT_ERROR_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Failed accepts, logged at most once per [`ACCEPT_ERROR_LOG_EVERY`].
+#[derive(Default)]
+struct AcceptErrors {
+    last_logged: Option<Instant>,
+    since_logged: u64,
+}
+
+impl AcceptErrors {
+    fn failed(&mut self, e: &std::io::Error) {
+        self.since_logged += 1;
+        let now = Instant::now();
+        if self
+            .last_logged
+            .is_some_and(|last| now.duration_since(last) < ACCEPT_ERROR_LOG_EVERY)
+        {
+            return;
+        }
+        tracing::warn!(
+            error = %e,
+            failures = self.since_logged,
+            "accept failed (out of file descriptors?): pausing new connections briefly"
+        );
+        self.last_logged = Some(now);
+        self.since_logged = 0;
+    }
+}
+
+/// What a connection is doing, as its watchdog sees it.
+#[derive(Debug, Clone, Copy)]
+struct Activity {
+    /// Requests whose head was read and whose response body is not yet sent.
+    in_flight: usize,
+    /// Requests begun on this connection.
+    begun: u64,
+    /// When the connection was accepted or its last request ended.
+    idle_since: Instant,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            in_flight: 0,
+            begun: 0,
+            idle_since: Instant::now(),
+        }
+    }
+}
+
+/// One request in flight on a connection, from its head until its response body is dropped.
+struct InFlight(Arc<watch::Sender<Activity>>);
+
+impl InFlight {
+    fn begin(activity: Arc<watch::Sender<Activity>>) -> InFlight {
+        activity.send_modify(|a| {
+            a.in_flight += 1;
+            a.begun += 1;
+        });
+        InFlight(activity)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|a| {
+            a.in_flight = a.in_flight.saturating_sub(1);
+            if a.in_flight == 0 {
+                a.idle_since = Instant::now();
+            }
+        });
+    }
+}
+
+/// A response body that keeps its request in flight until it is sent or dropped.
+struct Tracked {
+    body: ProxyBody,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Completes when the connection should be closed: no request head within `head_timeout` of
+/// the accept, or no request in flight for `idle_timeout`. Says why.
+async fn watchdog(
+    mut activity: watch::Receiver<Activity>,
+    head_timeout: Duration,
+    idle_timeout: Duration,
+) -> &'static str {
+    loop {
+        let now = *activity.borrow_and_update();
+        if now.in_flight == 0 {
+            let (limit, why) = if now.begun == 0 {
+                (
+                    head_timeout,
+                    "no request head within server.header_read_timeout_ms",
+                )
+            } else {
+                (idle_timeout, "idle for server.idle_timeout_ms")
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(now.idle_since + limit) => return why,
+                changed = activity.changed() => if changed.is_err() {
+                    return "connection gone";
+                },
+            }
+        } else if activity.changed().await.is_err() {
+            return "connection gone";
+        }
     }
 }
 

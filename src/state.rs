@@ -36,6 +36,8 @@ pub struct AppState {
     pub upstreams: Upstreams,
     pub context: ContextManager,
     pub metrics: Metrics,
+    /// Request-body bytes held in memory, over all requests (`server.max_body_bytes_in_flight`).
+    pub body_budget: crate::request_body::BodyBudget,
     /// Set once shutdown begins: `/readyz` then answers 503 so load balancers move away.
     draining: AtomicBool,
     /// Running background services, in the order they were started.
@@ -73,12 +75,16 @@ impl AppState {
             .await
             .map_err(StateError::Store)?;
         let counter = Counter::new(Encoding::O200kBase, config.tokens.clone());
-        let context = ContextManager::new(config.context.clone(), counter, store.clone());
+        let context = ContextManager::new(config.context.clone(), counter, store.clone())
+            .with_content_refresh(config.store.content_refresh()); // harden: store.content_refresh_secs
+        let body_budget =
+            crate::request_body::BodyBudget::new(config.server.max_body_bytes_in_flight);
         let state = AppState {
             config,
             upstreams,
             context,
             metrics: Metrics::default(),
+            body_budget,
             draining: AtomicBool::new(false),
             services: Mutex::new(Vec::new()),
         };

@@ -17,6 +17,9 @@ use http::Method;
 use crate::config::UpstreamConfig;
 use crate::headers::end_to_end;
 
+/// Request headers starting with this are the proxy's own and never forwarded.
+pub const CONTROL_HEADER_PREFIX: &str = "x-context-";
+
 /// One upstream API.
 #[derive(Debug)]
 pub struct Upstream {
@@ -185,6 +188,16 @@ impl Upstream {
     fn outgoing_headers(&self, headers: HeaderMap, drop: &[HeaderName]) -> HeaderMap {
         let mut headers = end_to_end(headers, drop);
         headers.remove(header::HOST);
+        // The proxy's own control headers (`x-context-session`, `-mode`, `-request-id`, …)
+        // are for the proxy, not the upstream.
+        let control: Vec<HeaderName> = headers
+            .keys()
+            .filter(|name| name.as_str().starts_with(CONTROL_HEADER_PREFIX))
+            .cloned()
+            .collect();
+        for name in control {
+            headers.remove(name);
+        }
         if let Some(auth) = &self.authorization {
             headers.insert(header::AUTHORIZATION, auth.clone());
         }
@@ -301,7 +314,8 @@ impl Incoming {
                 Ok(Some(Err(e))) => {
                     let err = BodyError::Failed {
                         upstream: upstream.to_string(),
-                        detail: error_chain(&e),
+                        // Clients see the upstream's name, never its address.
+                        detail: error_chain(&e.without_url()),
                     };
                     Some((Err(err), None))
                 }

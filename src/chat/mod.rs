@@ -38,7 +38,7 @@ use hyper::body::Incoming;
 use crate::body::ProxyBody;
 use crate::context::Mode;
 use crate::error::ProxyError;
-use crate::request_body::read_limited;
+use crate::request_body::read_json; // harden: bounded in size, time and memory
 use crate::state::AppState;
 use crate::upstream;
 use serde_json::Value;
@@ -83,7 +83,7 @@ async fn parse(
 ) -> Result<ChatCtx, ProxyError> {
     let received = Instant::now();
     let (parts, body) = req.into_parts();
-    let raw = read_limited(body, &parts.headers, state.config.server.max_body_bytes).await?;
+    let raw = read_json(state, body, &parts.headers).await?; // harden: see request_body.rs
     let request = ChatRequest::parse(raw)?;
     let upstream = state.upstreams.route(request.model()).clone();
     tracing::debug!(upstream = %upstream.name, model = request.model().unwrap_or(""), "routed");

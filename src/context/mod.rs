@@ -172,8 +172,11 @@ pub struct ContextManager {
     counter: Counter,
     store: Arc<dyn Store>,
     decisions: Decisions,
-    /// Content already in the store, per tenant: not written again.
-    written: DashMap<(Tenant, ContentRef), ()>,
+    /// Content this process stored, per tenant, and when: not stored again before `refresh`
+    /// has passed (then stored again, which refreshes or restores it).
+    written: DashMap<(Tenant, ContentRef), Instant>,
+    /// How often forwarded references are stored again (`store.content_refresh_secs`).
+    refresh: std::time::Duration,
     /// The proxy's tool calls hidden from clients, per session.
     hidden: crate::reload::hidden::Hidden,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
@@ -233,6 +236,7 @@ impl ContextManager {
             hidden: crate::reload::hidden::Hidden::new(store.clone()),
             store,
             written: DashMap::new(),
+            refresh: std::time::Duration::from_secs(60),
             references: DashMap::new(),
             transformed: DashMap::new(),
             learned: limits::LearnedLimits::new(),
@@ -274,6 +278,12 @@ impl ContextManager {
             upstream_default_window: route.default_window,
             learned_window: self.learned.get(route.upstream, model),
         }
+    }
+
+    /// Stores forwarded content again at most once per `every` (`store.content_refresh_secs`).
+    pub fn with_content_refresh(mut self, every: std::time::Duration) -> ContextManager {
+        self.refresh = every;
+        self
     }
 
     /// The mode of a request: the `x-context-mode` header, else the config's.
@@ -513,7 +523,9 @@ impl ContextManager {
         self.apply(identity.as_ref(), plan, body, "").await
     }
 
-    /// Writes every piece of content the new request refers to (unless already stored).
+    /// Writes every piece of content the new request refers to, unless this process stored it
+    /// less than `refresh` ago: so content is refreshed while requests point to it, and
+    /// written back within `refresh` if it was lost.
     async fn write_all(
         &self,
         id: &Identity,
@@ -523,7 +535,11 @@ impl ContextManager {
         let mut stored_now = Vec::new();
         for (n, w) in writes.iter().enumerate() {
             let key = (id.tenant.clone(), w.reference.clone());
-            if self.written.contains_key(&key) {
+            if self
+                .written
+                .get(&key)
+                .is_some_and(|at| at.elapsed() < self.refresh)
+            {
                 continue;
             }
             let text = match &w.source {
@@ -547,8 +563,10 @@ impl ContextManager {
             if self.written.len() >= MEMORY_REFS {
                 self.written.clear();
             }
-            self.written.insert(key, ());
-            stored_now.push(n);
+            // Logged the first time this process stores it, not on every refresh.
+            if self.written.insert(key, Instant::now()).is_none() {
+                stored_now.push(n);
+            }
         }
         Ok(stored_now)
     }

@@ -3,6 +3,7 @@
 //! is never split nor reordered. A conversation whose tool messages do not line up with their
 //! calls is malformed: the engine then leaves it exactly as it came.
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 use serde_json::Value;
@@ -69,7 +70,11 @@ pub fn segment(messages: &[Value]) -> Result<Vec<Range<usize>>, Malformed> {
         match role(m) {
             "tool" => return Err(Malformed::OrphanToolResult(i)),
             "assistant" if !call_ids(m).is_empty() => {
-                let mut pending = call_ids(m);
+                // Calls not yet answered, by id (a hash map: linear in the number of calls).
+                let mut pending: HashMap<&str, usize> = HashMap::new();
+                for id in call_ids(m) {
+                    *pending.entry(id).or_default() += 1;
+                }
                 let start = i;
                 i += 1;
                 while i < messages.len() && role(&messages[i]) == "tool" {
@@ -77,10 +82,11 @@ pub fn segment(messages: &[Value]) -> Result<Vec<Range<usize>>, Malformed> {
                         .get("tool_call_id")
                         .and_then(Value::as_str)
                         .unwrap_or("");
-                    match pending.iter().position(|p| *p == id) {
-                        Some(k) => {
-                            pending.swap_remove(k);
+                    match pending.get_mut(id) {
+                        Some(1) => {
+                            pending.remove(id);
                         }
+                        Some(n) => *n -= 1,
                         None => return Err(Malformed::OrphanToolResult(i)),
                     }
                     i += 1;

@@ -79,6 +79,10 @@ pub struct StoreConfig {
     pub op_timeout_ms: u64,
     /// How often expired items are deleted in the background, in seconds. Default 3600.
     pub sweep_interval_secs: u64,
+    /// A request that forwards a reference to stored content stores it again (which only
+    /// refreshes its retention when it is there, and writes it back when it was lost) at most
+    /// once per this many seconds per reference and process. 0: on every request. Default 60.
+    pub content_refresh_secs: u64,
     /// `fs`: most file operations running at once on blocking threads; further ones wait
     /// (within `op_timeout_ms`). Default 64.
     pub max_blocking_ops: usize,
@@ -103,6 +107,7 @@ impl Default for StoreConfig {
             memory_max_bytes: 256 * 1024 * 1024,
             op_timeout_ms: 2_000,
             sweep_interval_secs: 3_600,
+            content_refresh_secs: 60,
             max_blocking_ops: 64,
             fsync: true,
         }
@@ -121,6 +126,10 @@ impl StoreConfig {
 
     pub fn sweep_interval(&self) -> Duration {
         Duration::from_secs(self.sweep_interval_secs)
+    }
+
+    pub fn content_refresh(&self) -> Duration {
+        Duration::from_secs(self.content_refresh_secs)
     }
 
     pub fn redis_connect_timeout(&self) -> Duration {

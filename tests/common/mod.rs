@@ -26,6 +26,7 @@ pub fn config_for(base_url: &str) -> Config {
     let mut config = Config::default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.server.shutdown_grace_ms = 10_000;
+    config.server.drain_window_ms = 0; // harden: tests that need a drain window set one
     config.store.backend = context_proxy::store::Backend::Memory;
     config.upstreams = vec![UpstreamConfig {
         base_url: base_url.to_string(),

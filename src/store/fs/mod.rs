@@ -238,7 +238,7 @@ impl Store for FsStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.tree.run("ping", Tree::probe).await
+        self.tree.run("ping", Tree::probe_write).await
     }
 
     async fn close(&self) {

@@ -15,6 +15,9 @@ use super::{REFS_DIR, TEMP_PREFIX};
 use crate::store::locks::LockTable;
 use crate::store::{Clock, ContentRef, SessionId, StateKey, StoreConfig, StoreError, Tenant};
 
+/// Bytes the readiness probe writes (one filesystem block).
+const PROBE_BYTES: usize = 4096;
+
 /// State records share this many compare-and-set mutexes (by a hash of their path).
 const KEY_STRIPES: usize = 64;
 
@@ -146,6 +149,24 @@ impl Tree {
         fs::remove_file(&path).map_err(io_error("delete", &path))
     }
 
+    /// Writes a small file in the root (creating the root when it is gone), then deletes it:
+    /// an empty file can still be created on a full disk, a write cannot.
+    pub(super) fn probe_write(&self) -> Result<(), StoreError> {
+        self.make_dir(&self.root)?;
+        let (path, mut file) = create_temp(&self.root)?;
+        let written = file.write_all(&[b'.'; PROBE_BYTES]).and_then(|()| {
+            if self.fsync {
+                file.sync_data()
+            } else {
+                Ok(())
+            }
+        });
+        drop(file);
+        let removed = fs::remove_file(&path).map_err(io_error("delete", &path));
+        written.map_err(io_error("write", &path))?;
+        removed
+    }
+
     /// Opens `path` for reading and refreshing, unless it is missing or expired.
     pub(super) fn open_live(
         &self,
@@ -207,6 +228,15 @@ impl Tree {
                 _ => Ok(()),
             },
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // A parent is gone: the root was deleted under the running proxy. Make the
+                // whole path again rather than fail every write until a restart.
+                tracing::warn!(path = %path.display(), "store directory missing: creating it again");
+                builder
+                    .recursive(true)
+                    .create(path)
+                    .map_err(io_error("create directory", path))
+            }
             Err(e) => Err(io_error("create directory", path)(e)),
         }
     }
