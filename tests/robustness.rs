@@ -44,7 +44,7 @@ fn fixture() -> &'static (tokio::runtime::Runtime, ContextManager) {
                 max_context_tokens: Some(300),
                 keep_recent_messages: 2,
                 tool_result_max_tokens: 20,
-                truncate_tool_result_tokens: 120,
+                truncate_tool_result_tokens: Some(120),
                 compact_batch_tokens: 10,
                 preview_head_lines: 2,
                 preview_tail_lines: 1,
