@@ -208,7 +208,13 @@ proptest! {
             let original = &messages[i];
             prop_assert_eq!(role(m), role(original));
             if m != original {
-                let action = actions.get(&i).copied();
+                // A write is recorded once per content: a message with the same text as an
+                // earlier one shares its write (and so its action).
+                let action = actions.get(&i).copied().or_else(|| {
+                    let r = content_text(original)
+                        .map(|t| context_proxy::store::ContentRef::of(&t))?;
+                    outcome.writes.iter().find(|w| w.reference == r).map(|w| w.action)
+                });
                 // Unseen results and the pinned messages change only by lossless transforms or
                 // the hard cap.
                 if i >= unseen || Some(i) == first_user || is_instruction(original) {
