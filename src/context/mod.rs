@@ -571,9 +571,10 @@ impl ContextManager {
         Ok(stored_now)
     }
 
-    /// Appends one line to the session's journal naming what this request stored for the
-    /// first time (truncated, compacted, moved out, or the original of a lossless transform).
-    /// Failures only warn.
+    /// Appends one line to the session's journal naming what this request stored that this
+    /// process had not stored before (truncated, compacted, moved out, or the original of a
+    /// lossless transform; another replica may log the same content once too). Failures only
+    /// warn.
     async fn log_stored(
         &self,
         id: &Identity,
