@@ -31,6 +31,9 @@ pub enum ProxyError {
     },
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
+    /// The caller's key is missing, unknown, not allowed this model, or over its budget.
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
 }
 
 impl ProxyError {
@@ -74,6 +77,7 @@ impl ProxyError {
                 "upstream_error",
                 Some("upstream_timeout"),
             ),
+            Auth(e) => e.classify(),
         }
     }
 
@@ -108,6 +112,12 @@ impl ProxyError {
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let ProxyError::Auth(e) = &self {
+            if let Some(secs) = e.retry_after() {
+                resp.headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+        }
         resp
     }
 }

@@ -12,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod bench;
 pub mod body;
 pub mod chat;

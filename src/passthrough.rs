@@ -35,6 +35,7 @@ pub async fn handle(
         (None, reqwest::Body::wrap(body))
     };
     let upstream = state.upstreams.route(model.as_deref());
+    crate::auth::authorize(&parts.extensions, model.as_deref(), &upstream.name)?;
     tracing::debug!(upstream = %upstream.name, %path, "forwarding verbatim");
     let incoming = upstream
         .send_streaming(

@@ -52,9 +52,13 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
 
 async fn route(
     state: Arc<AppState>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     id: HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    if req.uri().path().starts_with("/v1/") {
+        // Who is calling, before anything is stored or sent (crate::auth).
+        crate::auth::check(&state, &mut req)?;
+    }
     let path = req.uri().path();
     match path {
         "/healthz" | "/readyz" => {

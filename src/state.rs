@@ -33,6 +33,8 @@ pub trait Service: Send + Sync {
 /// What every request handler shares.
 pub struct AppState {
     pub config: ValidConfig,
+    /// The client keys the proxy knows (`crate::auth`).
+    pub auth: crate::auth::Auth,
     pub upstreams: Upstreams,
     pub context: ContextManager,
     pub metrics: Metrics,
@@ -49,6 +51,8 @@ pub enum StateError {
     Upstream(#[from] UpstreamSetupError),
     #[error("cannot open the store: {0}")]
     Store(StoreError),
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthSetupError),
 }
 
 /// The store's background sweeper, seen as a service.
@@ -69,6 +73,7 @@ impl AppState {
     /// Builds the upstream clients, opens the store and starts the background services.
     pub async fn new(config: ValidConfig) -> Result<AppState, StateError> {
         let upstreams = Upstreams::new(&config.upstreams, |var| std::env::var(var).ok())?;
+        let auth = crate::auth::Auth::new(&config, |var| std::env::var(var).ok())?;
         let store = crate::store::open(&config.store)
             .await
             .map_err(StateError::Store)?;
@@ -76,6 +81,7 @@ impl AppState {
         let context = ContextManager::new(config.context.clone(), counter, store.clone());
         let state = AppState {
             config,
+            auth,
             upstreams,
             context,
             metrics: Metrics::default(),

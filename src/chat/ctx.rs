@@ -41,6 +41,8 @@ pub struct ChatCtx {
     /// Rounds, calls and upstream calls of the tool loop (shared with a streaming loop's task).
     pub stats: Arc<super::tool_loop::LoopStats>,
     pub timings: Timings,
+    /// Who sent it (`crate::auth`): its tenant, and its key's token budget to charge.
+    pub caller: Option<crate::auth::Caller>,
 }
 
 /// When each step of the request happened.
@@ -88,6 +90,7 @@ impl ChatCtx {
                 first_byte: None,
                 done: None,
             },
+            caller: None,
         }
     }
 

@@ -6,16 +6,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::ChatCtx;
 use crate::context::Skipped;
 use crate::relay::End;
+use crate::response::Usage;
 use crate::state::AppState;
 
-/// Records a finished request. `billed` is the upstream's `usage.prompt_tokens`, when read.
+/// Records a finished request. `usage` is the upstream's, when read.
 pub fn record(
     state: &AppState,
     ctx: &ChatCtx,
     status: http::StatusCode,
     end: End,
-    billed: Option<u64>,
+    usage: Option<&Usage>,
 ) {
+    let billed = usage.map(|u| u.prompt_tokens);
+    if let Some(caller) = &ctx.caller {
+        caller.charge_tokens(
+            usage.map_or(ctx.managed.report.tokens_after as u64, |u| u.total_tokens),
+        );
+    }
     let metrics = &state.metrics;
     let add = |c: &AtomicU64, n: usize| c.fetch_add(n as u64, Ordering::Relaxed);
     let managed = &ctx.managed;

@@ -75,7 +75,9 @@ impl Observer for Reader {
         if let Some(ctx) = &mut self.ctx {
             ctx.timings.first_byte.get_or_insert_with(Instant::now);
             // The usage is only compared with the proxy's count when the request was counted.
-            if ctx.managed.counted && self.probe.prompt_tokens().is_none() {
+            let wanted =
+                ctx.managed.counted || ctx.caller.as_ref().is_some_and(|c| c.has_token_budget());
+            if wanted && self.probe.usage().is_none() {
                 self.probe.feed(bytes);
             }
         }
@@ -85,13 +87,7 @@ impl Observer for Reader {
         if let Some(mut ctx) = self.ctx.take() {
             ctx.timings.done = Some(Instant::now());
             self.probe.finish();
-            record(
-                &self.state,
-                &ctx,
-                self.status,
-                end,
-                self.probe.prompt_tokens(),
-            );
+            record(&self.state, &ctx, self.status, end, self.probe.usage());
         }
     }
 }
