@@ -47,7 +47,11 @@ pub async fn handle(
             body,
         )
         .await?;
-    Ok(relay(incoming))
+    let mut response = relay(incoming);
+    response
+        .extensions_mut()
+        .insert(crate::metrics::UpstreamName(upstream.name.clone()));
+    Ok(response)
 }
 
 /// A JSON body whose declared length is within the limit: worth reading to route by model.

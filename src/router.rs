@@ -31,10 +31,18 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
     // What the per-request line needs, taken only when that line is logged.
     let line =
         tracing::enabled!(Level::INFO).then(|| (req.method().clone(), req.uri().path().to_owned()));
-    let mut response = route(state, req, id.clone())
+    let metrics_route = crate::metrics::route_of(req.uri().path());
+    let in_flight = state.metrics.in_flight();
+    let mut response = route(state.clone(), req, id.clone())
         .instrument(span.clone())
         .await
         .unwrap_or_else(ProxyError::into_response);
+    drop(in_flight);
+    let upstream = response.extensions().get::<crate::metrics::UpstreamName>();
+    let (status, elapsed) = (response.status(), started.elapsed());
+    state
+        .metrics
+        .record_request(metrics_route, status, upstream, elapsed);
     if let Some((method, path)) = line {
         span.in_scope(|| {
             tracing::info!(
@@ -74,7 +82,7 @@ async fn route(
             let mut resp = Response::new(full(state.metrics.render()));
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4"),
+                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
             );
             Ok(resp)
         }

@@ -43,6 +43,8 @@ pub struct ChatCtx {
     pub timings: Timings,
     /// Who sent it (`crate::auth`): its tenant, and its key's token budget to charge.
     pub caller: Option<crate::auth::Caller>,
+    /// The request's `model`, kept for the record phase (the tool loop takes the body).
+    pub model: Option<String>,
 }
 
 /// When each step of the request happened.
@@ -91,6 +93,7 @@ impl ChatCtx {
                 done: None,
             },
             caller: None,
+            model: None,
         }
     }
 

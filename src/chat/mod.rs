@@ -89,6 +89,7 @@ async fn parse(
     let caller = crate::auth::caller(&parts.extensions).cloned();
     let mut ctx = ChatCtx::new(request_id, parts, request, upstream, received);
     ctx.caller = caller;
+    ctx.model = ctx.request.model().map(str::to_owned);
     Ok(ctx)
 }
 

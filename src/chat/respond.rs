@@ -34,6 +34,8 @@ pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<P
             headers.push((RELOAD_HEADER, v));
         }
     }
+    let upstream_name = crate::metrics::UpstreamName(ctx.upstream.name.clone());
+    state.metrics.chat_response_started();
     let reader = |status| Reader {
         state,
         ctx: Some(ctx),
@@ -58,6 +60,7 @@ pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<P
     for (name, value) in headers {
         response.headers_mut().insert(name, value);
     }
+    response.extensions_mut().insert(upstream_name);
     response
 }
 
