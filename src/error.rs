@@ -34,6 +34,9 @@ pub enum ProxyError {
     /// The caller's key is missing, unknown, not allowed this model, or over its budget.
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthError),
+    /// A `/v1/context/…` request about a session or reference that cannot be answered.
+    #[error(transparent)]
+    Inspect(#[from] crate::inspect::InspectError),
 }
 
 impl ProxyError {
@@ -78,6 +81,7 @@ impl ProxyError {
                 Some("upstream_timeout"),
             ),
             Auth(e) => e.classify(),
+            Inspect(e) => e.classify(),
         }
     }
 

@@ -21,6 +21,7 @@ pub mod context;
 pub mod error;
 pub mod headers;
 pub mod healthcheck;
+pub mod inspect;
 pub mod logging;
 pub mod metrics;
 pub mod passthrough;

@@ -44,6 +44,15 @@ enum Command {
     GenTraffic(context_proxy::traffic::GenTrafficArgs),
     /// Check that a running proxy is healthy (GET /healthz answers 200): exit status 0, else 1.
     Healthcheck(context_proxy::healthcheck::HealthcheckArgs),
+    /// Print what the configured store holds, as JSON: every tenant's sessions, or one session
+    /// (its statistics, journal and stored references).
+    Inspect {
+        /// Only this tenant (its id, as the store names it).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The session to show.
+        session: Option<String>,
+    },
 }
 
 fn load_config(cli: &Cli) -> anyhow::Result<ValidConfig> {
@@ -138,6 +147,19 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Bench(args)) => Ok(runtime(0)?.block_on(context_proxy::bench::run(args))?),
         Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
         Some(Command::Healthcheck(args)) => Ok(context_proxy::healthcheck::run(&args)?),
+        Some(Command::Inspect {
+            ref tenant,
+            ref session,
+        }) => {
+            let config = load_config(&cli)?;
+            let out = runtime(1)?.block_on(context_proxy::inspect::run_cli(
+                &config,
+                tenant.as_deref(),
+                session.as_deref(),
+            ))?;
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            Ok(())
+        }
     }
 }
 

@@ -86,6 +86,7 @@ async fn route(
             );
             Ok(resp)
         }
+        _ if path.starts_with("/v1/context/") => crate::inspect::handle(state, req).await,
         "/v1/chat/completions" if req.method() == Method::POST => {
             chat::handle(state, req, id).await
         }
