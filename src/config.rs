@@ -168,6 +168,8 @@ pub enum ConfigError {
     Parse { path: String, message: String },
     #[error("invalid config: {0}")]
     Invalid(String),
+    #[error("invalid environment override {var}: {message}")]
+    Env { var: String, message: String },
 }
 
 impl Config {
