@@ -139,7 +139,7 @@ pub enum AuthError {
     Missing,
     #[error("incorrect API key provided")]
     Invalid,
-    #[error("the API key {key:?} may not use the model {model:?}")]
+    #[error("the API key {key:?} may not use the model {model:?} (an empty name: the request's model could not be read)")]
     ModelNotAllowed { key: String, model: String },
     #[error("the API key {key:?} may not use the upstream {upstream:?} (serving model {model:?})")]
     UpstreamNotAllowed {
@@ -287,17 +287,21 @@ pub struct Caller {
 }
 
 impl Caller {
-    /// Checks that this caller may use `model` on `upstream` (403 otherwise).
+    /// Checks that this caller may use `model` on `upstream` (403 otherwise). `None`: the
+    /// request names no model (a `GET /v1/models`); `Some("")`: it may, but it could not be
+    /// read, which a key limited to some models is refused.
     pub fn authorize(&self, model: Option<&str>, upstream: &str) -> Result<(), AuthError> {
         let Some(key) = &self.key else {
             return Ok(());
         };
         let model_name = model.unwrap_or("");
-        if !key.models.is_empty() && !key.models.iter().any(|p| glob_match(p, model_name)) {
-            return Err(AuthError::ModelNotAllowed {
-                key: key.name.clone(),
-                model: model_name.to_string(),
-            });
+        if let (false, Some(model)) = (key.models.is_empty(), model) {
+            if !key.models.iter().any(|p| glob_match(p, model)) {
+                return Err(AuthError::ModelNotAllowed {
+                    key: key.name.clone(),
+                    model: model.to_string(),
+                });
+            }
         }
         if !key.upstreams.is_empty() && !key.upstreams.iter().any(|u| u == upstream) {
             return Err(AuthError::UpstreamNotAllowed {
@@ -443,6 +447,12 @@ pub fn check<B>(
 ) -> Result<(), AuthError> {
     let admin_route = req.uri().path().starts_with("/v1/context/");
     let caller = state.auth.authenticate(req.headers(), admin_route)?;
+    if caller.key.is_some() || caller.admin {
+        // The proxy's own credentials go no further: an upstream with a key sends its own, and
+        // one without gets none (it never sees a proxy key).
+        req.headers_mut().remove(http::header::AUTHORIZATION);
+        req.headers_mut().remove("api-key");
+    }
     req.extensions_mut().insert(caller);
     Ok(())
 }

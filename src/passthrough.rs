@@ -35,7 +35,11 @@ pub async fn handle(
         (None, reqwest::Body::wrap(body))
     };
     let upstream = state.upstreams.route(model.as_deref());
-    crate::auth::authorize(&parts.extensions, model.as_deref(), &upstream.name)?;
+    // A body whose model was not read may name any model: "" for the key's model check.
+    let has_body = declared_length(&parts.headers).is_some_and(|len| len > 0)
+        || parts.headers.contains_key(header::TRANSFER_ENCODING);
+    let for_auth = model.as_deref().or(has_body.then_some(""));
+    crate::auth::authorize(&parts.extensions, for_auth, &upstream.name)?;
     tracing::debug!(upstream = %upstream.name, %path, "forwarding verbatim");
     let incoming = upstream
         .send_streaming(

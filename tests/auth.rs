@@ -209,7 +209,35 @@ async fn allowed_models_are_enforced_with_a_403_naming_the_model() {
     )
     .await;
     assert_eq!(resp.status(), 403);
+    // A body whose model the proxy does not read (chunked) is refused too; a request without a
+    // body (listing the models) is not.
+    let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>(
+        br#"{"model":"o3","input":"x"}"#.to_vec(),
+    )]);
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .header("authorization", "Bearer sk-mini")
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
     assert!(h.mock.received().is_empty());
+    let resp = h
+        .client
+        .get(h.url("/v1/models"))
+        .header("api-key", "sk-mini")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // The proxy key itself never reaches the upstream, in either header.
+    let got = &h.mock.received()[0];
+    assert_eq!(got.headers["authorization"], "Bearer sk-upstream-own");
+    assert!(got.headers.get("api-key").is_none());
+    h.mock.reset();
 
     let mut body = conversation();
     body["model"] = json!("gpt-4o-mini");
