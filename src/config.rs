@@ -30,6 +30,10 @@ pub struct Config {
     pub store: StoreConfig,
     /// Token counting estimates and cache.
     pub tokens: CountSettings,
+    /// Client authentication (`[auth]`).
+    pub auth: crate::auth::AuthConfig,
+    /// The client keys the proxy knows (`[[keys]]`).
+    pub keys: Vec<crate::auth::KeyConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -204,6 +208,8 @@ pub enum ConfigError {
     Parse { path: String, message: String },
     #[error("invalid config: {0}")]
     Invalid(String),
+    #[error("invalid environment override {var}: {message}")]
+    Env { var: String, message: String },
 }
 
 impl Config {
@@ -315,6 +321,9 @@ impl Config {
                 "server.max_connections must be above 0".into(),
             ));
         }
+        let upstream_keys = self.upstreams.iter().any(|u| u.api_key_env.is_some());
+        crate::auth::validate(&self.auth, &self.keys, upstream_keys)
+            .map_err(ConfigError::Invalid)?;
         Ok(ValidConfig(self))
     }
 }

@@ -43,6 +43,12 @@ pub enum ProxyError {
     Upstream(#[from] UpstreamError),
     #[error("the context store is unavailable ({0}) and store.on_error = \"closed\": the request was not forwarded; retry later")]
     StoreUnavailable(String),
+    /// The caller's key is missing, unknown, not allowed this model, or over its budget.
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
+    /// A `/v1/context/…` request about a session or reference that cannot be answered.
+    #[error(transparent)]
+    Inspect(#[from] crate::inspect::InspectError),
 }
 
 impl ProxyError {
@@ -116,6 +122,8 @@ impl ProxyError {
                 "upstream_error",
                 Some("upstream_timeout"),
             ),
+            Auth(e) => e.classify(),
+            Inspect(e) => e.classify(),
         }
     }
 
@@ -154,6 +162,12 @@ impl ProxyError {
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let ProxyError::Auth(e) = &self {
+            if let Some(secs) = e.retry_after() {
+                resp.headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+        }
         resp
     }
 }

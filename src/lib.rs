@@ -12,14 +12,18 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod bench;
 pub mod body;
 pub mod chat;
+pub mod check_config;
 pub mod config;
 pub mod context;
+pub mod env_overrides;
 pub mod error;
 pub mod headers;
 pub mod healthcheck;
+pub mod inspect;
 pub mod logging;
 pub mod metrics;
 pub mod passthrough;

@@ -44,16 +44,40 @@ enum Command {
     GenTraffic(context_proxy::traffic::GenTrafficArgs),
     /// Check that a running proxy is healthy (GET /healthz answers 200): exit status 0, else 1.
     Healthcheck(context_proxy::healthcheck::HealthcheckArgs),
+    /// Check a config file (default: --config, else ./config.toml, else the defaults) with
+    /// its CONTEXT_PROXY_<SECTION>__<KEY> environment overrides, and print the effective
+    /// configuration with secrets masked. Exit status 1 and the key at fault when it is wrong.
+    CheckConfig {
+        /// The config file.
+        file: Option<PathBuf>,
+    },
+    /// Print what the configured store holds, as JSON: every tenant's sessions, or one session
+    /// (its statistics, journal and stored references).
+    Inspect {
+        /// Only this tenant (its id, as the store names it).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The session to show.
+        session: Option<String>,
+    },
+}
+
+/// The process's environment variables that are valid Unicode (for the config overrides).
+fn env_vars() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+}
+
+/// The config file to read: `--config`, else `./config.toml` when present, else none.
+fn config_path(cli: &Cli) -> Option<PathBuf> {
+    cli.config.clone().or_else(|| {
+        let local = PathBuf::from("config.toml");
+        local.exists().then_some(local)
+    })
 }
 
 fn load_config(cli: &Cli) -> anyhow::Result<ValidConfig> {
-    let mut config = match &cli.config {
-        Some(path) => Config::from_file(path)?,
-        None if std::path::Path::new("config.toml").exists() => {
-            Config::from_file(std::path::Path::new("config.toml"))?
-        }
-        None => Config::default(),
-    };
+    // The file, then the CONTEXT_PROXY_<SECTION>__<KEY> environment overrides.
+    let mut config = Config::load_with_env(config_path(cli).as_deref(), env_vars())?;
     if let Some(listen) = cli.listen {
         config.server.listen = listen;
     }
@@ -138,6 +162,26 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Bench(args)) => Ok(runtime(0)?.block_on(context_proxy::bench::run(args))?),
         Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
         Some(Command::Healthcheck(args)) => Ok(context_proxy::healthcheck::run(&args)?),
+        Some(Command::CheckConfig { ref file }) => {
+            let path = file.clone().or_else(|| config_path(&cli));
+            let vars: Vec<(String, String)> = env_vars().collect();
+            let (_, report) = context_proxy::check_config::check(path.as_deref(), &vars)?;
+            print!("{report}");
+            Ok(())
+        }
+        Some(Command::Inspect {
+            ref tenant,
+            ref session,
+        }) => {
+            let config = load_config(&cli)?;
+            let out = runtime(1)?.block_on(context_proxy::inspect::run_cli(
+                &config,
+                tenant.as_deref(),
+                session.as_deref(),
+            ))?;
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            Ok(())
+        }
     }
 }
 

@@ -1,12 +1,80 @@
-//! Process-wide counters, served at `GET /metrics` in the Prometheus text format.
+//! Process-wide metrics, served at `GET /metrics` in the OpenMetrics text format (which
+//! Prometheus scrapes) through the `prometheus-client` crate.
 //!
-//! Plain atomics: recording is a relaxed add on the request path, nothing else. The upstream's
-//! usage is read by [`crate::response::UsageProbe`].
+//! Recording is cheap on the request path: relaxed atomic adds, and for labelled metrics one
+//! read-locked map lookup. Labels are low-cardinality only: the route, the status class, the
+//! upstream's configured name, a bounded set of model names ([`MAX_MODEL_LABELS`], the rest are
+//! `other`), action kinds, the store backend. Never a session, a tenant or a key.
+//!
+//! The counters of the first version (`context_proxy_chat_requests_total`, …) keep their names;
+//! they are plain atomics that callers add to, exposed at scrape time. The upstream's usage is
+//! read by [`crate::response::UsageProbe`].
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
 
-/// Every counter the proxy keeps.
-#[derive(Debug, Default)]
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use crate::response::Usage;
+
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Most distinct model names used as label values; later ones are counted as `other`.
+pub const MAX_MODEL_LABELS: usize = 64;
+/// Longest model name used as a label value (longer ones are `other`).
+const MAX_MODEL_LABEL_LEN: usize = 100;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: &'static str,
+    status_class: &'static str,
+    upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabels {
+    upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabels {
+    backend: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Latency buckets from 100 µs to about 105 s (×2 each).
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 21))
+}
+
+/// Every metric the proxy keeps.
+#[derive(Debug)]
 pub struct Metrics {
     pub chat_requests: AtomicU64,
     /// Chat requests whose messages the proxy rewrote.
@@ -28,6 +96,229 @@ pub struct Metrics {
     pub reload_read_failed: AtomicU64,
     pub reload_search_ok: AtomicU64,
     pub reload_search_failed: AtomicU64,
+
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    request_seconds: HistogramFamily<RouteLabels>,
+    in_flight_requests: Gauge,
+    open_responses: Gauge,
+    proxy_seconds: Histogram,
+    upstream_seconds: HistogramFamily<UpstreamLabels>,
+    first_byte_seconds: HistogramFamily<UpstreamLabels>,
+    response_seconds: HistogramFamily<UpstreamLabels>,
+    model_tokens_before: Family<ModelLabels, Counter>,
+    model_tokens_after: Family<ModelLabels, Counter>,
+    model_tokens_saved: Family<ModelLabels, Counter>,
+    upstream_prompt_tokens: Family<ModelLabels, Counter>,
+    upstream_cached_tokens: Family<ModelLabels, Counter>,
+    upstream_completion_tokens: Family<ModelLabels, Counter>,
+    actions: Family<KindLabels, Counter>,
+    store_errors: Family<BackendLabels, Counter>,
+    models: Mutex<HashSet<String>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "context_proxy_requests",
+            "Requests answered, by route (chat, passthrough, context, health, metrics, other), status class and upstream (none when no upstream was called).",
+            requests.clone(),
+        );
+        let request_seconds: HistogramFamily<RouteLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "context_proxy_request_duration_seconds",
+            "Time from the request's arrival to its response headers, by route.",
+            request_seconds.clone(),
+        );
+        let in_flight_requests = Gauge::default();
+        registry.register(
+            "context_proxy_in_flight_requests",
+            "Requests received whose response headers are not sent yet.",
+            in_flight_requests.clone(),
+        );
+        let open_responses = Gauge::default();
+        registry.register(
+            "context_proxy_in_flight_chat_responses",
+            "Chat responses (JSON or streams) being relayed: headers sent, body not ended.",
+            open_responses.clone(),
+        );
+        let proxy_seconds = latency_histogram();
+        registry.register(
+            "context_proxy_chat_proxy_seconds",
+            "The proxy's own time before forwarding a chat request (parse, identify, plan, apply).",
+            proxy_seconds.clone(),
+        );
+        let upstream_seconds: HistogramFamily<UpstreamLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "context_proxy_chat_upstream_seconds",
+            "Time from forwarding a chat request to the upstream's response headers (first call).",
+            upstream_seconds.clone(),
+        );
+        let first_byte_seconds: HistogramFamily<UpstreamLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "context_proxy_chat_first_byte_seconds",
+            "Time from a chat request's arrival to the first body byte sent to the client (time to first token for streams).",
+            first_byte_seconds.clone(),
+        );
+        let response_seconds: HistogramFamily<UpstreamLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "context_proxy_chat_response_seconds",
+            "Time from a chat request's arrival to the end of its response body.",
+            response_seconds.clone(),
+        );
+        let model_counter = |registry: &mut Registry, name: &str, help: &str| {
+            let family = Family::<ModelLabels, Counter>::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let model_tokens_before = model_counter(
+            &mut registry,
+            "context_proxy_model_tokens_before",
+            "Prompt tokens as the clients sent them (proxy count), by model.",
+        );
+        let model_tokens_after = model_counter(
+            &mut registry,
+            "context_proxy_model_tokens_after",
+            "Prompt tokens as forwarded upstream (proxy count), by model.",
+        );
+        let model_tokens_saved = model_counter(
+            &mut registry,
+            "context_proxy_model_tokens_saved",
+            "Prompt tokens removed by context management (before - after), by model.",
+        );
+        let upstream_prompt_tokens = model_counter(
+            &mut registry,
+            "context_proxy_upstream_prompt_tokens",
+            "usage.prompt_tokens reported by the upstream (summed over its calls), by model.",
+        );
+        let upstream_cached_tokens = model_counter(
+            &mut registry,
+            "context_proxy_upstream_cached_tokens",
+            "usage.prompt_tokens_details.cached_tokens reported by the upstream, by model.",
+        );
+        let upstream_completion_tokens = model_counter(
+            &mut registry,
+            "context_proxy_upstream_completion_tokens",
+            "usage.completion_tokens reported by the upstream, by model.",
+        );
+        let actions = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "context_proxy_actions",
+            "What context management did, by kind: truncated, compacted and offloaded messages, reloaded (calls of the proxy's own tools answered).",
+            actions.clone(),
+        );
+        let store_errors = Family::<BackendLabels, Counter>::default();
+        registry.register(
+            "context_proxy_store_errors",
+            "Chat requests served without context management because the store failed, by backend.",
+            store_errors.clone(),
+        );
+        registry.register(
+            "context_proxy_build",
+            "The proxy's version.",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        Metrics {
+            chat_requests: AtomicU64::new(0),
+            context_rewritten: AtomicU64::new(0),
+            context_fail_open: AtomicU64::new(0),
+            context_malformed: AtomicU64::new(0),
+            tokens_before: AtomicU64::new(0),
+            tokens_after: AtomicU64::new(0),
+            usage_samples: AtomicU64::new(0),
+            usage_diff_sum: AtomicI64::new(0),
+            usage_diff_abs_sum: AtomicU64::new(0),
+            reload_rounds: AtomicU64::new(0),
+            reload_read_ok: AtomicU64::new(0),
+            reload_read_failed: AtomicU64::new(0),
+            reload_search_ok: AtomicU64::new(0),
+            reload_search_failed: AtomicU64::new(0),
+            registry,
+            requests,
+            request_seconds,
+            in_flight_requests,
+            open_responses,
+            proxy_seconds,
+            upstream_seconds,
+            first_byte_seconds,
+            response_seconds,
+            model_tokens_before,
+            model_tokens_after,
+            model_tokens_saved,
+            upstream_prompt_tokens,
+            upstream_cached_tokens,
+            upstream_completion_tokens,
+            actions,
+            store_errors,
+            models: Mutex::new(HashSet::new()),
+        }
+    }
+}
+
+/// The name of the upstream that answered a request, left in the response's extensions by the
+/// route so the router can label the request with it.
+#[derive(Debug, Clone)]
+pub struct UpstreamName(pub String);
+
+/// The route label of a request path.
+pub fn route_of(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "chat",
+        "/healthz" | "/readyz" => "health",
+        "/metrics" => "metrics",
+        _ if path.starts_with("/v1/context/") => "context",
+        _ if path.starts_with("/v1/") => "passthrough",
+        _ => "other",
+    }
+}
+
+fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// Counts a request as in flight until dropped (when its response headers are out).
+pub struct InFlight<'a>(&'a Gauge);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// One chat request, once its response has ended: what the record phase knows.
+pub struct ChatSample<'a> {
+    pub model: Option<&'a str>,
+    pub upstream: &'a str,
+    pub tokens_before: usize,
+    pub tokens_after: usize,
+    pub truncated: usize,
+    pub compacted: usize,
+    pub offloaded: usize,
+    /// Calls of the proxy's own tools answered.
+    pub reloaded: u32,
+    pub usage: Option<&'a Usage>,
+    /// The store failed and the request went out unmanaged; the backend's name.
+    pub store_error: Option<&'static str>,
+    /// Arrival → forwarded (the proxy's own time).
+    pub proxy: Option<Duration>,
+    /// Forwarded → the upstream's response headers.
+    pub upstream_wait: Option<Duration>,
+    /// Arrival → first body byte to the client.
+    pub first_byte: Option<Duration>,
+    /// Arrival → end of the response body.
+    pub total: Option<Duration>,
 }
 
 impl Metrics {
@@ -46,92 +337,198 @@ impl Metrics {
         );
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let counters: [(&str, &str, u64); 13] = [
-            (
-                "context_proxy_chat_requests_total",
-                "Chat-completions requests handled.",
-                load(&self.chat_requests),
-            ),
-            (
-                "context_proxy_context_rewritten_total",
-                "Chat requests whose messages were rewritten.",
-                load(&self.context_rewritten),
-            ),
-            (
-                "context_proxy_context_fail_open_total",
-                "Chat requests forwarded unchanged because the store failed.",
-                load(&self.context_fail_open),
-            ),
-            (
-                "context_proxy_context_malformed_total",
-                "Chat requests left alone because the conversation was malformed.",
-                load(&self.context_malformed),
-            ),
-            (
-                "context_proxy_tokens_before_total",
-                "Prompt tokens as the clients sent them (proxy count).",
-                load(&self.tokens_before),
-            ),
-            (
-                "context_proxy_tokens_after_total",
-                "Prompt tokens as forwarded upstream (proxy count).",
-                load(&self.tokens_after),
-            ),
-            (
-                "context_proxy_usage_samples_total",
-                "Upstream answers whose usage.prompt_tokens was read.",
-                load(&self.usage_samples),
-            ),
-            (
-                "context_proxy_usage_diff_abs_tokens_total",
-                "Sum of |upstream prompt_tokens - proxy count|.",
-                load(&self.usage_diff_abs_sum),
-            ),
-            (
-                "context_proxy_reload_rounds_total",
-                "Rounds of the proxy's own tool calls answered before calling the upstream again.",
-                load(&self.reload_rounds),
-            ),
-            (
-                "context_proxy_reload_read_ok_total",
-                "context_read calls answered with content.",
-                load(&self.reload_read_ok),
-            ),
-            (
-                "context_proxy_reload_read_failed_total",
-                "context_read calls answered with an error (bad arguments, unknown ref, store down).",
-                load(&self.reload_read_failed),
-            ),
-            (
-                "context_proxy_reload_search_ok_total",
-                "context_search calls answered with results.",
-                load(&self.reload_search_ok),
-            ),
-            (
-                "context_proxy_reload_search_failed_total",
-                "context_search calls answered with an error (bad pattern, unknown ref, store down).",
-                load(&self.reload_search_failed),
-            ),
-        ];
-        let mut out = String::new();
-        for (name, help, value) in counters {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n"
-            ));
+    /// Marks a request as in flight until the returned guard is dropped.
+    pub fn in_flight(&self) -> InFlight<'_> {
+        self.in_flight_requests.inc();
+        InFlight(&self.in_flight_requests)
+    }
+
+    /// Counts one answered request (its response headers are out).
+    pub fn record_request(
+        &self,
+        route: &'static str,
+        status: http::StatusCode,
+        upstream: Option<&UpstreamName>,
+        elapsed: Duration,
+    ) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route,
+                status_class: status_class(status),
+                upstream: upstream.map_or_else(|| "none".to_string(), |u| u.0.clone()),
+            })
+            .inc();
+        self.request_seconds
+            .get_or_create(&RouteLabels { route })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A chat response starts being relayed; [`Metrics::record_chat`] ends it.
+    pub fn chat_response_started(&self) {
+        self.open_responses.inc();
+    }
+
+    /// Records a chat request whose response has ended (or whose client left).
+    pub fn record_chat(&self, s: &ChatSample<'_>) {
+        self.open_responses.dec();
+        let upstream = UpstreamLabels {
+            upstream: s.upstream.to_string(),
+        };
+        if let Some(d) = s.proxy {
+            self.proxy_seconds.observe(d.as_secs_f64());
         }
-        let name = "context_proxy_usage_diff_tokens_sum";
-        out.push_str(&format!(
-            "# HELP {name} Sum of (upstream prompt_tokens - proxy count); negative when the proxy over-counts.\n# TYPE {name} gauge\n{name} {}\n",
-            self.usage_diff_sum.load(Ordering::Relaxed)
-        ));
+        for (family, d) in [
+            (&self.upstream_seconds, s.upstream_wait),
+            (&self.first_byte_seconds, s.first_byte),
+            (&self.response_seconds, s.total),
+        ] {
+            if let Some(d) = d {
+                family.get_or_create(&upstream).observe(d.as_secs_f64());
+            }
+        }
+        let model = ModelLabels {
+            model: self.model_label(s.model),
+        };
+        let add = |family: &Family<ModelLabels, Counter>, n: u64| {
+            if n > 0 {
+                family.get_or_create(&model).inc_by(n);
+            }
+        };
+        add(&self.model_tokens_before, s.tokens_before as u64);
+        add(&self.model_tokens_after, s.tokens_after as u64);
+        add(
+            &self.model_tokens_saved,
+            s.tokens_before.saturating_sub(s.tokens_after) as u64,
+        );
+        if let Some(usage) = s.usage {
+            add(&self.upstream_prompt_tokens, usage.prompt_tokens);
+            add(&self.upstream_completion_tokens, usage.completion_tokens);
+            add(
+                &self.upstream_cached_tokens,
+                usage.cached_tokens.unwrap_or(0),
+            );
+        }
+        for (kind, n) in [
+            ("truncated", s.truncated as u64),
+            ("compacted", s.compacted as u64),
+            ("offloaded", s.offloaded as u64),
+            ("reloaded", u64::from(s.reloaded)),
+        ] {
+            if n > 0 {
+                self.actions.get_or_create(&KindLabels { kind }).inc_by(n);
+            }
+        }
+        if let Some(backend) = s.store_error {
+            self.store_errors
+                .get_or_create(&BackendLabels { backend })
+                .inc();
+        }
+    }
+
+    /// `model` as a label value: itself while fewer than [`MAX_MODEL_LABELS`] names were seen,
+    /// `none` when there is none, `other` beyond the limit.
+    fn model_label(&self, model: Option<&str>) -> String {
+        let Some(model) = model.filter(|m| !m.is_empty()) else {
+            return "none".into();
+        };
+        if model.len() > MAX_MODEL_LABEL_LEN {
+            return "other".into();
+        }
+        let mut seen = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(model) {
+            return model.to_string();
+        }
+        if seen.len() < MAX_MODEL_LABELS {
+            seen.insert(model.to_string());
+            return model.to_string();
+        }
+        "other".into()
+    }
+
+    /// The OpenMetrics text exposition ([`CONTENT_TYPE`]).
+    pub fn render(&self) -> String {
+        let mut legacy = Registry::default();
+        for (name, help, value) in [
+            (
+                "context_proxy_chat_requests",
+                "Chat-completions requests handled.",
+                &self.chat_requests,
+            ),
+            (
+                "context_proxy_context_rewritten",
+                "Chat requests whose messages were rewritten.",
+                &self.context_rewritten,
+            ),
+            (
+                "context_proxy_context_fail_open",
+                "Chat requests forwarded unchanged because the store failed.",
+                &self.context_fail_open,
+            ),
+            (
+                "context_proxy_context_malformed",
+                "Chat requests left alone because the conversation was malformed.",
+                &self.context_malformed,
+            ),
+            (
+                "context_proxy_tokens_before",
+                "Prompt tokens as the clients sent them (proxy count).",
+                &self.tokens_before,
+            ),
+            (
+                "context_proxy_tokens_after",
+                "Prompt tokens as forwarded upstream (proxy count).",
+                &self.tokens_after,
+            ),
+            (
+                "context_proxy_usage_samples",
+                "Upstream answers whose usage.prompt_tokens was read.",
+                &self.usage_samples,
+            ),
+            (
+                "context_proxy_usage_diff_abs_tokens",
+                "Sum of |upstream prompt_tokens - proxy count|.",
+                &self.usage_diff_abs_sum,
+            ),
+            (
+                "context_proxy_reload_rounds",
+                "Rounds of the proxy's own tool calls answered before calling the upstream again.",
+                &self.reload_rounds,
+            ),
+            (
+                "context_proxy_reload_read_ok",
+                "context_read calls answered with content.",
+                &self.reload_read_ok,
+            ),
+            (
+                "context_proxy_reload_read_failed",
+                "context_read calls answered with an error (bad arguments, unknown ref, store down).",
+                &self.reload_read_failed,
+            ),
+            (
+                "context_proxy_reload_search_ok",
+                "context_search calls answered with results.",
+                &self.reload_search_ok,
+            ),
+            (
+                "context_proxy_reload_search_failed",
+                "context_search calls answered with an error (bad pattern, unknown ref, store down).",
+                &self.reload_search_failed,
+            ),
+        ] {
+            legacy.register(name, help, ConstCounter::new(value.load(Ordering::Relaxed)));
+        }
+        legacy.register(
+            "context_proxy_usage_diff_tokens_sum",
+            "Sum of (upstream prompt_tokens - proxy count); negative when the proxy over-counts.",
+            ConstGauge::new(self.usage_diff_sum.load(Ordering::Relaxed)),
+        );
+        let mut out = String::with_capacity(16 * 1024);
+        // Writing to a String cannot fail.
+        let _ = encode_registry(&mut out, &legacy);
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_eof(&mut out);
         out
     }
-}
-
-fn load(c: &AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
 }
 
 #[cfg(test)]
@@ -139,13 +536,55 @@ mod tests {
     use super::*;
 
     #[test]
-    fn render_is_prometheus_text() {
+    fn render_is_openmetrics_text() {
         let m = Metrics::default();
         m.record_usage(100, 103);
         m.record_usage(100, 98);
         let text = m.render();
-        assert!(text.contains("context_proxy_usage_samples_total 2\n"));
+        assert!(
+            text.contains("context_proxy_usage_samples_total 2\n"),
+            "{text}"
+        );
         assert!(text.contains("context_proxy_usage_diff_abs_tokens_total 5\n"));
         assert!(text.contains("context_proxy_usage_diff_tokens_sum 1\n"));
+        assert!(text.contains("context_proxy_build_info{version=\""));
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn labels_are_bounded_and_counted() {
+        let m = Metrics::default();
+        for i in 0..MAX_MODEL_LABELS + 10 {
+            let model = format!("model-{i}");
+            m.chat_response_started();
+            m.record_chat(&ChatSample {
+                model: Some(&model),
+                upstream: "u",
+                tokens_before: 10,
+                tokens_after: 4,
+                truncated: 0,
+                compacted: 1,
+                offloaded: 0,
+                reloaded: 0,
+                usage: None,
+                store_error: None,
+                proxy: Some(Duration::from_micros(300)),
+                upstream_wait: None,
+                first_byte: None,
+                total: None,
+            });
+        }
+        let text = m.render();
+        assert!(text.contains("context_proxy_model_tokens_saved_total{model=\"other\"} 60\n"));
+        assert!(text.contains("context_proxy_model_tokens_saved_total{model=\"model-0\"} 6\n"));
+        assert!(text.contains(&format!(
+            "context_proxy_actions_total{{kind=\"compacted\"}} {}\n",
+            MAX_MODEL_LABELS + 10
+        )));
+        assert!(text.contains(&format!(
+            "context_proxy_chat_proxy_seconds_count {}\n",
+            MAX_MODEL_LABELS + 10
+        )));
+        assert!(text.contains("context_proxy_in_flight_chat_responses 0\n"));
     }
 }

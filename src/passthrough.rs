@@ -39,6 +39,11 @@ pub async fn handle(
         (None, reqwest::Body::wrap(timed), Some(timed_out))
     };
     let upstream = state.upstreams.route(model.as_deref());
+    // A body whose model was not read may name any model: "" for the key's model check.
+    let has_body = declared_length(&parts.headers).is_some_and(|len| len > 0)
+        || parts.headers.contains_key(header::TRANSFER_ENCODING);
+    let for_auth = model.as_deref().or(has_body.then_some(""));
+    crate::auth::authorize(&parts.extensions, for_auth, &upstream.name)?;
     tracing::debug!(upstream = %upstream.name, %path, "forwarding verbatim");
     let incoming = upstream
         .send_streaming(
@@ -57,7 +62,11 @@ pub async fn handle(
         }
         Err(e) => return Err(e.into()),
     };
-    Ok(relay(incoming))
+    let mut response = relay(incoming);
+    response
+        .extensions_mut()
+        .insert(crate::metrics::UpstreamName(upstream.name.clone()));
+    Ok(response)
 }
 
 /// A JSON body whose declared length is within the limit: worth reading to route by model.

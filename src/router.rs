@@ -37,11 +37,19 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
         started,
         line: line.clone(),
     };
-    let mut response = request_body::holding_bodies(route(state, req, id.clone()))
+    let metrics_route = crate::metrics::route_of(req.uri().path());
+    let in_flight = state.metrics.in_flight();
+    let mut response = request_body::holding_bodies(route(state.clone(), req, id.clone()))
         .instrument(span.clone())
         .await
         .unwrap_or_else(ProxyError::into_response);
     cancelled.line = None;
+    drop(in_flight);
+    let upstream = response.extensions().get::<crate::metrics::UpstreamName>();
+    let (status, elapsed) = (response.status(), started.elapsed());
+    state
+        .metrics
+        .record_request(metrics_route, status, upstream, elapsed);
     if let Some((method, path)) = line {
         span.in_scope(|| {
             tracing::info!(
@@ -87,6 +95,10 @@ async fn route(
     id: HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     confine_path(&mut req)?;
+    if req.uri().path().starts_with("/v1/") {
+        // Who is calling, before anything is stored or sent (crate::auth).
+        crate::auth::check(&state, &mut req)?;
+    }
     let path = req.uri().path();
     match path {
         "/healthz" | "/readyz" => {
@@ -102,10 +114,11 @@ async fn route(
             let mut resp = Response::new(full(state.metrics.render()));
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4"),
+                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
             );
             Ok(resp)
         }
+        _ if path.starts_with("/v1/context/") => crate::inspect::handle(state, req).await,
         "/v1/chat/completions" if req.method() == Method::POST => {
             chat::handle(state, req, id).await
         }

@@ -33,6 +33,8 @@ pub trait Service: Send + Sync {
 /// What every request handler shares.
 pub struct AppState {
     pub config: ValidConfig,
+    /// The client keys the proxy knows (`crate::auth`).
+    pub auth: crate::auth::Auth,
     pub upstreams: Upstreams,
     pub context: ContextManager,
     pub metrics: Metrics,
@@ -51,6 +53,8 @@ pub enum StateError {
     Upstream(#[from] UpstreamSetupError),
     #[error("cannot open the store: {0}")]
     Store(StoreError),
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthSetupError),
 }
 
 /// The store's background sweeper, seen as a service.
@@ -71,6 +75,7 @@ impl AppState {
     /// Builds the upstream clients, opens the store and starts the background services.
     pub async fn new(config: ValidConfig) -> Result<AppState, StateError> {
         let upstreams = Upstreams::new(&config.upstreams, |var| std::env::var(var).ok())?;
+        let auth = crate::auth::Auth::new(&config, |var| std::env::var(var).ok())?;
         let store = crate::store::open(&config.store)
             .await
             .map_err(StateError::Store)?;
@@ -81,6 +86,7 @@ impl AppState {
             crate::request_body::BodyBudget::new(config.server.max_body_bytes_in_flight);
         let state = AppState {
             config,
+            auth,
             upstreams,
             context,
             metrics: Metrics::default(),

@@ -6,6 +6,14 @@ use std::process::{Command, Stdio};
 
 use context_proxy::mock::{MockConfig, MockUpstream, Reply};
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+fn sha256_hex(key: &str) -> String {
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
 #[tokio::test]
 async fn info_logs_carry_request_ids_but_no_keys_or_contents() {
@@ -16,8 +24,9 @@ async fn info_logs_carry_request_ids_but_no_keys_or_contents() {
     std::fs::write(
         &config,
         format!(
-            "[log]\nformat = \"json\"\nlevel = \"info\"\n[store]\nbackend = \"memory\"\n[upstream]\nbase_url = \"{}\"\napi_key_env = \"CP_TEST_UPSTREAM_KEY\"\n",
-            mock.base_url()
+            "[log]\nformat = \"json\"\nlevel = \"info\"\n[store]\nbackend = \"memory\"\n[upstream]\nbase_url = \"{}\"\napi_key_env = \"CP_TEST_UPSTREAM_KEY\"\n[[keys]]\nname = \"client-one\"\nsha256 = \"{}\"\n",
+            mock.base_url(),
+            sha256_hex("sk-CLIENT-SECRET-456")
         ),
     )
     .unwrap();
@@ -51,6 +60,16 @@ async fn info_logs_carry_request_ids_but_no_keys_or_contents() {
         mock.received()[0].headers["authorization"],
         "Bearer sk-UPSTREAM-SECRET-123"
     );
+    // A key the proxy does not know: refused, and not logged either.
+    let resp = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .header("authorization", "Bearer sk-WRONG-KEY-789")
+        .json(&json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(mock.received().len(), 1);
 
     // SIGTERM: the proxy drains and exits, flushing its log writer.
     let killed = Command::new("kill")
@@ -71,6 +90,7 @@ async fn info_logs_carry_request_ids_but_no_keys_or_contents() {
     for secret in [
         "sk-UPSTREAM-SECRET-123",
         "sk-CLIENT-SECRET-456",
+        "sk-WRONG-KEY-789",
         "MESSAGE-CONTENT-99",
         "REPLY-CONTENT-77",
     ] {

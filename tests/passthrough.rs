@@ -174,6 +174,8 @@ async fn configured_upstream_key_replaces_the_clients() {
     std::env::set_var("CONTEXT_PROXY_TEST_KEY_REPLACE", "sk-from-env");
     let h = Harness::start_with(MockConfig::default(), |c| {
         c.upstreams[0].api_key_env = Some("CONTEXT_PROXY_TEST_KEY_REPLACE".into());
+        // No proxy keys here: this test is about the header replacement alone.
+        c.auth.open_relay = true;
     })
     .await;
     let resp = h

@@ -43,6 +43,10 @@ pub struct ChatCtx {
     /// Rounds, calls and upstream calls of the tool loop (shared with a streaming loop's task).
     pub stats: Arc<super::tool_loop::LoopStats>,
     pub timings: Timings,
+    /// Who sent it (`crate::auth`): its tenant, and its key's token budget to charge.
+    pub caller: Option<crate::auth::Caller>,
+    /// The request's `model`, kept for the record phase (the tool loop takes the body).
+    pub model: Option<String>,
 }
 
 /// When each step of the request happened.
@@ -91,6 +95,8 @@ impl ChatCtx {
                 first_byte: None,
                 done: None,
             },
+            caller: None,
+            model: None,
         }
     }
 

@@ -87,7 +87,12 @@ async fn parse(
     let request = ChatRequest::parse(raw)?;
     let upstream = state.upstreams.route(request.model()).clone();
     tracing::debug!(upstream = %upstream.name, model = request.model().unwrap_or(""), "routed");
-    Ok(ChatCtx::new(request_id, parts, request, upstream, received))
+    crate::auth::authorize(&parts.extensions, request.model(), &upstream.name)?;
+    let caller = crate::auth::caller(&parts.extensions).cloned();
+    let mut ctx = ChatCtx::new(request_id, parts, request, upstream, received);
+    ctx.caller = caller;
+    ctx.model = ctx.request.model().map(str::to_owned);
+    Ok(ctx)
 }
 
 /// identify: the mode (`x-context-mode` or the config's) and, when the context is managed,
@@ -99,6 +104,10 @@ fn identify(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         .map_err(ProxyError::InvalidRequest)?;
     if ctx.mode != Mode::Off {
         ctx.identity = state.context.identify(&ctx.headers, &ctx.request.body);
+        // The caller's tenant: its proxy key's own when keys are required (crate::auth).
+        if let (Some(identity), Some(caller)) = (&mut ctx.identity, &ctx.caller) {
+            identity.tenant = caller.tenant.clone();
+        }
     }
     Ok(())
 }

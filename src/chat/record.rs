@@ -6,16 +6,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::ChatCtx;
 use crate::context::Skipped;
 use crate::relay::End;
+use crate::response::Usage;
 use crate::state::AppState;
 
-/// Records a finished request. `billed` is the upstream's `usage.prompt_tokens`, when read.
+/// Records a finished request. `usage` is the upstream's, when read.
 pub fn record(
     state: &AppState,
     ctx: &ChatCtx,
     status: http::StatusCode,
     end: End,
-    billed: Option<u64>,
+    usage: Option<&Usage>,
 ) {
+    let billed = usage.map(|u| u.prompt_tokens);
+    if let Some(caller) = &ctx.caller {
+        caller.charge_tokens(
+            usage.map_or(ctx.managed.report.tokens_after as u64, |u| u.total_tokens),
+        );
+    }
     let metrics = &state.metrics;
     let add = |c: &AtomicU64, n: usize| c.fetch_add(n as u64, Ordering::Relaxed);
     let managed = &ctx.managed;
@@ -37,6 +44,28 @@ pub fn record(
         metrics.record_usage(managed.report.tokens_after, billed);
     }
     let t = &ctx.timings;
+    let between = |from: Option<std::time::Instant>, to: Option<std::time::Instant>| {
+        Some(to?.saturating_duration_since(from?))
+    };
+    let report = &managed.report;
+    metrics.record_chat(&crate::metrics::ChatSample {
+        model: ctx.model.as_deref(),
+        upstream: &ctx.upstream.name,
+        tokens_before: report.tokens_before,
+        tokens_after: report.tokens_after,
+        truncated: report.truncated,
+        compacted: report.compacted,
+        offloaded: report.offloaded,
+        reloaded: ctx.stats.calls.load(Ordering::Relaxed),
+        usage,
+        store_error: managed
+            .fail_open
+            .then(|| state.config.store.backend.as_str()),
+        proxy: between(Some(t.received), t.planned),
+        upstream_wait: between(t.planned, t.upstream_headers),
+        first_byte: between(Some(t.received), t.first_byte),
+        total: between(Some(t.received), t.done),
+    });
     let ms = |at: Option<std::time::Instant>| {
         at.map(|at| at.duration_since(t.received).as_secs_f64() * 1e3)
     };

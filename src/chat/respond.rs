@@ -34,6 +34,8 @@ pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<P
             headers.push((RELOAD_HEADER, v));
         }
     }
+    let upstream_name = crate::metrics::UpstreamName(ctx.upstream.name.clone());
+    state.metrics.chat_response_started();
     let reader = |status| Reader {
         state,
         ctx: Some(ctx),
@@ -58,6 +60,7 @@ pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<P
     for (name, value) in headers {
         response.headers_mut().insert(name, value);
     }
+    response.extensions_mut().insert(upstream_name);
     response
 }
 
@@ -75,7 +78,9 @@ impl Observer for Reader {
         if let Some(ctx) = &mut self.ctx {
             ctx.timings.first_byte.get_or_insert_with(Instant::now);
             // The usage is only compared with the proxy's count when the request was counted.
-            if ctx.managed.counted && self.probe.prompt_tokens().is_none() {
+            let wanted =
+                ctx.managed.counted || ctx.caller.as_ref().is_some_and(|c| c.has_token_budget());
+            if wanted && self.probe.usage().is_none() {
                 self.probe.feed(bytes);
             }
         }
@@ -85,13 +90,7 @@ impl Observer for Reader {
         if let Some(mut ctx) = self.ctx.take() {
             ctx.timings.done = Some(Instant::now());
             self.probe.finish();
-            record(
-                &self.state,
-                &ctx,
-                self.status,
-                end,
-                self.probe.prompt_tokens(),
-            );
+            record(&self.state, &ctx, self.status, end, self.probe.usage());
         }
     }
 }

@@ -635,6 +635,7 @@ impl ContextManager {
                     "tokens_after": report.tokens_after,
                     "actions": report.actions(),
                     "refs": writes.iter().map(|w| w.reference.as_str()).collect::<Vec<_>>(),
+                    "kinds": writes.iter().map(|w| w.kind.as_str()).collect::<Vec<_>>(),
                 });
                 if let Err(e) = self
                     .store

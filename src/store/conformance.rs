@@ -164,6 +164,10 @@ macro_rules! suite {
             async fn ping_and_close() {
                 super::ping_and_close(harness().await).await
             }
+            #[tokio::test]
+            async fn sessions_are_listed_and_erased() {
+                super::sessions_are_listed_and_erased(harness().await, true).await
+            }
             #[test]
             fn arbitrary_strings_and_bytes_round_trip() {
                 super::arbitrary_strings_and_bytes_round_trip(Harness::$backend)
@@ -227,6 +231,7 @@ async fn redis_cluster() {
     concurrent_writers_of_the_same_content_all_succeed(Harness::redis_cluster(&cluster).await)
         .await;
     tenants_are_isolated(Harness::redis_cluster(&cluster).await).await;
+    sessions_are_listed_and_erased(Harness::redis_cluster(&cluster).await, false).await;
     the_log_is_append_only_json_lines(Harness::redis_cluster(&cluster).await).await;
     state_records_are_replaced_and_read_back(Harness::redis_cluster(&cluster).await).await;
     compare_and_set_from_absent(Harness::redis_cluster(&cluster).await).await;
@@ -375,6 +380,97 @@ async fn concurrent_writers_of_the_same_content_all_succeed(h: Harness) {
     }
     let back = h.store.get_content(&t, &ContentRef::of(&content)).await;
     assert!(back.unwrap().as_deref() == Some(content.as_str()));
+}
+
+/// Listing a tenant's (or every tenant's, with `all_tenants`) sessions, and erasing one:
+/// its journal, state and the content named, nothing of another session or tenant.
+async fn sessions_are_listed_and_erased(h: Harness, all_tenants: bool) {
+    let (alice, bob) = (tenant("sk-alice"), tenant("sk-bob"));
+    let (one, two) = (session("one"), session("two"));
+    let store = &h.store;
+    let r1 = store
+        .put_content(
+            &alice,
+            &one,
+            ContentKind::ToolResult,
+            "first session's text",
+        )
+        .await
+        .unwrap();
+    store
+        .append_log(&alice, &one, &json!({"refs": [r1.as_str()]}))
+        .await
+        .unwrap();
+    store
+        .put_state(&alice, &one, &key("decisions"), b"x")
+        .await
+        .unwrap();
+    store
+        .put_state(&alice, &one, &key("hidden"), b"y")
+        .await
+        .unwrap();
+    let r2 = store
+        .put_content(
+            &alice,
+            &two,
+            ContentKind::ToolResult,
+            "second session's text",
+        )
+        .await
+        .unwrap();
+    store
+        .append_log(&alice, &two, &json!({"refs": [r2.as_str()]}))
+        .await
+        .unwrap();
+    store
+        .put_content(&bob, &one, ContentKind::ToolResult, "first session's text")
+        .await
+        .unwrap();
+    store
+        .append_log(&bob, &one, &json!({"who": "bob"}))
+        .await
+        .unwrap();
+
+    let listed = store.list_sessions(Some(&alice)).await.unwrap();
+    assert_eq!(
+        listed,
+        vec![(alice.clone(), one.clone()), (alice.clone(), two.clone())]
+    );
+    if all_tenants {
+        let all = store.list_sessions(None).await.unwrap();
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert!(all.contains(&(bob.clone(), one.clone())));
+    }
+
+    let erased = store
+        .erase_session(&alice, &one, std::slice::from_ref(&r1))
+        .await
+        .unwrap();
+    assert!(erased >= 4, "{erased}");
+    assert_eq!(store.get_content(&alice, &r1).await.unwrap(), None);
+    assert!(store.read_log(&alice, &one).await.unwrap().is_empty());
+    assert_eq!(
+        store
+            .get_state(&alice, &one, &key("decisions"))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store.get_state(&alice, &one, &key("hidden")).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store.list_sessions(Some(&alice)).await.unwrap(),
+        vec![(alice.clone(), two.clone())]
+    );
+    // The other session and the other tenant keep everything.
+    assert!(store.get_content(&alice, &r2).await.unwrap().is_some());
+    assert_eq!(store.read_log(&alice, &two).await.unwrap().len(), 1);
+    assert!(store.get_content(&bob, &r1).await.unwrap().is_some());
+    assert_eq!(store.read_log(&bob, &one).await.unwrap().len(), 1);
+    // Erasing again finds nothing.
+    assert_eq!(store.erase_session(&alice, &one, &[r1]).await.unwrap(), 0);
 }
 
 async fn tenants_are_isolated(h: Harness) {

@@ -63,6 +63,11 @@ impl Tenant {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A tenant id read back from the store (a directory or key name), when it is one.
+    pub(crate) fn from_id(id: &str) -> Option<Tenant> {
+        Tenant::is_valid(id).then(|| Tenant(id.to_owned()))
+    }
 }
 
 /// One conversation of a tenant: the `x-context-session` header when it is a valid name, or an

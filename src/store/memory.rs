@@ -410,6 +410,54 @@ impl Store for MemoryStore {
     async fn close(&self) {
         self.sweeper.stop().await;
     }
+
+    async fn list_sessions(
+        &self,
+        tenant: Option<&Tenant>,
+    ) -> Result<Vec<(Tenant, SessionId)>, StoreError> {
+        let items = self.shared.lock();
+        let mut found = std::collections::BTreeSet::new();
+        for key in items.map.keys() {
+            // `<tenant>/s/<session>/<key>` or `<tenant>/l/<session>`.
+            let mut parts = key.splitn(4, '/');
+            let (Some(t), Some(kind), Some(s)) = (parts.next(), parts.next(), parts.next()) else {
+                continue;
+            };
+            if (kind == "s" || kind == "l") && tenant.is_none_or(|want| want.as_str() == t) {
+                found.insert((t.to_owned(), s.to_owned()));
+            }
+        }
+        Ok(found
+            .into_iter()
+            .filter_map(|(t, s)| Some((Tenant::from_id(&t)?, SessionId::parse(&s).ok()?)))
+            .collect())
+    }
+
+    async fn erase_session(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        refs: &[ContentRef],
+    ) -> Result<usize, StoreError> {
+        let mut items = self.shared.lock();
+        let state_prefix = format!("{tenant}/s/{session}/");
+        let mut doomed: Vec<String> = items
+            .map
+            .keys()
+            .filter(|k| k.starts_with(&state_prefix))
+            .cloned()
+            .collect();
+        doomed.push(log_key(tenant, session));
+        doomed.extend(refs.iter().map(|r| content_key(tenant, r)));
+        let mut erased = 0;
+        for key in doomed {
+            if items.map.contains_key(&key) {
+                items.remove(&key);
+                erased += 1;
+            }
+        }
+        Ok(erased)
+    }
 }
 
 #[cfg(test)]

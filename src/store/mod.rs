@@ -227,6 +227,26 @@ pub trait Store: Send + Sync + 'static {
     /// Stops the background sweeper and waits for it. Calls keep working; expired items are
     /// just no longer deleted in the background.
     async fn close(&self);
+
+    // Inspection and erasure (`crate::inspect`): rare operations that walk a tenant's items.
+
+    /// The sessions that have a journal or state under `tenant`, or under every tenant
+    /// when `None` (the admin's view), sorted. Reads the tenant's whole key space (Redis: a
+    /// SCAN inside one script; every tenant is not supported on a Redis Cluster).
+    async fn list_sessions(
+        &self,
+        tenant: Option<&Tenant>,
+    ) -> Result<Vec<(Tenant, SessionId)>, StoreError>;
+
+    /// Erases the session: its state records, journal, and the content under `refs` (the
+    /// references its journal names; fs also deletes every file stored in the session's
+    /// directory). Session locks are left to expire. Returns how many items were deleted.
+    async fn erase_session(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        refs: &[ContentRef],
+    ) -> Result<usize, StoreError>;
 }
 
 /// Opens the configured backend, with every call bounded by `op_timeout_ms`.
@@ -389,6 +409,28 @@ impl Store for Timed {
     async fn close(&self) {
         self.inner.close().await;
     }
+
+    async fn list_sessions(
+        &self,
+        tenant: Option<&Tenant>,
+    ) -> Result<Vec<(Tenant, SessionId)>, StoreError> {
+        bounded(
+            "list_sessions",
+            self.timeout,
+            self.inner.list_sessions(tenant),
+        )
+        .await
+    }
+
+    async fn erase_session(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        refs: &[ContentRef],
+    ) -> Result<usize, StoreError> {
+        let fut = self.inner.erase_session(tenant, session, refs);
+        bounded("erase_session", self.timeout, fut).await
+    }
 }
 
 #[cfg(test)]
@@ -481,6 +523,20 @@ mod tests {
             std::future::pending().await
         }
         async fn close(&self) {}
+        async fn list_sessions(
+            &self,
+            _: Option<&Tenant>,
+        ) -> Result<Vec<(Tenant, SessionId)>, StoreError> {
+            std::future::pending().await
+        }
+        async fn erase_session(
+            &self,
+            _: &Tenant,
+            _: &SessionId,
+            _: &[ContentRef],
+        ) -> Result<usize, StoreError> {
+            std::future::pending().await
+        }
     }
 
     #[tokio::test]

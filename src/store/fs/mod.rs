@@ -44,6 +44,7 @@
 // Each file adds the operations of one kind of item to `Tree`: `content` (and the `_refs/`
 // index), `journal`, `state`; `sweep` deletes what expired; `tree` is the plumbing under them.
 mod content;
+mod erase;
 mod journal;
 mod state;
 mod sweep;
@@ -243,6 +244,28 @@ impl Store for FsStore {
 
     async fn close(&self) {
         self.sweeper.stop().await;
+    }
+
+    async fn list_sessions(
+        &self,
+        tenant: Option<&Tenant>,
+    ) -> Result<Vec<(Tenant, SessionId)>, StoreError> {
+        let t = tenant.cloned();
+        self.tree
+            .run("list_sessions", move |tree| tree.list_sessions(t.as_ref()))
+            .await
+    }
+
+    async fn erase_session(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        refs: &[ContentRef],
+    ) -> Result<usize, StoreError> {
+        let (t, s, r) = (tenant.clone(), session.clone(), refs.to_vec());
+        self.tree
+            .run_unlocked("erase_session", move |tree| tree.erase_session(&t, &s, &r))
+            .await
     }
 }
 

@@ -26,6 +26,7 @@
 //! proxy starts and keeps running while Redis is away (see `conn.rs`).
 
 mod conn;
+mod inspect;
 #[cfg(test)]
 pub(crate) mod test_server;
 
@@ -364,6 +365,22 @@ impl Store for RedisStore {
 
     /// Nothing runs in the background: Redis expires keys itself.
     async fn close(&self) {}
+
+    async fn list_sessions(
+        &self,
+        tenant: Option<&Tenant>,
+    ) -> Result<Vec<(Tenant, SessionId)>, StoreError> {
+        self.list(tenant).await
+    }
+
+    async fn erase_session(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        refs: &[ContentRef],
+    ) -> Result<usize, StoreError> {
+        self.erase(tenant, session, refs).await
+    }
 }
 
 #[cfg(test)]

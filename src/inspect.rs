@@ -1,0 +1,306 @@
+//! Inspection and erasure of what the proxy stored: the `/v1/context/…` routes, answered by
+//! the proxy itself (never forwarded), and the `inspect` subcommand, which reads a store
+//! directly.
+//!
+//! - `GET /v1/context/sessions` — the caller's sessions;
+//! - `GET /v1/context/sessions/{id}` — one session: its statistics, its journal, and every
+//!   reference it stored (kind, size, when);
+//! - `DELETE /v1/context/sessions/{id}` — erases its state, journal and stored content;
+//! - `GET /v1/context/refs/{ref}` — stored content, to its own tenant only (404 otherwise).
+//!
+//! Every route is scoped to the caller's tenant ([`crate::auth::Caller`]). The admin token
+//! (`[auth] admin_token_env`) sees every tenant: its list names each session's tenant, and the
+//! other routes take the tenant as `?tenant=<id>`.
+
+use std::sync::Arc;
+
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+
+use crate::auth::Caller;
+use crate::body::{full, ProxyBody};
+use crate::error::ProxyError;
+use crate::state::AppState;
+use crate::store::{ContentRef, SessionId, Store, StoreError, Tenant};
+
+/// Why an inspection request cannot be answered. Mapped to the OpenAI shape by `ProxyError`.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error("no {what} {id:?} for this API key")]
+    NotFound { what: &'static str, id: String },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the store failed: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl InspectError {
+    /// Status, OpenAI error `type` and `code`.
+    pub fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+        match self {
+            InspectError::NotFound { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("not_found"),
+            ),
+            InspectError::BadRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            InspectError::Store(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("store_unavailable"),
+            ),
+        }
+    }
+}
+
+/// Answers a `/v1/context/…` request (the router has authenticated it).
+pub async fn handle<B>(
+    state: Arc<AppState>,
+    req: Request<B>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let caller = crate::auth::caller(req.extensions())
+        .cloned()
+        .ok_or(crate::auth::AuthError::Missing)?;
+    let store = state.context.store().clone();
+    let path = req.uri().path().trim_end_matches('/');
+    let rest = path.strip_prefix("/v1/context/").unwrap_or_default();
+    let query_tenant = query_param(req.uri().query(), "tenant");
+    let method = req.method().clone();
+    let not_allowed = |allowed| ProxyError::MethodNotAllowed {
+        method: method.to_string(),
+        path: path.to_string(),
+        allowed,
+    };
+    let body = match rest.split_once('/') {
+        None if rest == "sessions" => {
+            if method != Method::GET {
+                return Err(not_allowed("GET"));
+            }
+            let scope = (!caller.admin).then_some(&caller.tenant);
+            list(store.as_ref(), scope, caller.admin).await?
+        }
+        Some(("sessions", id)) => {
+            let tenant = tenant_of(&caller, query_tenant.as_deref())?;
+            let session = parse_session(id)?;
+            match method {
+                Method::GET => session_detail(store.as_ref(), &tenant, &session, caller.admin)
+                    .await?
+                    .ok_or_else(|| not_found("session", id))?,
+                Method::DELETE => {
+                    let erased = erase(store.as_ref(), &tenant, &session).await?;
+                    if erased == 0 {
+                        return Err(not_found("session", id).into());
+                    }
+                    tracing::info!(session = %session, items = erased, "session erased");
+                    json!({"id": id, "object": "context.session.deleted", "deleted": true, "items": erased})
+                }
+                _ => return Err(not_allowed("GET or DELETE")),
+            }
+        }
+        Some(("refs", id)) => {
+            if method != Method::GET {
+                return Err(not_allowed("GET"));
+            }
+            let tenant = tenant_of(&caller, query_tenant.as_deref())?;
+            // An invalid reference is as unknown as another tenant's.
+            let r: ContentRef = id.parse().map_err(|_| not_found("reference", id))?;
+            let text = store
+                .get_content(&tenant, &r)
+                .await
+                .map_err(InspectError::from)?
+                .ok_or_else(|| not_found("reference", id))?;
+            let mut resp = Response::new(full(text));
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            return Ok(resp);
+        }
+        _ => {
+            return Err(ProxyError::NotFound {
+                method: method.to_string(),
+                path: path.to_string(),
+            })
+        }
+    };
+    let mut resp = Response::new(full(body.to_string()));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+fn not_found(what: &'static str, id: &str) -> InspectError {
+    InspectError::NotFound {
+        what,
+        id: id.chars().take(100).collect(),
+    }
+}
+
+fn parse_session(id: &str) -> Result<SessionId, InspectError> {
+    SessionId::parse(id).map_err(|_| not_found("session", id))
+}
+
+/// The tenant a request is about: the caller's own, or for the admin the `tenant` parameter.
+fn tenant_of(caller: &Caller, given: Option<&str>) -> Result<Tenant, InspectError> {
+    if !caller.admin {
+        return Ok(caller.tenant.clone());
+    }
+    let given = given.ok_or_else(|| {
+        InspectError::BadRequest("the admin token names the tenant: add ?tenant=<id>".into())
+    })?;
+    Tenant::from_id(given)
+        .ok_or_else(|| InspectError::BadRequest(format!("{given:?} is not a tenant id")))
+}
+
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+}
+
+/// The sessions of `tenant` (every tenant when `None`), as an OpenAI-style list.
+pub async fn list(
+    store: &dyn Store,
+    tenant: Option<&Tenant>,
+    show_tenant: bool,
+) -> Result<Value, InspectError> {
+    let sessions = store.list_sessions(tenant).await?;
+    let data: Vec<Value> = sessions
+        .iter()
+        .map(|(t, s)| {
+            let mut entry = json!({"id": s.as_str(), "object": "context.session"});
+            if show_tenant {
+                entry["tenant"] = json!(t.as_str());
+            }
+            entry
+        })
+        .collect();
+    Ok(json!({"object": "list", "data": data}))
+}
+
+/// One session: statistics from its journal, each stored reference with its kind, size and
+/// time, and the journal itself. `None` when the tenant has no such session.
+pub async fn session_detail(
+    store: &dyn Store,
+    tenant: &Tenant,
+    session: &SessionId,
+    show_tenant: bool,
+) -> Result<Option<Value>, InspectError> {
+    let journal = store.read_log(tenant, session).await?;
+    if journal.is_empty()
+        && !store
+            .list_sessions(Some(tenant))
+            .await?
+            .iter()
+            .any(|(_, s)| s == session)
+    {
+        return Ok(None);
+    }
+    let mut refs = Vec::new();
+    let mut stored_bytes = 0usize;
+    for record in &journal {
+        let kinds = record.get("kinds").and_then(Value::as_array);
+        let names = record.get("refs").and_then(Value::as_array);
+        for (i, r) in names.into_iter().flatten().enumerate() {
+            let Some(r) = r.as_str().and_then(|r| r.parse::<ContentRef>().ok()) else {
+                continue;
+            };
+            let content = store.get_content(tenant, &r).await?;
+            let (bytes, lines) = content
+                .as_deref()
+                .map_or((None, None), |c| (Some(c.len()), Some(c.lines().count())));
+            stored_bytes += bytes.unwrap_or(0);
+            refs.push(json!({
+                "ref": r.as_str(),
+                "kind": kinds.and_then(|k| k.get(i)).cloned().unwrap_or(Value::Null),
+                "bytes": bytes,
+                "lines": lines,
+                "stored_at": record.get("ts").cloned().unwrap_or(Value::Null),
+                "present": content.is_some(),
+            }));
+        }
+    }
+    let last = journal.last();
+    let field = |name: &str| {
+        last.and_then(|r| r.get(name))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let mut detail = json!({
+        "id": session.as_str(),
+        "object": "context.session",
+        "decisions": journal.len(),
+        "first_at": journal.first().and_then(|r| r.get("ts")).cloned().unwrap_or(Value::Null),
+        "last_at": field("ts"),
+        "last_tokens_before": field("tokens_before"),
+        "last_tokens_after": field("tokens_after"),
+        "last_actions": field("actions"),
+        "stored_refs": refs.len(),
+        "stored_bytes": stored_bytes,
+        "refs": refs,
+        "journal": journal,
+    });
+    if show_tenant {
+        detail["tenant"] = json!(tenant.as_str());
+    }
+    Ok(Some(detail))
+}
+
+/// Erases a session: its state, its journal and the content its journal names. Returns how
+/// many items were deleted.
+pub async fn erase(
+    store: &dyn Store,
+    tenant: &Tenant,
+    session: &SessionId,
+) -> Result<usize, InspectError> {
+    let journal = store.read_log(tenant, session).await?;
+    let refs: Vec<ContentRef> = journal
+        .iter()
+        .filter_map(|r| r.get("refs").and_then(Value::as_array))
+        .flatten()
+        .filter_map(|r| r.as_str()?.parse().ok())
+        .collect();
+    Ok(store.erase_session(tenant, session, &refs).await?)
+}
+
+/// The `inspect` subcommand: opens the configured store and prints every tenant's sessions
+/// (or those of `tenant`), or one session's detail (in every tenant that has it), as JSON.
+pub async fn run_cli(
+    config: &crate::config::ValidConfig,
+    tenant: Option<&str>,
+    session: Option<&str>,
+) -> Result<Value, InspectError> {
+    let store = crate::store::open(&config.store).await?;
+    let tenant = match tenant {
+        None => None,
+        Some(t) => Some(
+            Tenant::from_id(t)
+                .ok_or_else(|| InspectError::BadRequest(format!("{t:?} is not a tenant id")))?,
+        ),
+    };
+    let out = match session {
+        None => list(store.as_ref(), tenant.as_ref(), true).await,
+        Some(id) => {
+            let session = parse_session(id)?;
+            let mut found = Vec::new();
+            for (t, s) in store.list_sessions(tenant.as_ref()).await? {
+                if s == session {
+                    if let Some(detail) = session_detail(store.as_ref(), &t, &s, true).await? {
+                        found.push(detail);
+                    }
+                }
+            }
+            if found.is_empty() {
+                Err(not_found("session", id))
+            } else {
+                Ok(json!({"object": "list", "data": found}))
+            }
+        }
+    };
+    store.close().await;
+    out
+}

@@ -1,0 +1,110 @@
+//! `context-proxy check-config` and the environment overrides, through the real binary: the
+//! effective configuration printed with secrets masked, every wrong key or value named with
+//! what is allowed, and `CONTEXT_PROXY_<SECTION>__<KEY>` winning over the file.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+
+fn check(text: &str, env: &[(&str, &str)]) -> (Output, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_context-proxy"))
+        .arg("check-config")
+        .arg(&path)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
+}
+
+#[test]
+fn the_effective_config_is_printed_with_overrides_and_secrets_masked() {
+    let (out, stdout, stderr) = check(
+        "[context]\nmode = \"auto\"\n[store]\nbackend = \"memory\"\nredis_url = \"redis://:hunter2@db:6379\"\n",
+        &[
+            ("CONTEXT_PROXY_CONTEXT__MODE", "off"),
+            ("CONTEXT_PROXY_CONTEXT__KEEP_RECENT_MESSAGES", "9"),
+        ],
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("mode: Off"), "{stdout}");
+    assert!(stdout.contains("keep_recent_messages: 9"), "{stdout}");
+    assert!(stdout.contains("CONTEXT_PROXY_CONTEXT__MODE"), "{stdout}");
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+}
+
+#[test]
+fn every_wrong_key_or_value_is_named_with_what_is_allowed() {
+    for (text, env, expected) in [
+        (
+            "[context]\nmode = \"sideways\"\n",
+            vec![],
+            vec!["mode", "compact"],
+        ),
+        (
+            "[store]\nbakend = \"fs\"\n",
+            vec![],
+            vec!["bakend", "backend"],
+        ),
+        (
+            "[context]\ntrigger_ratio = 2.0\n",
+            vec![],
+            vec!["trigger_ratio"],
+        ),
+        (
+            "[server]\nmax_connections = 0\n",
+            vec![],
+            vec!["server.max_connections"],
+        ),
+        (
+            "[upstream]\napi_key_env = \"CP_CHECK_KEY\"\n",
+            vec![("CP_CHECK_KEY", "sk-x")],
+            vec!["open_relay"],
+        ),
+        (
+            "",
+            vec![("CONTEXT_PROXY_STORE__BACKEND", "floppy")],
+            vec!["CONTEXT_PROXY_STORE__BACKEND", "memory", "redis"],
+        ),
+    ] {
+        let (out, _, stderr) = check(text, &env);
+        assert!(!out.status.success(), "{text} was accepted");
+        for word in expected {
+            assert!(
+                stderr.contains(word),
+                "{word} missing for {text:?}: {stderr}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_server_reads_the_overrides_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(
+        &path,
+        "[server]\nlisten = \"127.0.0.1:1\"\n[store]\nbackend = \"memory\"\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_context-proxy"))
+        .arg("--config")
+        .arg(&path)
+        .env("CONTEXT_PROXY_SERVER__LISTEN", "127.0.0.1:0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Port 0 from the environment, not port 1 from the file.
+    assert!(first.contains("listening on http://127.0.0.1:"), "{first}");
+    assert!(!first.trim_end().ends_with(":1"), "{first}");
+}
