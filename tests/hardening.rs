@@ -37,6 +37,8 @@ async fn paths_leaving_v1_are_refused_before_any_upstream_call() {
     std::env::set_var("CP_HARDEN_TRAVERSAL_KEY", "sk-proxy-own-key");
     let h = Harness::start_with(MockConfig::default(), |c| {
         c.upstreams[0].api_key_env = Some("CP_HARDEN_TRAVERSAL_KEY".into());
+        // No proxy keys: this test is about paths, which are refused before keys are checked.
+        c.auth.open_relay = true;
     })
     .await;
     for path in [
