@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::context::ContextConfig;
+use crate::record::RecordConfig;
 use crate::store::StoreConfig;
 use crate::tokens::{CountSettings, Encoding};
 
@@ -30,6 +31,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// Token counting estimates and cache.
     pub tokens: CountSettings,
+    /// Recording of the chat-completions traffic.
+    pub record: RecordConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -249,6 +252,7 @@ impl Config {
         self.store
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.record.validate().map_err(ConfigError::Invalid)?;
         if self.server.max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "server.max_connections must be above 0".into(),

@@ -28,6 +28,8 @@ pub struct Metrics {
     pub reload_read_failed: AtomicU64,
     pub reload_search_ok: AtomicU64,
     pub reload_search_failed: AtomicU64,
+    /// Exchanges the traffic recorder had no room for (its queue was full).
+    pub record_dropped: AtomicU64,
 }
 
 impl Metrics {
@@ -48,7 +50,7 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let counters: [(&str, &str, u64); 13] = [
+        let counters: [(&str, &str, u64); 14] = [
             (
                 "context_proxy_chat_requests_total",
                 "Chat-completions requests handled.",
@@ -113,6 +115,11 @@ impl Metrics {
                 "context_proxy_reload_search_failed_total",
                 "context_search calls answered with an error (bad pattern, unknown ref, store down).",
                 load(&self.reload_search_failed),
+            ),
+            (
+                "context_proxy_record_dropped_total",
+                "Exchanges not recorded because the recorder's queue was full.",
+                load(&self.record_dropped),
             ),
         ];
         let mut out = String::new();

@@ -5,9 +5,9 @@
 //! once its connections are drained; handlers only read it. Neither imports the other's
 //! internals: `server` → `router` → routes → `state`, never back.
 //!
-//! Background services (today the store's sweeper; the summarizer and the traffic recorder
-//! later) are registered here when the state is built and stopped here, last started first
-//! stopped, so nothing outlives the server.
+//! Background services (the store's sweeper, the traffic recorder; the summarizer later) are
+//! registered here when the state is built and stopped here, last started first stopped, so
+//! nothing outlives the server.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use crate::config::ValidConfig;
 use crate::context::ContextManager;
 use crate::metrics::Metrics;
+use crate::record::Recorder;
 use crate::store::{Store, StoreError};
 use crate::tokens::{Counter, Encoding};
 use crate::upstream::{UpstreamSetupError, Upstreams};
@@ -36,6 +37,8 @@ pub struct AppState {
     pub upstreams: Upstreams,
     pub context: ContextManager,
     pub metrics: Metrics,
+    /// The traffic recorder, when `[record]` is enabled.
+    pub recorder: Option<Arc<Recorder>>,
     /// Set once shutdown begins: `/readyz` then answers 503 so load balancers move away.
     draining: AtomicBool,
     /// Running background services, in the order they were started.
@@ -49,6 +52,8 @@ pub enum StateError {
     Upstream(#[from] UpstreamSetupError),
     #[error("cannot open the store: {0}")]
     Store(StoreError),
+    #[error("cannot start the traffic recorder in {dir}: {source}")]
+    Record { dir: String, source: std::io::Error },
 }
 
 /// The store's background sweeper, seen as a service.
@@ -74,15 +79,29 @@ impl AppState {
             .map_err(StateError::Store)?;
         let counter = Counter::new(Encoding::O200kBase, config.tokens.clone());
         let context = ContextManager::new(config.context.clone(), counter, store.clone());
+        let recorder = if config.record.enabled {
+            Some(
+                Recorder::start(&config.record).map_err(|source| StateError::Record {
+                    dir: config.record.dir.display().to_string(),
+                    source,
+                })?,
+            )
+        } else {
+            None
+        };
         let state = AppState {
             config,
             upstreams,
             context,
             metrics: Metrics::default(),
+            recorder: recorder.clone(),
             draining: AtomicBool::new(false),
             services: Mutex::new(Vec::new()),
         };
         state.register(Arc::new(StoreSweeper(store)));
+        if let Some(recorder) = recorder {
+            state.register(recorder);
+        }
         Ok(state)
     }
 

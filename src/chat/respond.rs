@@ -34,11 +34,16 @@ pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<P
             headers.push((RELOAD_HEADER, v));
         }
     }
+    let kept = state
+        .recorder
+        .as_ref()
+        .map(|r| Kept::new(r.max_response_bytes()));
     let reader = |status| Reader {
         state,
         ctx: Some(ctx),
         probe: UsageProbe::default(),
         status,
+        kept,
     };
     let mut response = match answer {
         Answer::Relay(incoming) => {
@@ -68,12 +73,42 @@ struct Reader {
     ctx: Option<ChatCtx>,
     probe: UsageProbe,
     status: http::StatusCode,
+    /// The body as relayed, for the traffic recorder (when one runs).
+    kept: Option<Kept>,
+}
+
+/// A response body kept up to a limit; past it, nothing is kept.
+struct Kept {
+    body: Option<bytes::BytesMut>,
+    max: usize,
+}
+
+impl Kept {
+    fn new(max: usize) -> Kept {
+        Kept {
+            body: Some(bytes::BytesMut::new()),
+            max,
+        }
+    }
+
+    fn push(&mut self, bytes: &Bytes) {
+        if let Some(body) = &mut self.body {
+            if body.len() + bytes.len() > self.max {
+                self.body = None;
+            } else {
+                body.extend_from_slice(bytes);
+            }
+        }
+    }
 }
 
 impl Observer for Reader {
     fn chunk(&mut self, bytes: &Bytes) {
         if let Some(ctx) = &mut self.ctx {
             ctx.timings.first_byte.get_or_insert_with(Instant::now);
+            if let Some(kept) = &mut self.kept {
+                kept.push(bytes);
+            }
             // The usage is only compared with the proxy's count when the request was counted.
             if ctx.managed.counted && self.probe.prompt_tokens().is_none() {
                 self.probe.feed(bytes);
@@ -91,6 +126,10 @@ impl Observer for Reader {
                 self.status,
                 end,
                 self.probe.prompt_tokens(),
+                self.kept
+                    .take()
+                    .and_then(|k| k.body)
+                    .map(bytes::BytesMut::freeze),
             );
         }
     }
