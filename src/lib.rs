@@ -23,6 +23,7 @@ pub mod healthcheck;
 pub mod logging;
 pub mod metrics;
 pub mod passthrough;
+pub mod probe;
 pub mod record;
 pub mod relay;
 pub mod reload;

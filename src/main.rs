@@ -48,6 +48,9 @@ enum Command {
     /// Send recorded or sample traffic again (to the proxy, and directly to the upstream with
     /// --compare) and report latency, tokens, prefix stability and cost under prompt caching.
     Replay(Box<context_proxy::replay::ReplayArgs>),
+    /// Plant needle facts deep in sample sessions' tool outputs, drive them through the proxy
+    /// and ask for every needle: reachability (mock in reader mode) or recall (a real model).
+    Probe(context_proxy::probe::ProbeArgs),
     /// Check that a running proxy is healthy (GET /healthz answers 200): exit status 0, else 1.
     Healthcheck(context_proxy::healthcheck::HealthcheckArgs),
 }
@@ -148,6 +151,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Bench(args)) => Ok(runtime(0)?.block_on(context_proxy::bench::run(args))?),
         Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
         Some(Command::Replay(args)) => Ok(runtime(0)?.block_on(context_proxy::replay::run(*args))?),
+        Some(Command::Probe(args)) => Ok(runtime(0)?.block_on(context_proxy::probe::run(args))?),
         Some(Command::Healthcheck(args)) => Ok(context_proxy::healthcheck::run(&args)?),
     }
 }
