@@ -11,6 +11,15 @@ use super::report::{Report, TurnPoint};
 const WITHOUT: RGBColor = RGBColor(200, 80, 40);
 const WITH: RGBColor = RGBColor(30, 110, 190);
 
+/// A panel's title; the cost panel names the provider whose prices it uses.
+fn title_of(title: &str, provider: &str) -> String {
+    if title.ends_with(" of") {
+        format!("{title} {provider}")
+    } else {
+        title.to_string()
+    }
+}
+
 /// Draws `report` into an SVG file at `path`.
 pub fn draw(report: &Report, path: &Path) -> std::io::Result<()> {
     let root = SVGBackend::new(path, (1200, 420)).into_drawing_area();
@@ -29,7 +38,7 @@ pub fn draw(report: &Report, path: &Path) -> std::io::Result<()> {
             with.map(|w| turns(|p| p.tokens, &w.per_turn)),
         ),
         (
-            "effective input cost per turn",
+            "effective input cost per turn, prices of",
             "full-price tokens",
             turns(|p| p.cost, &report.without_proxy.per_turn),
             with.map(|w| turns(|p| p.cost, &w.per_turn)),
@@ -44,7 +53,7 @@ pub fn draw(report: &Report, path: &Path) -> std::io::Result<()> {
             .fold(1.0, f64::max)
             * 1.05;
         let mut chart = ChartBuilder::on(area)
-            .caption(format!("{title} ({})", report.provider), ("sans-serif", 16))
+            .caption(title_of(title, &report.provider), ("sans-serif", 16))
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(60)
