@@ -90,7 +90,9 @@ fn pending(
     };
     let managed = &ctx.managed;
     crate::record::Pending {
-        at: std::time::SystemTime::now() - t.received.elapsed(),
+        at: std::time::SystemTime::now()
+            .checked_sub(t.received.elapsed())
+            .unwrap_or_else(std::time::SystemTime::now),
         request_id: ctx.request_id().to_string(),
         session,
         tenant: ctx.identity.as_ref().map(|i| i.tenant.as_str().to_string()),
