@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::context::ContextConfig;
+use crate::record::RecordConfig;
 use crate::store::StoreConfig;
 use crate::tokens::{CountSettings, Encoding};
 
@@ -34,6 +35,8 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
     /// The client keys the proxy knows (`[[keys]]`).
     pub keys: Vec<crate::auth::KeyConfig>,
+    /// Recording of the chat-completions traffic.
+    pub record: RecordConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -316,6 +319,7 @@ impl Config {
                 "server.header_read_timeout_ms and server.idle_timeout_ms must be above 0".into(),
             ));
         }
+        self.record.validate().map_err(ConfigError::Invalid)?;
         if self.server.max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "server.max_connections must be above 0".into(),

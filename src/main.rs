@@ -26,6 +26,9 @@ struct Cli {
     /// Base URL of the default upstream (e.g. https://api.openai.com/v1); overrides its base_url.
     #[arg(long, value_name = "URL", conflicts_with = "demo")]
     upstream: Option<String>,
+    /// Record every chat-completions exchange into DIR (turns `[record]` on, sets its dir).
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
     /// Offline demo: also start the built-in mock upstream and send everything to it.
     #[arg(long)]
     demo: bool,
@@ -42,6 +45,12 @@ enum Command {
     /// Write the sample agent traffic (seeded, deterministic) that the context benchmark plans
     /// over.
     GenTraffic(context_proxy::traffic::GenTrafficArgs),
+    /// Send recorded or sample traffic again (to the proxy, and directly to the upstream with
+    /// --compare) and report latency, tokens, prefix stability and cost under prompt caching.
+    Replay(Box<context_proxy::replay::ReplayArgs>),
+    /// Plant needle facts deep in sample sessions' tool outputs, drive them through the proxy
+    /// and ask for every needle: reachability (mock in reader mode) or recall (a real model).
+    Probe(context_proxy::probe::ProbeArgs),
     /// Check that a running proxy is healthy (GET /healthz answers 200): exit status 0, else 1.
     Healthcheck(context_proxy::healthcheck::HealthcheckArgs),
     /// Check a config file (default: --config, else ./config.toml, else the defaults) with
@@ -80,6 +89,10 @@ fn load_config(cli: &Cli) -> anyhow::Result<ValidConfig> {
     let mut config = Config::load_with_env(config_path(cli).as_deref(), env_vars())?;
     if let Some(listen) = cli.listen {
         config.server.listen = listen;
+    }
+    if let Some(dir) = &cli.record {
+        config.record.enabled = true;
+        config.record.dir = dir.clone();
     }
     let mut config = config.validate()?;
     if let Some(url) = &cli.upstream {
@@ -161,6 +174,8 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Bench(args)) => Ok(runtime(0)?.block_on(context_proxy::bench::run(args))?),
         Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
+        Some(Command::Replay(args)) => Ok(runtime(0)?.block_on(context_proxy::replay::run(*args))?),
+        Some(Command::Probe(args)) => Ok(runtime(0)?.block_on(context_proxy::probe::run(args))?),
         Some(Command::Healthcheck(args)) => Ok(context_proxy::healthcheck::run(&args)?),
         Some(Command::CheckConfig { ref file }) => {
             let path = file.clone().or_else(|| config_path(&cli));

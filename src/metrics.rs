@@ -96,6 +96,8 @@ pub struct Metrics {
     pub reload_read_failed: AtomicU64,
     pub reload_search_ok: AtomicU64,
     pub reload_search_failed: AtomicU64,
+    /// Exchanges the traffic recorder dropped because its queue was full.
+    pub record_dropped: AtomicU64,
 
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -239,6 +241,7 @@ impl Default for Metrics {
             reload_read_failed: AtomicU64::new(0),
             reload_search_ok: AtomicU64::new(0),
             reload_search_failed: AtomicU64::new(0),
+            record_dropped: AtomicU64::new(0),
             registry,
             requests,
             request_seconds,
@@ -513,6 +516,11 @@ impl Metrics {
                 "context_proxy_reload_search_failed",
                 "context_search calls answered with an error (bad pattern, unknown ref, store down).",
                 &self.reload_search_failed,
+            ),
+            (
+                "context_proxy_record_dropped",
+                "Exchanges the traffic recorder dropped because its queue was full.",
+                &self.record_dropped,
             ),
         ] {
             legacy.register(name, help, ConstCounter::new(value.load(Ordering::Relaxed)));

@@ -5,9 +5,9 @@
 //! once its connections are drained; handlers only read it. Neither imports the other's
 //! internals: `server` → `router` → routes → `state`, never back.
 //!
-//! Background services (today the store's sweeper; the summarizer and the traffic recorder
-//! later) are registered here when the state is built and stopped here, last started first
-//! stopped, so nothing outlives the server.
+//! Background services (the store's sweeper, the traffic recorder; the summarizer later) are
+//! registered here when the state is built and stopped here, last started first stopped, so
+//! nothing outlives the server.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use crate::config::ValidConfig;
 use crate::context::ContextManager;
 use crate::metrics::Metrics;
+use crate::record::Recorder;
 use crate::store::{Store, StoreError};
 use crate::tokens::{Counter, Encoding};
 use crate::upstream::{UpstreamSetupError, Upstreams};
@@ -40,6 +41,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Request-body bytes held in memory, over all requests (`server.max_body_bytes_in_flight`).
     pub body_budget: crate::request_body::BodyBudget,
+    /// The traffic recorder, when `[record]` is enabled.
+    pub recorder: Option<Arc<Recorder>>,
     /// Set once shutdown begins: `/readyz` then answers 503 so load balancers move away.
     draining: AtomicBool,
     /// Running background services, in the order they were started.
@@ -55,6 +58,8 @@ pub enum StateError {
     Store(StoreError),
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthSetupError),
+    #[error("cannot start the traffic recorder in {dir}: {source}")]
+    Record { dir: String, source: std::io::Error },
 }
 
 /// The store's background sweeper, seen as a service.
@@ -84,6 +89,16 @@ impl AppState {
             .with_content_refresh(config.store.content_refresh()); // harden: store.content_refresh_secs
         let body_budget =
             crate::request_body::BodyBudget::new(config.server.max_body_bytes_in_flight);
+        let recorder = if config.record.enabled {
+            Some(
+                Recorder::start(&config.record).map_err(|source| StateError::Record {
+                    dir: config.record.dir.display().to_string(),
+                    source,
+                })?,
+            )
+        } else {
+            None
+        };
         let state = AppState {
             config,
             auth,
@@ -91,10 +106,14 @@ impl AppState {
             context,
             metrics: Metrics::default(),
             body_budget,
+            recorder: recorder.clone(),
             draining: AtomicBool::new(false),
             services: Mutex::new(Vec::new()),
         };
         state.register(Arc::new(StoreSweeper(store)));
+        if let Some(recorder) = recorder {
+            state.register(recorder);
+        }
         Ok(state)
     }
 

@@ -67,7 +67,7 @@ impl std::fmt::Display for Scenario {
 }
 
 /// A child process that is killed when dropped.
-struct ChildGuard(Child);
+pub(crate) struct ChildGuard(Child);
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
@@ -77,7 +77,7 @@ impl Drop for ChildGuard {
 }
 
 /// Starts `args` on the current executable and reads the `… listening on http://ADDR` line.
-fn spawn_self(args: &[&str]) -> std::io::Result<(ChildGuard, SocketAddr)> {
+pub(crate) fn spawn_self(args: &[&str]) -> std::io::Result<(ChildGuard, SocketAddr)> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
         .args(args)

@@ -1,5 +1,6 @@
 //! record: what one request did, once its response is known — metrics, the comparison of the
-//! proxy's token count with the upstream's `usage`, and a debug line with the timings.
+//! proxy's token count with the upstream's `usage`, a debug line with the timings, and the
+//! exchange handed to the traffic recorder when one runs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -16,6 +17,7 @@ pub fn record(
     status: http::StatusCode,
     end: End,
     usage: Option<&Usage>,
+    response: Option<bytes::Bytes>,
 ) {
     let billed = usage.map(|u| u.prompt_tokens);
     if let Some(caller) = &ctx.caller {
@@ -83,4 +85,62 @@ pub fn record(
         done_ms = ms(t.done),
         "chat request recorded"
     );
+    if let Some(recorder) = &state.recorder {
+        if !recorder.offer(pending(ctx, status, end, response)) {
+            add(&metrics.record_dropped, 1);
+        }
+    }
+}
+
+/// The exchange for the recorder: bytes the request already holds, shared, not copied.
+fn pending(
+    ctx: &ChatCtx,
+    status: http::StatusCode,
+    end: End,
+    response: Option<bytes::Bytes>,
+) -> crate::record::Pending {
+    let t = &ctx.timings;
+    let ms = |at: Option<std::time::Instant>| {
+        at.map(|at| at.duration_since(t.received).as_secs_f64() * 1e3)
+    };
+    let forwarded = ctx
+        .outgoing
+        .as_ref()
+        .map(|o| o.body.clone())
+        .filter(|body| *body != ctx.request.raw);
+    let session = match &ctx.identity {
+        Some(identity) => Some(identity.session.as_str().to_string()),
+        None => ctx
+            .outgoing
+            .as_ref()
+            .and_then(|o| o.headers.get(crate::context::session::SESSION_HEADER))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+    };
+    let managed = &ctx.managed;
+    crate::record::Pending {
+        at: std::time::SystemTime::now()
+            .checked_sub(t.received.elapsed())
+            .unwrap_or_else(std::time::SystemTime::now),
+        request_id: ctx.request_id().to_string(),
+        session,
+        tenant: ctx.identity.as_ref().map(|i| i.tenant.as_str().to_string()),
+        mode: ctx.mode.as_str(),
+        request: ctx.request.raw.clone(),
+        forwarded,
+        response,
+        status: status.as_u16(),
+        end,
+        ttfb_ms: ms(t.first_byte),
+        total_ms: ms(t.done),
+        tokens_before: managed.counted.then_some(managed.report.tokens_before),
+        tokens_after: managed.counted.then_some(managed.report.tokens_after),
+        actions: if managed.counted {
+            managed.report.actions()
+        } else {
+            "off".to_string()
+        },
+        upstream_calls: u64::from(ctx.stats.upstream_calls.load(Ordering::Relaxed)),
+        reload_rounds: u64::from(ctx.stats.rounds.load(Ordering::Relaxed)),
+    }
 }

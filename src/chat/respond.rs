@@ -36,11 +36,16 @@ pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<P
     }
     let upstream_name = crate::metrics::UpstreamName(ctx.upstream.name.clone());
     state.metrics.chat_response_started();
+    let kept = state
+        .recorder
+        .as_ref()
+        .map(|r| Kept::new(r.max_response_bytes()));
     let reader = |status| Reader {
         state,
         ctx: Some(ctx),
         probe: UsageProbe::default(),
         status,
+        kept,
     };
     let mut response = match answer {
         Answer::Relay(incoming) => {
@@ -71,12 +76,42 @@ struct Reader {
     ctx: Option<ChatCtx>,
     probe: UsageProbe,
     status: http::StatusCode,
+    /// The body as relayed, for the traffic recorder (when one runs).
+    kept: Option<Kept>,
+}
+
+/// A response body kept up to a limit; past it, nothing is kept.
+struct Kept {
+    body: Option<bytes::BytesMut>,
+    max: usize,
+}
+
+impl Kept {
+    fn new(max: usize) -> Kept {
+        Kept {
+            body: Some(bytes::BytesMut::new()),
+            max,
+        }
+    }
+
+    fn push(&mut self, bytes: &Bytes) {
+        if let Some(body) = &mut self.body {
+            if body.len() + bytes.len() > self.max {
+                self.body = None;
+            } else {
+                body.extend_from_slice(bytes);
+            }
+        }
+    }
 }
 
 impl Observer for Reader {
     fn chunk(&mut self, bytes: &Bytes) {
         if let Some(ctx) = &mut self.ctx {
             ctx.timings.first_byte.get_or_insert_with(Instant::now);
+            if let Some(kept) = &mut self.kept {
+                kept.push(bytes);
+            }
             // The usage is only compared with the proxy's count when the request was counted.
             let wanted =
                 ctx.managed.counted || ctx.caller.as_ref().is_some_and(|c| c.has_token_budget());
@@ -90,7 +125,17 @@ impl Observer for Reader {
         if let Some(mut ctx) = self.ctx.take() {
             ctx.timings.done = Some(Instant::now());
             self.probe.finish();
-            record(&self.state, &ctx, self.status, end, self.probe.usage());
+            record(
+                &self.state,
+                &ctx,
+                self.status,
+                end,
+                self.probe.usage(),
+                self.kept
+                    .take()
+                    .and_then(|k| k.body)
+                    .map(bytes::BytesMut::freeze),
+            );
         }
     }
 }

@@ -8,6 +8,8 @@
 //!   request in them; the request bodies it stands for; the invariants every session satisfies.
 //! - `dir.rs` — a corpus on disk (`session-<id>.json` files and an `index.json` with statistics)
 //!   and [`stats`].
+//! - `recording.rs` — recorded traffic: exchanges appended to JSONL files by the proxy's
+//!   recorder, each message stored once per file; [`recording::read`] puts them back.
 //!
 //! Pure data and file I/O: no network, no clock, no randomness; the same sessions always give
 //! byte-identical files.
@@ -15,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod dir;
+pub mod recording;
 mod session;
 
 use serde::{Deserialize, Serialize};

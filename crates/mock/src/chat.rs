@@ -57,10 +57,13 @@ pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
         let body = wire::context_length_exceeded(limit, prompt_tokens);
         return json_response(StatusCode::BAD_REQUEST, &body);
     }
-    let reply = ctx
-        .state
-        .pop_reply()
-        .unwrap_or_else(|| Reply::text(DEFAULT_REPLY_TEXT));
+    let reply = ctx.state.pop_reply().unwrap_or_else(|| {
+        ctx.config
+            .reader
+            .then(|| crate::reader::reply(&request.body))
+            .flatten()
+            .unwrap_or_else(|| Reply::text(DEFAULT_REPLY_TEXT))
+    });
     if !ctx.life.sleep(delay).await {
         return shutting_down();
     }

@@ -29,6 +29,9 @@ pub struct MockArgs {
     /// Name sent in the `x-mock-name` response header.
     #[arg(long, default_value = "mock")]
     pub name: String,
+    /// Reader mode: answer recall questions only from what the request shows (see `reader`).
+    #[arg(long)]
+    pub reader: bool,
 }
 
 impl MockArgs {
@@ -40,6 +43,7 @@ impl MockArgs {
             context_limit: self.context_limit,
             chunk_interval: Duration::from_millis(self.chunk_interval_ms),
             name: self.name.clone(),
+            reader: self.reader,
         }
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! Code map: `server` accepts connections and owns the lifecycle; `routes` dispatches and records;
 //! `chat` answers chat completions; `script` holds what tests queue; `wire` writes the OpenAI
-//! shapes; `sse` streams events and detects clients that leave; `usage` counts tokens; `state` is
+//! shapes; `sse` streams events and detects clients that leave; `reader` is the reader mode; `usage` counts tokens; `state` is
 //! what the handle and the connections share; `body` is its response body type; `cli` is the
 //! command-line entry point.
 //!
@@ -18,6 +18,7 @@
 mod body;
 mod chat;
 pub mod cli;
+pub mod reader;
 mod routes;
 pub mod script;
 mod server;
@@ -48,6 +49,9 @@ pub struct MockConfig {
     pub context_limit: Option<usize>,
     /// Delay between two SSE events.
     pub chunk_interval: Duration,
+    /// Reader mode: a recall question is answered only from what the request shows or what
+    /// the proxy's `context_search` finds ([`reader`]), when no reply is scripted.
+    pub reader: bool,
     /// Sent in the `x-mock-name` response header when not empty (routing tests use two mocks).
     pub name: String,
 }

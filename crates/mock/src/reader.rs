@@ -1,0 +1,127 @@
+//! Reader mode (`MockConfig::reader`): the mock plays a model that answers a recall question
+//! only from what its request shows, or from what it fetches with the proxy's tools.
+//!
+//! The question is a user message `Recall the needles: KEY, KEY, …`; a needle is a line
+//! `NEEDLE KEY=VALUE` somewhere in the conversation. For the question itself (the last
+//! message), keys not visible are searched with `context_search` when that tool is offered
+//! and a `ctx_…` reference is present; on the next request (after the tool results) the mock
+//! answers `KEY=VALUE` per line, `KEY=?` for a needle it cannot see.
+
+use serde_json::{json, Value};
+
+use crate::script::{Completion, Reply, ToolCall};
+
+/// The start of a recall question.
+pub const QUESTION: &str = "Recall the needles:";
+
+/// A needle's line as planted in a conversation.
+pub fn needle_line(key: &str, value: &str) -> String {
+    format!("NEEDLE {key}={value}")
+}
+
+fn texts(message: &Value) -> Vec<&str> {
+    let mut out = Vec::new();
+    match message.get("content") {
+        Some(Value::String(s)) => out.push(s.as_str()),
+        Some(Value::Array(parts)) => out.extend(parts.iter().filter_map(|p| p["text"].as_str())),
+        _ => {}
+    }
+    out
+}
+
+/// The value of needle `key` in `text`, if shown.
+fn find(text: &str, key: &str) -> Option<String> {
+    let marker = format!("NEEDLE {key}=");
+    text.match_indices(&marker).find_map(|(at, _)| {
+        let value: String = text[at + marker.len()..]
+            .chars()
+            .take_while(|c| !c.is_whitespace() && !matches!(c, '"' | '\\' | ','))
+            .collect();
+        (!value.is_empty()).then_some(value)
+    })
+}
+
+/// The reader's reply to `body`, or `None` when it holds no recall question.
+pub fn reply(body: &Value) -> Option<Reply> {
+    let messages = body.get("messages")?.as_array()?;
+    let (at, question) = messages.iter().enumerate().rev().find_map(|(i, m)| {
+        let text = (m["role"] == "user").then(|| texts(m).concat())?;
+        Some((i, text.strip_prefix(QUESTION)?.to_string()))
+    })?;
+    let keys: Vec<&str> = question
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .collect();
+    let seen: String = messages
+        .iter()
+        .flat_map(texts)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let found: Vec<(&str, Option<String>)> = keys.iter().map(|k| (*k, find(&seen, k))).collect();
+    let offered = body["tools"].as_array().is_some_and(|tools| {
+        tools
+            .iter()
+            .any(|t| t["function"]["name"] == "context_search")
+    });
+    let missing: Vec<&str> = found
+        .iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(k, _)| *k)
+        .collect();
+    if at + 1 == messages.len() && !missing.is_empty() && offered && seen.contains("ctx_") {
+        return Some(Reply::Completion(Completion {
+            content: None,
+            tool_calls: missing
+                .iter()
+                .map(|k| ToolCall {
+                    id: None,
+                    name: "context_search".into(),
+                    arguments: json!({ "pattern": format!("NEEDLE {k}=") }),
+                })
+                .collect(),
+            content_chunks: None,
+        }));
+    }
+    let answer = found
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or("?")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    Some(Reply::text(answer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn content(reply: Reply) -> Completion {
+        match reply {
+            Reply::Completion(c) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn answers_what_it_sees_and_searches_for_the_rest() {
+        let question = json!({"role": "user", "content": "Recall the needles: a, b"});
+        let tool = json!({"role": "tool", "tool_call_id": "call_1",
+            "content": format!("x\n{}\n[ctx_abc: 40 lines moved]", needle_line("a", "42"))});
+        let search = json!([{"type": "function", "function": {"name": "context_search"}}]);
+        let body = json!({"messages": [tool, question], "tools": search});
+        let c = content(reply(&body).unwrap());
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].arguments["pattern"], "NEEDLE b=");
+        let mut after = body.clone();
+        after["messages"].as_array_mut().unwrap().extend([
+            json!({"role": "assistant", "content": null}),
+            json!({"role": "tool", "tool_call_id": "call_2", "content": "ctx_abc:7: NEEDLE b=/srv/x.toml"}),
+        ]);
+        let c = content(reply(&after).unwrap());
+        assert_eq!(c.content.as_deref(), Some("a=42\nb=/srv/x.toml"));
+        let no_tools = json!({"messages": body["messages"]});
+        let c = content(reply(&no_tools).unwrap());
+        assert_eq!(c.content.as_deref(), Some("a=42\nb=?"));
+        assert!(reply(&json!({"messages": [{"role": "user", "content": "hi"}]})).is_none());
+    }
+}

@@ -1,0 +1,218 @@
+//! Sending the sessions: requests of one session in their order (each waits for the previous
+//! answer), sessions in parallel (`concurrency` at a time), on an open-loop schedule.
+//!
+//! With a rate, request slots are handed out at `rate` per second whatever the answers do, and
+//! a request's latency counts from its slot, not from when it could finally be sent: a slow
+//! answer shows up as latency of the requests behind it instead of silently lowering the load.
+//! With a speed, a recording's own timing is kept (divided by `speed`). Without either, each
+//! session sends as fast as its answers come (closed loop).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::source::Session;
+
+/// How to send.
+#[derive(Debug, Clone)]
+pub struct DriveOptions {
+    /// `…/chat/completions` of the proxy or the upstream.
+    pub url: String,
+    pub concurrency: usize,
+    /// Requests per second over all sessions (open loop).
+    pub rate: Option<f64>,
+    /// Keep a recording's timing, sped up this many times.
+    pub speed: Option<f64>,
+    /// Stop starting requests after this long.
+    pub duration: Option<Duration>,
+    /// Sent as `Authorization: Bearer …`.
+    pub api_key: String,
+    /// Prefixed to every session id in `x-context-session`, so runs do not share state.
+    pub run_id: String,
+    /// Print a progress line on stderr every second.
+    pub progress: bool,
+}
+
+/// What one request got.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub session: usize,
+    pub index: usize,
+    /// The HTTP status; 0 when no answer came (connection error).
+    pub status: u16,
+    pub stream: bool,
+    /// From the request's slot (or its send, in closed loop) to the last byte, ms.
+    pub latency_ms: f64,
+    /// From the send to the first body byte, ms.
+    pub ttfb_ms: f64,
+    pub tokens_before: Option<u64>,
+    pub tokens_after: Option<u64>,
+    /// Rounds of the proxy's own tools (`x-context-reload: rounds=…`).
+    pub reload_rounds: u64,
+}
+
+/// Sends every session and returns every outcome, ordered by session then index.
+pub async fn drive(
+    client: &reqwest::Client,
+    sessions: Arc<Vec<Session>>,
+    options: &DriveOptions,
+) -> Vec<Outcome> {
+    let total: usize = sessions.iter().map(|s| s.requests.len()).sum();
+    let next_session = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let errors = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let deadline = options.duration.map(|d| started + d);
+    let finished = Arc::new(AtomicBool::new(false));
+    let progress = options.progress.then(|| {
+        let (done, errors, finished) = (done.clone(), errors.clone(), finished.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            while !finished.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let n = done.load(Ordering::Relaxed);
+                eprint!(
+                    "\r{n}/{total} requests, {:.0} req/s, {} errors   ",
+                    n as f64 / started.elapsed().as_secs_f64(),
+                    errors.load(Ordering::Relaxed)
+                );
+            }
+        })
+    });
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..options.concurrency.max(1) {
+        let (client, sessions, options) = (client.clone(), sessions.clone(), options.clone());
+        let (next_session, slots, done, errors) = (
+            next_session.clone(),
+            slots.clone(),
+            done.clone(),
+            errors.clone(),
+        );
+        workers.spawn(async move {
+            let mut outcomes = Vec::new();
+            loop {
+                let s = next_session.fetch_add(1, Ordering::Relaxed);
+                let Some(session) = sessions.get(s) else {
+                    break;
+                };
+                let session_start = Instant::now();
+                for (index, request) in session.requests.iter().enumerate() {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        break;
+                    }
+                    let slot = match (options.rate, options.speed, request.offset_ms) {
+                        (Some(rate), _, _) => {
+                            let k = slots.fetch_add(1, Ordering::Relaxed);
+                            started + Duration::from_secs_f64(k as f64 / rate)
+                        }
+                        (None, Some(speed), Some(offset)) => {
+                            session_start + Duration::from_secs_f64(offset as f64 / 1e3 / speed)
+                        }
+                        _ => now,
+                    };
+                    tokio::time::sleep_until(slot.into()).await;
+                    let mut outcome =
+                        send(&client, &options, &session.id, &request.body, slot).await;
+                    outcome.session = s;
+                    outcome.index = index;
+                    outcome.stream = request.stream;
+                    if !(200..300).contains(&outcome.status) {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                    outcomes.push(outcome);
+                }
+            }
+            outcomes
+        });
+    }
+    let mut all = Vec::with_capacity(total);
+    while let Some(joined) = workers.join_next().await {
+        match joined {
+            Ok(outcomes) => all.extend(outcomes),
+            Err(e) => tracing::warn!(error = %e, "a replay worker failed"),
+        }
+    }
+    finished.store(true, Ordering::Relaxed);
+    if let Some(progress) = progress {
+        progress.abort();
+        eprintln!();
+    }
+    all.sort_by_key(|o| (o.session, o.index));
+    all
+}
+
+/// The proxy's response header with its tool rounds (`chat/respond.rs`).
+const RELOAD_HEADER: &str = "x-context-reload";
+
+fn header_u64(resp: &reqwest::Response, name: &str) -> Option<u64> {
+    resp.headers().get(name)?.to_str().ok()?.parse().ok()
+}
+
+/// `rounds=N` of `x-context-reload`.
+fn reload_rounds(resp: &reqwest::Response) -> u64 {
+    resp.headers()
+        .get(RELOAD_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').find_map(|kv| kv.strip_prefix("rounds=")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn send(
+    client: &reqwest::Client,
+    options: &DriveOptions,
+    session: &str,
+    body: &bytes::Bytes,
+    slot: Instant,
+) -> Outcome {
+    let sent = Instant::now();
+    let ms = |from: Instant| from.elapsed().as_secs_f64() * 1e3;
+    let response = client
+        .post(&options.url)
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {}", options.api_key))
+        .header(
+            crate::context::session::SESSION_HEADER,
+            format!("{}{session}", options.run_id),
+        )
+        .body(body.clone())
+        .send()
+        .await;
+    let mut resp = match response {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::debug!(error = %e, "replay request failed");
+            return Outcome {
+                latency_ms: ms(slot),
+                ..Outcome::default()
+            };
+        }
+    };
+    let mut outcome = Outcome {
+        status: resp.status().as_u16(),
+        tokens_before: header_u64(&resp, crate::context::TOKENS_BEFORE_HEADER),
+        tokens_after: header_u64(&resp, crate::context::TOKENS_AFTER_HEADER),
+        reload_rounds: reload_rounds(&resp),
+        ..Outcome::default()
+    };
+    let mut first = None;
+    loop {
+        match resp.chunk().await {
+            Ok(Some(_)) => {
+                first.get_or_insert_with(|| ms(sent));
+            }
+            Ok(None) => break,
+            Err(_) => {
+                outcome.status = 0;
+                break;
+            }
+        }
+    }
+    outcome.ttfb_ms = first.unwrap_or_else(|| ms(sent));
+    outcome.latency_ms = ms(slot);
+    outcome
+}

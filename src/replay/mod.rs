@@ -1,0 +1,392 @@
+//! `context-proxy replay`: sends recorded or sample traffic again, to the proxy (and with
+//! `--compare` directly to the upstream too), and reports latency, tokens, prefix stability and
+//! the effective input cost under prompt caching with and without the proxy.
+//!
+//! - `source.rs` — what to send: a recording, a corpus directory, or JSONL bodies, as sessions;
+//! - `drive.rs` — sending: sessions in parallel, each in order, on an open-loop schedule;
+//! - `cost.rs` — prefix stability and the cost under prompt caching (the price table);
+//! - `report.rs` — the numbers, the table and the JSON;
+//! - `chart.rs` — the SVG chart.
+//!
+//! What the upstream received through the proxy is read from the mock upstream
+//! (`GET /_mock/received`, `--mock URL`); with `--spawn` the replay starts the mock and the proxy
+//! itself as child processes, so the benchmark is one command.
+
+pub mod chart;
+pub mod cost;
+pub mod drive;
+pub mod report;
+pub mod source;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::tokens::{CountSettings, Counter, Encoding};
+use cost::{Pricing, PROVIDERS};
+use drive::{drive, DriveOptions};
+use report::{report, Report, Side};
+use source::Session;
+
+/// Options of the `replay` subcommand.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// A recording (file or directory), a corpus directory (`gen-traffic --out`), or a JSONL
+    /// file of request bodies with a `session` field.
+    pub path: PathBuf,
+    /// Base URL of the proxy (or any OpenAI-compatible server), e.g. http://127.0.0.1:8080/v1.
+    #[arg(long, value_name = "URL", required_unless_present = "spawn")]
+    pub target: Option<String>,
+    /// Sessions replayed at once.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Requests per second over all sessions, on an open-loop schedule (default: as fast as
+    /// the answers come).
+    #[arg(long, value_name = "R")]
+    pub rate: Option<f64>,
+    /// Sessions to send: fewer than the traffic has, or more (the traffic is repeated).
+    #[arg(long, value_name = "K")]
+    pub sessions: Option<usize>,
+    /// Keep a recording's own timing, sped up X times.
+    #[arg(long, value_name = "X")]
+    pub speed: Option<f64>,
+    /// Stop starting requests after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+    /// Also replay the same traffic directly to the upstream (`--upstream`, or the spawned
+    /// mock) and compare.
+    #[arg(long)]
+    pub compare: bool,
+    /// The upstream's base URL, for `--compare`.
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<String>,
+    /// The mock upstream's address (e.g. http://127.0.0.1:8081), to read what it received.
+    #[arg(long, value_name = "URL")]
+    pub mock: Option<String>,
+    /// Start the mock upstream and the proxy as child processes and replay through them.
+    #[arg(long)]
+    pub spawn: bool,
+    /// Config file of the spawned proxy.
+    #[arg(long, value_name = "FILE", default_value = "/dev/null")]
+    pub proxy_config: PathBuf,
+    /// The spawned mock's fixed latency (time to first token), in ms.
+    #[arg(long, default_value_t = 0)]
+    pub mock_latency_ms: u64,
+    /// The spawned mock's extra latency per input token, in µs.
+    #[arg(long, default_value_t = 0)]
+    pub mock_latency_per_token_us: u64,
+    /// API key sent as `Authorization: Bearer`.
+    #[arg(
+        long,
+        env = "OPENAI_API_KEY",
+        default_value = "sk-replay",
+        hide_env_values = true
+    )]
+    pub api_key: String,
+    /// The provider whose prices the per-turn chart uses.
+    #[arg(long, default_value = "openai")]
+    pub provider: String,
+    /// A custom price row: cached tokens' price as a share of the full price.
+    #[arg(long, value_name = "SHARE")]
+    pub cached_rate: Option<f64>,
+    /// The custom row's cache-write premium (share of the full price, e.g. 0.25).
+    #[arg(long, value_name = "SHARE", default_value_t = 0.0)]
+    pub write_premium: f64,
+    /// The custom row's shortest cached prefix, in tokens.
+    #[arg(long, default_value_t = 0)]
+    pub min_prefix: usize,
+    /// Write the report as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Draw the chart (SVG) here.
+    #[arg(long, value_name = "FILE")]
+    pub chart: Option<PathBuf>,
+    /// No progress line.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Why a replay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("cannot read the traffic: {0}")]
+    Source(std::io::Error),
+    #[error("no requests to replay")]
+    Empty,
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("cannot read what the mock received: {0}")]
+    Mock(String),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("--compare needs --upstream URL (or --spawn)")]
+    NoUpstream,
+    #[error("unknown provider {0:?} (openai, openai-gpt5, anthropic, deepseek, google)")]
+    Provider(String),
+}
+
+/// `…/chat/completions` under a base URL (`http://host:port` gets `/v1`).
+pub fn chat_url(base: &str) -> String {
+    let base = base.trim_end_matches('/');
+    if base.ends_with("/v1") {
+        format!("{base}/chat/completions")
+    } else {
+        format!("{base}/v1/chat/completions")
+    }
+}
+
+/// `count` sessions from `sessions`, repeating them (with new ids) when there are fewer.
+pub fn take_sessions(sessions: Vec<Session>, count: Option<usize>) -> Vec<Session> {
+    let Some(count) = count else {
+        return sessions;
+    };
+    let n = sessions.len();
+    if n == 0 {
+        return sessions;
+    }
+    (0..count)
+        .map(|i| {
+            let mut s = sessions[i % n].clone();
+            if i >= n {
+                s.id = format!("{}~{}", s.id, i / n);
+            }
+            s
+        })
+        .collect()
+}
+
+/// The bodies the mock received, per session id (the `x-context-session` header without the
+/// run's prefix), in order.
+pub async fn mock_received(
+    client: &reqwest::Client,
+    mock: &str,
+    run_id: &str,
+) -> Result<HashMap<String, Vec<Value>>, ReplayError> {
+    let url = format!("{}/_mock/received", mock.trim_end_matches('/'));
+    let list: Value = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| ReplayError::Mock(e.to_string()))?
+        .json()
+        .await
+        .map_err(|e| ReplayError::Mock(e.to_string()))?;
+    let mut by_session: HashMap<String, Vec<Value>> = HashMap::new();
+    for r in list.as_array().into_iter().flatten() {
+        if r["path"] != "/v1/chat/completions" {
+            continue;
+        }
+        let Some(session) = r["headers"][crate::context::session::SESSION_HEADER]
+            .as_str()
+            .and_then(|s| s.strip_prefix(run_id))
+        else {
+            continue;
+        };
+        by_session.entry(session.to_string()).or_default().push(
+            r["body"]
+                .as_str()
+                .and_then(|b| serde_json::from_str(b).ok())
+                .unwrap_or(Value::Null),
+        );
+    }
+    Ok(by_session)
+}
+
+async fn reset_mock(client: &reqwest::Client, mock: &str) -> Result<(), ReplayError> {
+    client
+        .post(format!("{}/_mock/reset", mock.trim_end_matches('/')))
+        .send()
+        .await
+        .map_err(|e| ReplayError::Mock(e.to_string()))?;
+    Ok(())
+}
+
+fn pricing(args: &ReplayArgs) -> Result<(Vec<Pricing>, Pricing), ReplayError> {
+    let mut providers = PROVIDERS.to_vec();
+    if let Some(rate) = args.cached_rate {
+        providers.push(Pricing {
+            name: "custom",
+            cached_rate: rate,
+            write_premium: args.write_premium,
+            min_prefix: args.min_prefix,
+        });
+    }
+    let headline = providers
+        .iter()
+        .find(|p| p.name == args.provider)
+        .copied()
+        .ok_or_else(|| ReplayError::Provider(args.provider.clone()))?;
+    Ok((providers, headline))
+}
+
+/// Runs the replay, prints the table and writes the JSON and the chart when asked.
+pub async fn run(args: ReplayArgs) -> Result<(), ReplayError> {
+    let report = replay(&args).await?;
+    println!("{}", report.table());
+    if let Some(path) = &args.out {
+        let mut bytes = serde_json::to_vec_pretty(&report).unwrap_or_default();
+        bytes.push(b'\n');
+        std::fs::write(path, bytes).map_err(|source| ReplayError::Write {
+            path: path.display().to_string(),
+            source,
+        })?;
+    }
+    if let Some(path) = &args.chart {
+        chart::draw(&report, path).map_err(|source| ReplayError::Write {
+            path: path.display().to_string(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Loads, sends and measures; the report.
+pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
+    let (providers, headline) = pricing(args)?;
+    let sessions = source::load(&args.path).map_err(ReplayError::Source)?;
+    let sessions = Arc::new(take_sessions(sessions, args.sessions));
+    if sessions.iter().all(|s| s.requests.is_empty()) {
+        return Err(ReplayError::Empty);
+    }
+    let spawned = if args.spawn { Some(spawn(args)?) } else { None };
+    let (target, upstream, mock) = match &spawned {
+        Some(s) => (
+            s.proxy_url.clone(),
+            Some(s.mock_url.clone() + "/v1"),
+            Some(s.mock_url.clone()),
+        ),
+        None => (
+            args.target.clone().unwrap_or_default(),
+            args.upstream.clone(),
+            args.mock.clone(),
+        ),
+    };
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency.max(1))
+        .build()
+        .map_err(|e| ReplayError::Spawn {
+            what: "the HTTP client",
+            source: std::io::Error::other(e),
+        })?;
+    let run_id = format!("replay-{}-", std::process::id());
+    let options = |url: String, run_id: String| DriveOptions {
+        url,
+        concurrency: args.concurrency,
+        rate: args.rate,
+        speed: args.speed,
+        duration: args.duration.map(Duration::from_secs_f64),
+        api_key: args.api_key.clone(),
+        run_id,
+        progress: !args.quiet,
+    };
+    let direct = if args.compare {
+        let upstream = upstream.clone().ok_or(ReplayError::NoUpstream)?;
+        let started = Instant::now();
+        let outcomes = drive(
+            &client,
+            sessions.clone(),
+            &options(chat_url(&upstream), format!("{run_id}direct-")),
+        )
+        .await;
+        Some((outcomes, started.elapsed().as_secs_f64()))
+    } else {
+        None
+    };
+    if let Some(mock) = &mock {
+        reset_mock(&client, mock).await?;
+    }
+    let started = Instant::now();
+    let outcomes = drive(
+        &client,
+        sessions.clone(),
+        &options(chat_url(&target), run_id.clone()),
+    )
+    .await;
+    let duration = started.elapsed().as_secs_f64();
+
+    let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+    // Without the proxy the upstream gets what the client sends: the requests that were sent.
+    let mut sent: Vec<Vec<Value>> = vec![Vec::new(); sessions.len()];
+    for o in &outcomes {
+        if let Some(request) = sessions[o.session].requests.get(o.index) {
+            sent[o.session].push(serde_json::from_slice(&request.body).unwrap_or(Value::Null));
+        }
+    }
+    let without = Side::measure(&counter, &sent, &providers, &headline);
+    let with = match &mock {
+        Some(mock) => {
+            let mut received = mock_received(&client, mock, &run_id).await?;
+            let bodies: Vec<Vec<Value>> = sessions
+                .iter()
+                .map(|s| received.remove(&s.id).unwrap_or_default())
+                .collect();
+            Some(Side::measure(&counter, &bodies, &providers, &headline))
+        }
+        None => None,
+    };
+    let mut report = report(&outcomes, duration, without, with, headline.name);
+    if let Some((direct, seconds)) = direct {
+        report.direct_latency_ms = Some(report::Percentiles::of(
+            direct.iter().map(|o| o.latency_ms).collect(),
+        ));
+        report.direct_throughput_rps = Some(direct.len() as f64 / seconds.max(1e-9));
+    }
+    drop(spawned);
+    Ok(report)
+}
+
+/// The mock and the proxy as child processes (killed when dropped).
+struct Spawned {
+    _mock: crate::bench::ChildGuard,
+    _proxy: crate::bench::ChildGuard,
+    mock_url: String,
+    proxy_url: String,
+}
+
+fn spawn(args: &ReplayArgs) -> Result<Spawned, ReplayError> {
+    let latency = args.mock_latency_ms.to_string();
+    let per_token = args.mock_latency_per_token_us.to_string();
+    let (mock, mock_addr) = crate::bench::spawn_self(&[
+        "mock-upstream",
+        "--listen",
+        "127.0.0.1:0",
+        "--latency-ms",
+        &latency,
+        "--latency-per-token-us",
+        &per_token,
+    ])
+    .map_err(|source| ReplayError::Spawn {
+        what: "the mock upstream",
+        source,
+    })?;
+    let mock_url = format!("http://{mock_addr}");
+    let config = args.proxy_config.to_string_lossy().into_owned();
+    let upstream = format!("{mock_url}/v1");
+    let (proxy, proxy_addr) = crate::bench::spawn_self(&[
+        "--config",
+        &config,
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream,
+    ])
+    .map_err(|source| ReplayError::Spawn {
+        what: "the proxy",
+        source,
+    })?;
+    Ok(Spawned {
+        _mock: mock,
+        _proxy: proxy,
+        mock_url,
+        proxy_url: format!("http://{proxy_addr}/v1"),
+    })
+}

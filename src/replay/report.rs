@@ -1,0 +1,431 @@
+//! The replay's report: requests, errors, latency, tokens and savings, prefix stability and
+//! the effective input cost under prompt caching with and without the proxy; printed as a
+//! table and serialized as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::cost::{count_session, effective_cost, Call, Pricing};
+use super::drive::Outcome;
+use crate::tokens::Counter;
+
+/// Percentiles of a set of durations, in ms.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub count: usize,
+    /// p1 … p100, for the chart.
+    #[serde(skip)]
+    pub quantiles: Vec<f64>,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    pub fn of(mut values: Vec<f64>) -> Percentiles {
+        values.sort_by(f64::total_cmp);
+        let at = |p: f64| {
+            if values.is_empty() {
+                return 0.0;
+            }
+            // Nearest rank.
+            let rank = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len());
+            values[rank - 1]
+        };
+        Percentiles {
+            quantiles: (1..=100).map(|q| at(f64::from(q) / 100.0)).collect(),
+            count: values.len(),
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+            max: values.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// What the upstream received on one side (without or with the proxy).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Side {
+    pub upstream_calls: usize,
+    pub input_tokens: usize,
+    /// Share of consecutive calls of a session whose messages start with the previous call's.
+    pub prefix_stability: f64,
+    /// Share of input tokens that repeat the previous call's prefix.
+    pub cached_share: f64,
+    /// Effective input cost per provider, in full-price input tokens.
+    pub cost: BTreeMap<String, f64>,
+    /// Input tokens and cost (headline provider) per turn, averaged over sessions.
+    pub per_turn: Vec<TurnPoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TurnPoint {
+    pub turn: usize,
+    pub sessions: usize,
+    pub tokens: f64,
+    pub cost: f64,
+}
+
+impl Side {
+    /// `sessions`: the bodies the upstream received, session by session, in order.
+    pub fn measure(
+        counter: &Counter,
+        sessions: &[Vec<Value>],
+        providers: &[Pricing],
+        headline: &Pricing,
+    ) -> Side {
+        let calls: Vec<Vec<Call>> = sessions.iter().map(|s| count_session(counter, s)).collect();
+        Side::from_calls(&calls, providers, headline)
+    }
+
+    pub fn from_calls(calls: &[Vec<Call>], providers: &[Pricing], headline: &Pricing) -> Side {
+        let flat: Vec<&Call> = calls.iter().flatten().collect();
+        let input_tokens: usize = flat.iter().map(|c| c.tokens).sum();
+        let shared: usize = flat.iter().map(|c| c.shared_prefix_tokens).sum();
+        let pairs = flat.iter().filter(|c| c.has_previous).count();
+        let stable = flat.iter().filter(|c| c.extends_previous).count();
+        let mut per_turn: Vec<TurnPoint> = Vec::new();
+        for session in calls {
+            for (turn, call) in session.iter().enumerate() {
+                if per_turn.len() <= turn {
+                    per_turn.push(TurnPoint {
+                        turn: turn + 1,
+                        sessions: 0,
+                        tokens: 0.0,
+                        cost: 0.0,
+                    });
+                }
+                let point = &mut per_turn[turn];
+                point.sessions += 1;
+                point.tokens += call.tokens as f64;
+                point.cost += effective_cost(std::slice::from_ref(call), headline);
+            }
+        }
+        for point in &mut per_turn {
+            point.tokens /= point.sessions as f64;
+            point.cost /= point.sessions as f64;
+        }
+        Side {
+            upstream_calls: flat.len(),
+            input_tokens,
+            prefix_stability: ratio(stable, pairs),
+            cached_share: ratio(shared, input_tokens),
+            cost: providers
+                .iter()
+                .map(|p| {
+                    let cost = calls.iter().map(|s| effective_cost(s, p)).sum();
+                    (p.name.to_string(), cost)
+                })
+                .collect(),
+            per_turn,
+        }
+    }
+}
+
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// Everything the replay measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub requests: usize,
+    /// Answers by status (`"0"`: no answer).
+    pub status: BTreeMap<String, usize>,
+    pub errors: usize,
+    pub duration_s: f64,
+    pub throughput_rps: f64,
+    /// Latency through the target (from each request's slot to its last byte).
+    pub latency_ms: Percentiles,
+    /// Time to first byte of streamed answers.
+    pub ttfb_ms: Percentiles,
+    /// Latency sending the same traffic directly to the upstream (`--compare`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct_latency_ms: Option<Percentiles>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct_throughput_rps: Option<f64>,
+    /// Sums of the proxy's `x-context-tokens-before/after` headers.
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub savings: f64,
+    /// Requests for which the proxy answered its own tools, and the rounds in all.
+    pub requests_with_reload: usize,
+    pub reload_rounds: u64,
+    /// The headline provider of `per_turn` costs.
+    pub provider: String,
+    /// What a client sends without the proxy.
+    pub without_proxy: Side,
+    /// What the upstream received through the proxy (when it could be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub with_proxy: Option<Side>,
+    /// Upstream calls beyond one per request (the proxy's tool rounds and summaries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra_upstream_calls: Option<usize>,
+}
+
+/// Builds the report from the outcomes of the run through the target.
+pub fn report(
+    outcomes: &[Outcome],
+    duration_s: f64,
+    without_proxy: Side,
+    with_proxy: Option<Side>,
+    provider: &str,
+) -> Report {
+    let mut status = BTreeMap::new();
+    for o in outcomes {
+        *status.entry(o.status.to_string()).or_insert(0) += 1;
+    }
+    let ok = |o: &&Outcome| (200..300).contains(&o.status);
+    let tokens_before: u64 = outcomes.iter().filter_map(|o| o.tokens_before).sum();
+    let tokens_after: u64 = outcomes.iter().filter_map(|o| o.tokens_after).sum();
+    let extra = with_proxy
+        .as_ref()
+        .map(|w| w.upstream_calls.saturating_sub(outcomes.len()));
+    Report {
+        requests: outcomes.len(),
+        errors: outcomes.iter().filter(|o| !ok(o)).count(),
+        status,
+        duration_s,
+        throughput_rps: if duration_s > 0.0 {
+            outcomes.len() as f64 / duration_s
+        } else {
+            0.0
+        },
+        latency_ms: Percentiles::of(outcomes.iter().map(|o| o.latency_ms).collect()),
+        ttfb_ms: Percentiles::of(
+            outcomes
+                .iter()
+                .filter(|o| o.stream && ok(o))
+                .map(|o| o.ttfb_ms)
+                .collect(),
+        ),
+        direct_latency_ms: None,
+        direct_throughput_rps: None,
+        tokens_before,
+        tokens_after,
+        savings: if tokens_before > 0 {
+            1.0 - tokens_after as f64 / tokens_before as f64
+        } else {
+            0.0
+        },
+        requests_with_reload: outcomes.iter().filter(|o| o.reload_rounds > 0).count(),
+        reload_rounds: outcomes.iter().map(|o| o.reload_rounds).sum(),
+        provider: provider.to_string(),
+        without_proxy,
+        with_proxy,
+        extra_upstream_calls: extra,
+    }
+}
+
+impl Report {
+    /// The report as a plain-text table.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let p = |x: &Percentiles| {
+            format!(
+                "p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1} ms",
+                x.p50, x.p90, x.p99, x.max
+            )
+        };
+        let _ = writeln!(
+            out,
+            "requests        {}  ({} errors; by status: {})",
+            self.requests,
+            self.errors,
+            self.status
+                .iter()
+                .map(|(s, n)| format!("{s}={n}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let _ = writeln!(
+            out,
+            "throughput      {:.0} req/s over {:.1} s",
+            self.throughput_rps, self.duration_s
+        );
+        let _ = writeln!(out, "latency         {}", p(&self.latency_ms));
+        if let (Some(d), Some(rps)) = (&self.direct_latency_ms, self.direct_throughput_rps) {
+            let _ = writeln!(out, "  direct        {}  ({rps:.0} req/s)", p(d));
+        }
+        if self.ttfb_ms.count > 0 {
+            let _ = writeln!(out, "ttfb (streams)  {}", p(&self.ttfb_ms));
+        }
+        let _ = writeln!(
+            out,
+            "tokens          {} before, {} after: {:.1}% saved",
+            self.tokens_before,
+            self.tokens_after,
+            self.savings * 1e2
+        );
+        let _ = writeln!(
+            out,
+            "reload          {} requests, {} rounds{}",
+            self.requests_with_reload,
+            self.reload_rounds,
+            self.extra_upstream_calls
+                .map(|n| format!("; {n} extra upstream calls"))
+                .unwrap_or_default()
+        );
+        let _ = writeln!(
+            out,
+            "\n{:<22}{:>16}{:>16}{:>9}",
+            "upstream input", "without proxy", "with proxy", "change"
+        );
+        let w = self.with_proxy.as_ref();
+        let row = |out: &mut String, name: &str, a: f64, b: Option<f64>, pct: bool| {
+            let fmt = |v: f64| {
+                if pct {
+                    format!("{:.1}%", v * 1e2)
+                } else {
+                    format!("{v:.0}")
+                }
+            };
+            let change = match b {
+                Some(b) if !pct && a > 0.0 => format!("{:+.1}%", (b / a - 1.0) * 1e2),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "{name:<22}{:>16}{:>16}{change:>9}",
+                fmt(a),
+                b.map(fmt).unwrap_or_else(|| "-".into())
+            );
+        };
+        let wo = &self.without_proxy;
+        row(
+            &mut out,
+            "calls",
+            wo.upstream_calls as f64,
+            w.map(|w| w.upstream_calls as f64),
+            false,
+        );
+        row(
+            &mut out,
+            "tokens",
+            wo.input_tokens as f64,
+            w.map(|w| w.input_tokens as f64),
+            false,
+        );
+        row(
+            &mut out,
+            "prefix stability",
+            wo.prefix_stability,
+            w.map(|w| w.prefix_stability),
+            true,
+        );
+        row(
+            &mut out,
+            "cached share",
+            wo.cached_share,
+            w.map(|w| w.cached_share),
+            true,
+        );
+        for (name, cost) in &wo.cost {
+            row(
+                &mut out,
+                &format!("cost {name}"),
+                *cost,
+                w.and_then(|w| w.cost.get(name).copied()),
+                false,
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(tokens: usize, shared: usize, extends: bool, has_previous: bool) -> Call {
+        Call {
+            tokens,
+            shared_prefix_tokens: shared,
+            extends_previous: extends,
+            has_previous,
+        }
+    }
+
+    /// A hand-computed trace: one session of three calls, 1000, 1500 and 1600 tokens; the
+    /// second repeats 1000 of the first, the third only 200 of the second (a rewrite).
+    #[test]
+    fn numbers_match_a_hand_computed_trace() {
+        let calls = vec![vec![
+            call(1000, 0, false, false),
+            call(1500, 1000, true, true),
+            call(1600, 200, false, true),
+        ]];
+        let openai = Pricing {
+            name: "openai",
+            cached_rate: 0.5,
+            write_premium: 0.0,
+            min_prefix: 0,
+        };
+        let anthropic = Pricing {
+            name: "anthropic",
+            cached_rate: 0.1,
+            write_premium: 0.25,
+            min_prefix: 0,
+        };
+        let with_min = Pricing {
+            name: "min",
+            min_prefix: 500,
+            ..openai
+        };
+        let side = Side::from_calls(&calls, &[openai, anthropic, with_min], &openai);
+        assert_eq!(side.upstream_calls, 3);
+        assert_eq!(side.input_tokens, 4100);
+        assert_eq!(side.prefix_stability, 0.5);
+        assert!((side.cached_share - 1200.0 / 4100.0).abs() < 1e-12);
+        // 1000 + (500 + 0.5·1000) + (1400 + 0.5·200) = 3500
+        assert_eq!(side.cost["openai"], 3500.0);
+        // 1.25·1000 + (1.25·500 + 0.1·1000) + (1.25·1400 + 0.1·200) = 3745
+        assert!((side.cost["anthropic"] - 3745.0).abs() < 1e-9);
+        // The 200-token prefix is under the minimum: 1000 + 1000 + 1600 = 3600
+        assert_eq!(side.cost["min"], 3600.0);
+        assert_eq!(side.per_turn[2].cost, 1500.0);
+
+        let outcomes: Vec<Outcome> = [
+            (200, 10.0, Some(100), Some(60), 0),
+            (200, 30.0, Some(200), Some(120), 1),
+            (502, 20.0, None, None, 0),
+        ]
+        .into_iter()
+        .map(|(status, ms, before, after, rounds)| Outcome {
+            status,
+            latency_ms: ms,
+            tokens_before: before,
+            tokens_after: after,
+            reload_rounds: rounds,
+            ..Outcome::default()
+        })
+        .collect();
+        let r = report(&outcomes, 2.0, side.clone(), Some(side), "openai");
+        assert_eq!(r.requests, 3);
+        assert_eq!(r.errors, 1);
+        assert_eq!(r.status["502"], 1);
+        assert_eq!(r.throughput_rps, 1.5);
+        assert_eq!(r.latency_ms.p50, 20.0);
+        assert_eq!(r.latency_ms.max, 30.0);
+        assert_eq!((r.tokens_before, r.tokens_after), (300, 180));
+        assert!((r.savings - 0.4).abs() < 1e-12);
+        assert_eq!((r.requests_with_reload, r.reload_rounds), (1, 1));
+        assert_eq!(r.extra_upstream_calls, Some(0));
+        assert!(r.table().contains("cost openai"));
+    }
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let p = Percentiles::of((1..=100).map(f64::from).collect());
+        assert_eq!((p.p50, p.p90, p.p99, p.max), (50.0, 90.0, 99.0, 100.0));
+        assert_eq!(Percentiles::of(Vec::new()).count, 0);
+    }
+}

@@ -1,0 +1,156 @@
+//! The traffic a replay sends, read from one of three sources and cut into sessions:
+//!
+//! - a recording (`context-proxy --record DIR`): each exchange's request as received, grouped
+//!   by session, with the time it arrived;
+//! - a corpus directory (`context-proxy gen-traffic --out DIR`): every request of every session;
+//! - a JSONL file of request bodies, one per line, each with a `session` field (removed before
+//!   sending; lines without one are sessions of their own).
+
+use std::collections::HashMap;
+use std::io::{self, BufRead};
+use std::path::Path;
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::corpus::recording;
+
+/// One request of a session.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub body: Bytes,
+    /// When it was sent, in ms after the session's first request (recordings only).
+    pub offset_ms: Option<u64>,
+    pub stream: bool,
+}
+
+/// Requests that must go in order, each after the previous one's answer.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub id: String,
+    pub requests: Vec<Request>,
+}
+
+fn request(body: &Value, offset_ms: Option<u64>) -> Request {
+    Request {
+        body: Bytes::from(body.to_string()),
+        offset_ms,
+        stream: body.get("stream") == Some(&Value::Bool(true)),
+    }
+}
+
+/// Reads the sessions at `path` (see the module docs for what it may be).
+pub fn load(path: &Path) -> io::Result<Vec<Session>> {
+    if recording::is_recording(path) {
+        return Ok(from_recording(&recording::read(path)?.exchanges));
+    }
+    if path.is_dir() && path.join("index.json").is_file() {
+        let sessions = crate::corpus::load_dir(path)?;
+        return Ok(sessions
+            .iter()
+            .map(|s| Session {
+                id: s.id.clone(),
+                requests: (0..s.request_count())
+                    .map(|k| Request {
+                        body: Bytes::from(s.request_body(k)),
+                        offset_ms: None,
+                        stream: s.stream,
+                    })
+                    .collect(),
+            })
+            .collect());
+    }
+    if path.is_file() {
+        return from_jsonl(io::BufReader::new(std::fs::File::open(path)?));
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{}: neither a recording, a corpus directory (index.json) nor a JSONL file",
+            path.display()
+        ),
+    ))
+}
+
+/// Sessions of recorded exchanges, in order of arrival.
+pub fn from_recording(exchanges: &[recording::Exchange]) -> Vec<Session> {
+    let mut order: Vec<String> = Vec::new();
+    let mut by_id: HashMap<String, (u64, Vec<Request>)> = HashMap::new();
+    let mut sorted: Vec<&recording::Exchange> = exchanges.iter().collect();
+    sorted.sort_by_key(|x| x.at_ms);
+    for x in sorted {
+        if x.request.is_null() {
+            continue;
+        }
+        let id = x.session.clone().unwrap_or_else(|| x.request_id.clone());
+        let entry = by_id.entry(id.clone()).or_insert_with(|| {
+            order.push(id);
+            (x.at_ms, Vec::new())
+        });
+        let offset = x.at_ms.saturating_sub(entry.0);
+        entry.1.push(request(&x.request, Some(offset)));
+    }
+    order
+        .into_iter()
+        .filter_map(|id| {
+            let (_, requests) = by_id.remove(&id)?;
+            Some(Session { id, requests })
+        })
+        .collect()
+}
+
+fn from_jsonl(reader: impl BufRead) -> io::Result<Vec<Session>> {
+    let mut order: Vec<String> = Vec::new();
+    let mut by_id: HashMap<String, Vec<Request>> = HashMap::new();
+    for (n, line) in reader.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut body: Value = serde_json::from_str(&line).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("line {}: {e}", n + 1))
+        })?;
+        let session = body
+            .as_object_mut()
+            .and_then(|o| o.remove("session"))
+            .and_then(|s| s.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("line-{}", n + 1));
+        by_id
+            .entry(session.clone())
+            .or_insert_with(|| {
+                order.push(session);
+                Vec::new()
+            })
+            .push(request(&body, None));
+    }
+    Ok(order
+        .into_iter()
+        .filter_map(|id| {
+            let requests = by_id.remove(&id)?;
+            Some(Session { id, requests })
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jsonl_groups_by_session_in_order() {
+        let text = r#"{"session":"a","model":"m","messages":[{"role":"user","content":"1"}]}
+{"session":"b","model":"m","stream":true,"messages":[]}
+
+{"session":"a","model":"m","messages":[{"role":"user","content":"2"}]}
+{"model":"m","messages":[]}
+"#;
+        let sessions = from_jsonl(io::Cursor::new(text)).unwrap();
+        let ids: Vec<&str> = sessions.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "line-5"]);
+        assert_eq!(sessions[0].requests.len(), 2);
+        assert!(sessions[1].requests[0].stream);
+        let second: Value = serde_json::from_slice(&sessions[0].requests[1].body).unwrap();
+        assert_eq!(second["messages"][0]["content"], "2");
+        assert!(second.get("session").is_none());
+    }
+}

@@ -1,0 +1,201 @@
+//! Recording and replaying through the real proxy: a recording replayed into a fresh proxy
+//! gives the same forwarded bodies; replay keeps each session's order under concurrency;
+//! hashed recordings hold no original text.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use common::Harness;
+use context_proxy::config::Config;
+use context_proxy::corpus::recording::{self, Exchange};
+use context_proxy::mock::MockConfig;
+use context_proxy::replay::drive::{drive, DriveOptions, Outcome};
+use context_proxy::replay::source::{self, Session};
+use context_proxy::traffic::TrafficConfig;
+use serde_json::{json, Value};
+
+fn sample_sessions(n: usize) -> Vec<Session> {
+    let cfg = TrafficConfig {
+        seed: 7,
+        sessions: n,
+        max_turns: 12,
+        max_result_bytes: 60_000,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    context_proxy::traffic::write_dir(dir.path(), &cfg, &context_proxy::traffic::generate(&cfg))
+        .unwrap();
+    source::load(dir.path()).unwrap()
+}
+
+/// Records into `dir`, with compaction forced early.
+fn recording_to(dir: &Path, hash: bool) -> impl FnOnce(&mut Config) + '_ {
+    move |c: &mut Config| {
+        c.record.enabled = true;
+        c.record.dir = dir.to_path_buf();
+        c.record.hash_content = hash;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+        c.context.tool_result_max_tokens = 500;
+    }
+}
+
+async fn replay(h: &Harness, sessions: Vec<Session>, concurrency: usize) -> Vec<Outcome> {
+    let options = DriveOptions {
+        url: h.url("/v1/chat/completions"),
+        concurrency,
+        rate: None,
+        speed: None,
+        duration: None,
+        api_key: "sk-test-client".into(),
+        run_id: String::new(),
+        progress: false,
+    };
+    let outcomes = drive(&h.client, Arc::new(sessions), &options).await;
+    for o in &outcomes {
+        assert_eq!(o.status, 200, "{o:?}");
+    }
+    outcomes
+}
+
+/// What the upstream received, per session, in order.
+fn forwarded_by_session(exchanges: &[Exchange]) -> Vec<Vec<Value>> {
+    let mut by: HashMap<String, Vec<&Exchange>> = HashMap::new();
+    for x in exchanges {
+        by.entry(x.session.clone().unwrap()).or_default().push(x);
+    }
+    let mut sessions: Vec<Vec<Value>> = by
+        .into_values()
+        .map(|mut xs| {
+            xs.sort_by_key(|x| x.at_ms);
+            xs.iter().map(|x| x.upstream_body().clone()).collect()
+        })
+        .collect();
+    sessions.sort_by_key(|s| s[0].to_string());
+    sessions
+}
+
+#[tokio::test]
+async fn a_replayed_recording_forwards_the_same_bodies() {
+    let first = tempfile::tempdir().unwrap();
+    let h = Harness::start_with(MockConfig::default(), recording_to(first.path(), false)).await;
+    let sessions = sample_sessions(4);
+    let sent: usize = sessions.iter().map(|s| s.requests.len()).sum();
+    replay(&h, sessions, 4).await;
+    h.proxy.shutdown().await;
+    let recorded = recording::read(first.path()).unwrap();
+    assert_eq!(recorded.skipped_lines, 0);
+    assert_eq!(recorded.exchanges.len(), sent);
+    let rewritten = recorded
+        .exchanges
+        .iter()
+        .filter(|x| x.forwarded.is_some())
+        .count();
+    assert!(rewritten > 0, "compaction never happened");
+    let x = &recorded.exchanges[0];
+    assert!(x.tenant.is_some() && x.total_ms.is_some() && x.tokens_before.is_some());
+    assert!(x.response.as_ref().unwrap()["choices"][0]["message"].is_object());
+    // Linear, not quadratic: each distinct message is stored once (one file here).
+    let mut distinct = std::collections::HashSet::new();
+    for x in &recorded.exchanges {
+        for body in [Some(&x.request), x.forwarded.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            for m in body["messages"].as_array().unwrap() {
+                distinct.insert(m.to_string());
+            }
+        }
+    }
+    let mut message_lines = 0;
+    for e in std::fs::read_dir(first.path()).unwrap() {
+        let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+        message_lines += text
+            .lines()
+            .filter(|l| l.starts_with("{\"t\":\"m\""))
+            .count();
+    }
+    assert_eq!(message_lines, distinct.len());
+
+    let second = tempfile::tempdir().unwrap();
+    let h2 = Harness::start_with(MockConfig::default(), recording_to(second.path(), false)).await;
+    let again = source::load(first.path()).unwrap();
+    replay(&h2, again, 3).await;
+    h2.proxy.shutdown().await;
+    let replayed = recording::read(second.path()).unwrap();
+    assert_eq!(
+        forwarded_by_session(&replayed.exchanges),
+        forwarded_by_session(&recorded.exchanges)
+    );
+}
+
+#[tokio::test]
+async fn replay_keeps_each_sessions_order_under_concurrency() {
+    let h = Harness::start().await;
+    let sessions = sample_sessions(9);
+    let counts: HashMap<String, usize> = sessions
+        .iter()
+        .map(|s| (s.id.clone(), s.requests.len()))
+        .collect();
+    let outcomes = replay(&h, sessions, 8).await;
+    assert_eq!(outcomes.len(), counts.values().sum::<usize>());
+    let mut seen: HashMap<String, Vec<usize>> = HashMap::new();
+    for r in h.mock.received() {
+        let session = r.headers["x-context-session"].to_str().unwrap().to_string();
+        let messages = r.json()["messages"].as_array().unwrap().len();
+        seen.entry(session).or_default().push(messages);
+    }
+    assert_eq!(seen.len(), counts.len());
+    for (session, lengths) in seen {
+        assert_eq!(lengths.len(), counts[&session]);
+        assert!(
+            lengths.windows(2).all(|w| w[0] < w[1]),
+            "{session} out of order: {lengths:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn hashed_recordings_hold_no_original_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::start_with(MockConfig::default(), recording_to(dir.path(), true)).await;
+    let body = json!({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": "zebra-system-prompt"},
+        {"role": "user", "content": "walrus question about pelicans"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "read_file", "arguments": "{\"path\":\"flamingo.rs\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ocelot ".repeat(2000)},
+    ], "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {}}}]});
+    for stream in [false, true] {
+        let mut b = body.clone();
+        b["stream"] = json!(stream);
+        let resp = h.chat(&b).await;
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+    h.proxy.shutdown().await;
+    let mut text = String::new();
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        text.push_str(&std::fs::read_to_string(e.unwrap().path()).unwrap());
+    }
+    for word in [
+        "zebra",
+        "walrus",
+        "pelican",
+        "flamingo",
+        "ocelot",
+        "sk-test",
+        "default reply",
+    ] {
+        assert!(!text.contains(word), "{word} in the recording");
+    }
+    let read = recording::read(dir.path()).unwrap();
+    assert_eq!(read.exchanges.len(), 2);
+    let m = &read.exchanges[0].request["messages"];
+    assert_eq!(m[1]["role"], "user");
+    assert_eq!(m[1]["content"].as_str().unwrap().len(), 30);
+    assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "read_file");
+    assert_eq!(m[3]["content"].as_str().unwrap().len(), 14_000);
+}
