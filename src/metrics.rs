@@ -28,6 +28,8 @@ pub struct Metrics {
     pub reload_read_failed: AtomicU64,
     pub reload_search_ok: AtomicU64,
     pub reload_search_failed: AtomicU64,
+    /// The summarizer's counters (`context_proxy_summary_*`).
+    pub summarizer: std::sync::Arc<crate::summarize::Stats>,
 }
 
 impl Metrics {
@@ -126,6 +128,7 @@ impl Metrics {
             "# HELP {name} Sum of (upstream prompt_tokens - proxy count); negative when the proxy over-counts.\n# TYPE {name} gauge\n{name} {}\n",
             self.usage_diff_sum.load(Ordering::Relaxed)
         ));
+        out.push_str(&self.summarizer.render());
         out
     }
 }

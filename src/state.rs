@@ -36,6 +36,8 @@ pub struct AppState {
     pub upstreams: Upstreams,
     pub context: ContextManager,
     pub metrics: Metrics,
+    /// The summarizer service, when `[context.summarizer] enabled`.
+    pub summarizer: Option<Arc<crate::summarize::Summarizer>>,
     /// Set once shutdown begins: `/readyz` then answers 503 so load balancers move away.
     draining: AtomicBool,
     /// Running background services, in the order they were started.
@@ -49,6 +51,8 @@ pub enum StateError {
     Upstream(#[from] UpstreamSetupError),
     #[error("cannot open the store: {0}")]
     Store(StoreError),
+    #[error("context.summarizer.upstream names no configured upstream: {0}")]
+    SummarizerUpstream(String),
 }
 
 /// The store's background sweeper, seen as a service.
@@ -74,15 +78,23 @@ impl AppState {
             .map_err(StateError::Store)?;
         let counter = Counter::new(Encoding::O200kBase, config.tokens.clone());
         let context = ContextManager::new(config.context.clone(), counter, store.clone());
+        let metrics = Metrics::default();
+        let summarizer =
+            crate::summarize::start(&config.context.summarizer, &upstreams, &store, &metrics)
+                .map_err(StateError::SummarizerUpstream)?;
         let state = AppState {
             config,
             upstreams,
             context,
-            metrics: Metrics::default(),
+            metrics,
+            summarizer: summarizer.clone(),
             draining: AtomicBool::new(false),
             services: Mutex::new(Vec::new()),
         };
         state.register(Arc::new(StoreSweeper(store)));
+        if let Some(summarizer) = summarizer {
+            state.register(summarizer);
+        }
         Ok(state)
     }
 

@@ -43,6 +43,10 @@ pub struct ChatCtx {
     /// Rounds, calls and upstream calls of the tool loop (shared with a streaming loop's task).
     pub stats: Arc<super::tool_loop::LoopStats>,
     pub timings: Timings,
+    /// What a summary did for this request (`x-context-summary`: hit, computed, fallback).
+    pub summary: Option<&'static str>,
+    /// A smaller budget for a second plan, after the upstream said the context is too long.
+    pub budget_override: Option<usize>,
 }
 
 /// When each step of the request happened.
@@ -91,6 +95,8 @@ impl ChatCtx {
                 first_byte: None,
                 done: None,
             },
+            summary: None,
+            budget_override: None,
         }
     }
 

@@ -27,6 +27,7 @@ mod overflow;
 mod record;
 mod request;
 mod respond;
+mod summary;
 mod tool_loop;
 
 use std::sync::Arc;
@@ -143,10 +144,13 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
                         crate::context::markers::Readback::Stored
                     }
                 },
+                budget_override: ctx.budget_override,
+                summarize: state.summarizer.is_some(),
             },
         )
         .await;
     ctx.plan = Some(plan);
+    summary::settle(state, ctx).await;
 }
 
 /// apply: offer the proxy's tools when the new body will refer to stored content; store what
@@ -216,11 +220,7 @@ async fn apply(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
 /// forward: the upstream request, built once from the new body (or the client's bytes) and the
 /// client's headers, then sent.
 async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
-    let body = match (&ctx.managed.body, ctx.body_changed) {
-        (Some(body), _) => body.clone(),
-        (None, true) => bytes::Bytes::from(ctx.request.body.to_string()),
-        (None, false) => ctx.request.raw.clone(),
-    };
+    let body = outgoing_body(ctx);
     let request = ctx.upstream.request(
         Method::POST,
         "/chat/completions",
@@ -244,6 +244,15 @@ async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
     Ok(answer)
 }
 
+/// The body to send: the new one, the JSON changed otherwise, or the client's bytes.
+fn outgoing_body(ctx: &ChatCtx) -> bytes::Bytes {
+    match (&ctx.managed.body, ctx.body_changed) {
+        (Some(body), _) => body.clone(),
+        (None, true) => bytes::Bytes::from(ctx.request.body.to_string()),
+        (None, false) => ctx.request.raw.clone(),
+    }
+}
+
 /// tool loop: when the proxy offered its tools and the upstream answered, run the model's
 /// calls of them and ask again, until the answer is the client's (see `tool_loop.rs`).
 async fn tool_loop(
@@ -252,7 +261,12 @@ async fn tool_loop(
     answer: upstream::Incoming,
 ) -> Result<Answer, ProxyError> {
     let answer = match overflow::learn_limit(state, ctx, answer).await {
-        Ok(relayed) => return Ok(relayed),
+        Ok((relayed, Some(limit))) => match overflow::retry(state, ctx, limit).await {
+            // A second "too long" is relayed as the upstream sent it.
+            Some(answer) => answer,
+            None => return Ok(relayed),
+        },
+        Ok((relayed, None)) => return Ok(relayed),
         Err(answer) => answer,
     };
     let (Some(reload), Some(identity), Some(outgoing)) =
