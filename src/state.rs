@@ -5,8 +5,7 @@
 //! once its connections are drained; handlers only read it. Neither imports the other's
 //! internals: `server` → `router` → routes → `state`, never back.
 //!
-//! Background services (today the store's sweeper; the summarizer and the traffic recorder
-//! later) are registered here when the state is built and stopped here, last started first
+//! Background services (the store's sweeper, the summarizer; the traffic recorder later) are registered here when the state is built and stopped here, last started first
 //! stopped, so nothing outlives the server.
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -8,12 +8,13 @@
 //! - `identify` says whose conversation it is (tenant, session), in which mode, and which
 //!   upstream serves its model;
 //! - `plan` puts back what the proxy hid from the client earlier (its own tool calls), counts
-//!   the conversation and lets the pure engine decide ([`crate::context`]);
+//!   the conversation and lets the pure engine decide ([`crate::context`]), then settles the
+//!   summary of a moved-out span (`summary.rs`, [`crate::summarize`]);
 //! - `apply` stores what the plan removes, builds the new body, and offers the proxy's own
 //!   tools when the body refers to stored content ([`crate::reload`]);
 //! - `forward` builds the upstream request once (it can be sent again) and sends it;
-//! - `tool loop` learns the limit an upstream states when it says the context is too long
-//!   (`overflow.rs`), answers the model's calls of the proxy's tools and asks the upstream
+//! - `tool loop` learns the limit an upstream states when it says the context is too long,
+//!   plans again against a much smaller budget and retries once (`overflow.rs`), answers the model's calls of the proxy's tools and asks the upstream
 //!   again, hiding them from the client (`tool_loop.rs`, `loop_json.rs`, `loop_stream.rs`);
 //! - `respond` relays the answer to the client as it arrives, reading it on the way;
 //! - `record` runs once the response is known — when its body has ended or the client left.
