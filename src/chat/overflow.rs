@@ -64,7 +64,8 @@ pub async fn learn_limit(
 }
 
 /// Plans the client's request again against a budget well under the stated `limit` and sends
-/// it once more. `None` when it cannot be retried (nothing was sent, or planning refused it).
+/// it once more. `None` when it cannot be retried: nothing was sent, or the new plan does not
+/// make the request smaller (the upstream's error then goes to the client as it came).
 pub async fn retry(state: &AppState, ctx: &mut ChatCtx, limit: usize) -> Option<Incoming> {
     let outgoing = ctx.outgoing.clone()?;
     let request = ChatRequest::parse(ctx.request.raw.clone()).ok()?;
@@ -80,11 +81,21 @@ pub async fn retry(state: &AppState, ctx: &mut ChatCtx, limit: usize) -> Option<
     ctx.request = request;
     ctx.headers = outgoing.headers.clone();
     ctx.budget_override = Some(budget);
-    ctx.managed = crate::context::Managed::off();
-    ctx.reload = None;
+    let sent = std::mem::replace(&mut ctx.managed, crate::context::Managed::off());
+    let (reload, body_changed, restored) = (ctx.reload.take(), ctx.body_changed, ctx.restored);
     ctx.body_changed = false;
     ctx.restored = 0;
     super::plan(state, ctx).await;
+    let smaller = ctx
+        .plan
+        .as_ref()
+        .is_some_and(|p| p.rewrites() && p.report.tokens_after < sent.report.tokens_after);
+    if !smaller {
+        tracing::info!("the request cannot be made smaller: relaying the upstream's error");
+        (ctx.plan, ctx.managed, ctx.reload) = (None, sent, reload);
+        (ctx.body_changed, ctx.restored) = (body_changed, restored);
+        return None;
+    }
     super::apply(state, ctx).await.ok()?;
     let body = super::outgoing_body(ctx);
     let request = UpstreamRequest { body, ..outgoing };
