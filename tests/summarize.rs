@@ -272,6 +272,37 @@ async fn an_over_budget_request_waits_for_its_summary_then_the_next_reuses_it() 
 }
 
 #[tokio::test]
+async fn by_default_the_request_s_model_and_upstream_summarize_with_the_client_s_key() {
+    let s = start(MockConfig::default(), |c| {
+        c.context.summarizer.soft_ratio = 1.0;
+        c.context.summarizer.upstream = None;
+        c.context.summarizer.model = None;
+    })
+    .await;
+    s.h.mock.push(Reply::text(SUMMARY));
+    let resp = s.h.chat(&request(12)).await;
+    assert_eq!(
+        header(&resp, "x-context-summary").as_deref(),
+        Some("computed")
+    );
+    resp.bytes().await.unwrap();
+    let received = s.h.mock.received();
+    assert_eq!(received.len(), 2);
+    let call = received[0].json();
+    assert!(call["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .starts_with(PROMPT_OPENING));
+    assert_eq!(call["model"], "gpt-4o");
+    assert_eq!(
+        received[0].headers["authorization"],
+        "Bearer sk-test-client"
+    );
+    // The named summarizer upstream was not used.
+    assert!(s.summarizer.received().is_empty());
+}
+
+#[tokio::test]
 async fn concurrent_requests_of_one_conversation_summarize_once() {
     let slow = MockConfig {
         latency: Duration::from_millis(200),

@@ -122,3 +122,53 @@ impl Summaries {
         )))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Backend, StoreConfig};
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn the_first_summary_of_a_prefix_wins_and_the_longest_match_comes_first() {
+        let store = crate::store::open(&StoreConfig {
+            backend: Backend::Memory,
+            ..StoreConfig::default()
+        })
+        .await
+        .unwrap();
+        let summaries = Summaries::new(store);
+        let messages: Vec<_> = (0..6)
+            .map(|i| json!({"role": "user", "content": format!("m{i}")}))
+            .collect();
+        let prefixes = Prefixes::of(&messages);
+        let id = super::super::session::identify(&http::HeaderMap::new(), &messages);
+        let entry = |len: usize, text: &str| Recorded {
+            prefix_len: len,
+            prefix_hash: hash_hex(prefixes.get(len).unwrap()),
+            summary: text.into(),
+        };
+        assert_eq!(summaries.record(&id, entry(3, "a")).await.unwrap(), "a");
+        assert_eq!(summaries.record(&id, entry(3, "b")).await.unwrap(), "a");
+        summaries.record(&id, entry(5, "c")).await.unwrap();
+        let found = summaries.matching(&id, &prefixes).await.unwrap();
+        assert_eq!(
+            found.iter().map(|r| r.summary.as_str()).collect::<Vec<_>>(),
+            ["c", "a"]
+        );
+        // Another conversation of the session shares only the first four messages.
+        let mut other = messages[..4].to_vec();
+        other.push(json!({"role": "user", "content": "else"}));
+        let found = summaries
+            .matching(&id, &Prefixes::of(&other))
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 1);
+        let h = hash_hex(prefixes.get(3).unwrap());
+        assert_eq!(
+            summaries.get(&id, 3, &h).await.unwrap().as_deref(),
+            Some("a")
+        );
+        assert_eq!(summaries.get(&id, 4, &h).await.unwrap(), None);
+    }
+}
