@@ -496,3 +496,78 @@ async fn each_wording_of_too_long_triggers_one_retry() {
         assert!(sent[1].body.len() < sent[0].body.len() / 2, "{error}");
     }
 }
+
+/// Two replicas (two summarizers, one store): the store's lock lets one call the model; the
+/// other finds its summary.
+#[tokio::test]
+async fn two_replicas_sharing_a_store_summarize_a_prefix_once() {
+    use context_proxy::context::summary::SummarizerConfig;
+    use context_proxy::context::SummaryJob;
+    use context_proxy::store::{Backend, StoreConfig};
+    use context_proxy::summarize::{Source, Summarizer, Task};
+    let mock = MockUpstream::start(MockConfig {
+        latency: Duration::from_millis(300),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    mock.push(Reply::text(SUMMARY));
+    mock.push(Reply::text(SUMMARY));
+    let upstreams = context_proxy::upstream::Upstreams::new(
+        &[UpstreamConfig {
+            base_url: mock.base_url(),
+            ..UpstreamConfig::default()
+        }],
+        |_| None,
+    )
+    .unwrap();
+    let store = context_proxy::store::open(&StoreConfig {
+        backend: Backend::Memory,
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap();
+    let config = SummarizerConfig {
+        enabled: true,
+        ..SummarizerConfig::default()
+    };
+    let replicas: Vec<_> = (0..2)
+        .map(|_| Summarizer::start(config.clone(), store.clone(), None, Default::default()))
+        .collect();
+    let body = request(3);
+    let manager = context_proxy::context::ContextManager::new(
+        Default::default(),
+        context_proxy::tokens::Counter::new(
+            context_proxy::tokens::Encoding::O200kBase,
+            Default::default(),
+        ),
+        store.clone(),
+    );
+    let task = Task {
+        identity: manager.identify(&http::HeaderMap::new(), &body).unwrap(),
+        job: SummaryJob {
+            prefix_len: 6,
+            prefix_hash: format!("{:032x}", 42u128),
+            previous: None,
+            span: "[user]\nContinue with step 0.\n".into(),
+            blocking: true,
+        },
+        upstream: upstreams.route(None).clone(),
+        authorization: None,
+        model: "gpt-4o".into(),
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let (a, b) = tokio::join!(
+        replicas[0].obtain(&task, deadline),
+        replicas[1].obtain(&task, deadline)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.0, b.0);
+    let mut sources = [a.1, b.1];
+    sources.sort_by_key(|s| *s == Source::Computed);
+    assert_eq!(sources, [Source::Cached, Source::Computed]);
+    assert_eq!(mock.received().len(), 1);
+    for r in &replicas {
+        context_proxy::state::Service::stop(&**r).await;
+    }
+}
