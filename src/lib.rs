@@ -38,6 +38,7 @@ pub mod router;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod summarize;
 pub mod upstream;
 
 pub use context_proxy_corpus as corpus;

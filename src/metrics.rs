@@ -98,6 +98,8 @@ pub struct Metrics {
     pub reload_search_failed: AtomicU64,
     /// Exchanges the traffic recorder dropped because its queue was full.
     pub record_dropped: AtomicU64,
+    /// The summarizer's counters (`context_proxy_summary_*`).
+    pub summarizer: std::sync::Arc<crate::summarize::Stats>,
 
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -242,6 +244,7 @@ impl Default for Metrics {
             reload_search_ok: AtomicU64::new(0),
             reload_search_failed: AtomicU64::new(0),
             record_dropped: AtomicU64::new(0),
+            summarizer: std::sync::Arc::default(),
             registry,
             requests,
             request_seconds,
@@ -524,6 +527,13 @@ impl Metrics {
             ),
         ] {
             legacy.register(name, help, ConstCounter::new(value.load(Ordering::Relaxed)));
+        }
+        for (name, help, value) in self.summarizer.entries() {
+            legacy.register(
+                format!("context_proxy_summary_{name}"),
+                help,
+                ConstCounter::new(value.load(Ordering::Relaxed)),
+            );
         }
         legacy.register(
             "context_proxy_usage_diff_tokens_sum",

@@ -5,7 +5,7 @@
 //! once its connections are drained; handlers only read it. Neither imports the other's
 //! internals: `server` → `router` → routes → `state`, never back.
 //!
-//! Background services (the store's sweeper, the traffic recorder; the summarizer later) are
+//! Background services (the store's sweeper, the summarizer, the traffic recorder) are
 //! registered here when the state is built and stopped here, last started first stopped, so
 //! nothing outlives the server.
 
@@ -43,6 +43,8 @@ pub struct AppState {
     pub body_budget: crate::request_body::BodyBudget,
     /// The traffic recorder, when `[record]` is enabled.
     pub recorder: Option<Arc<Recorder>>,
+    /// The summarizer service, when `[context.summarizer] enabled`.
+    pub summarizer: Option<Arc<crate::summarize::Summarizer>>,
     /// Set once shutdown begins: `/readyz` then answers 503 so load balancers move away.
     draining: AtomicBool,
     /// Running background services, in the order they were started.
@@ -60,6 +62,8 @@ pub enum StateError {
     Auth(#[from] crate::auth::AuthSetupError),
     #[error("cannot start the traffic recorder in {dir}: {source}")]
     Record { dir: String, source: std::io::Error },
+    #[error("context.summarizer.upstream names no configured upstream: {0}")]
+    SummarizerUpstream(String),
 }
 
 /// The store's background sweeper, seen as a service.
@@ -85,6 +89,10 @@ impl AppState {
             .await
             .map_err(StateError::Store)?;
         let counter = Counter::new(Encoding::O200kBase, config.tokens.clone());
+        let metrics = Metrics::default();
+        let summarizer =
+            crate::summarize::start(&config.context.summarizer, &upstreams, &store, &metrics)
+                .map_err(StateError::SummarizerUpstream)?;
         let context = ContextManager::new(config.context.clone(), counter, store.clone())
             .with_content_refresh(config.store.content_refresh()); // harden: store.content_refresh_secs
         let body_budget =
@@ -104,13 +112,17 @@ impl AppState {
             auth,
             upstreams,
             context,
-            metrics: Metrics::default(),
+            metrics,
             body_budget,
             recorder: recorder.clone(),
+            summarizer: summarizer.clone(),
             draining: AtomicBool::new(false),
             services: Mutex::new(Vec::new()),
         };
         state.register(Arc::new(StoreSweeper(store)));
+        if let Some(summarizer) = summarizer {
+            state.register(summarizer);
+        }
         if let Some(recorder) = recorder {
             state.register(recorder);
         }

@@ -124,6 +124,11 @@ impl Upstreams {
         Ok(Upstreams { list, default })
     }
 
+    /// The upstream called `name`.
+    pub fn named(&self, name: &str) -> Option<&Arc<Upstream>> {
+        self.list.iter().find(|u| u.name == name)
+    }
+
     /// The upstream serving `model`: the first whose patterns match, else the default.
     pub fn route(&self, model: Option<&str>) -> &Arc<Upstream> {
         model

@@ -181,27 +181,27 @@ async fn a_limit_the_upstream_states_is_used_from_the_next_request() {
     let messages = long_chat(60);
     let body = json!({"model": "self-hosted-model", "messages": messages});
     // Unknown model: 128k assumed, sent whole; the upstream refuses and says its limit. The
-    // client gets the upstream's answer unchanged.
+    // proxy learns it, plans again against a much smaller budget and retries once.
     let resp = h.chat(&body).await;
-    assert_eq!(resp.status(), 400);
-    let bytes = resp.bytes().await.unwrap();
-    let err = common::assert_openai_error(&bytes);
-    assert_eq!(err["code"], "context_length_exceeded");
-    assert!(err["message"]
-        .as_str()
-        .unwrap()
-        .contains("maximum context length is 6000 tokens"));
-    // The next request is planned against 6,000: (6,000 − 3,000 for the answer) × 0.8.
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    let sent = h.mock.received();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[1].json()["messages"][1], messages[1]);
+    // The next request is planned against 6,000 at once: (6,000 − 3,000 for the answer) × 0.8.
     let resp = h.chat(&body).await;
     assert_eq!(resp.status(), 200);
     let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
     assert!(after <= 2400, "{after}");
-    let sent = h.mock.received()[1].json();
-    assert_eq!(sent["messages"][1], messages[1]);
+    assert_eq!(h.mock.received().len(), 3);
 
-    // The same through a streaming request, for another model.
+    // The same through a streaming request, for another model: the error comes before the
+    // first event, and the retry streams.
     let stream = json!({"model": "other-model", "stream": true, "messages": messages});
-    assert_eq!(h.chat(&stream).await.status(), 400);
+    let resp = h.chat(&stream).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("[DONE]"));
+    assert_eq!(h.mock.received().len(), 5);
     let resp = h.chat(&stream).await;
     assert_eq!(resp.status(), 200);
     let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();

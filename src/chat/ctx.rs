@@ -47,6 +47,10 @@ pub struct ChatCtx {
     pub caller: Option<crate::auth::Caller>,
     /// The request's `model`, kept for the record phase (the tool loop takes the body).
     pub model: Option<String>,
+    /// What a summary did for this request (`x-context-summary`: hit, computed, fallback).
+    pub summary: Option<&'static str>,
+    /// A smaller budget for a second plan, after the upstream said the context is too long.
+    pub budget_override: Option<usize>,
 }
 
 /// When each step of the request happened.
@@ -97,6 +101,8 @@ impl ChatCtx {
             },
             caller: None,
             model: None,
+            summary: None,
+            budget_override: None,
         }
     }
 

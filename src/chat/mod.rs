@@ -8,12 +8,13 @@
 //! - `identify` says whose conversation it is (tenant, session), in which mode, and which
 //!   upstream serves its model;
 //! - `plan` puts back what the proxy hid from the client earlier (its own tool calls), counts
-//!   the conversation and lets the pure engine decide ([`crate::context`]);
+//!   the conversation and lets the pure engine decide ([`crate::context`]), then settles the
+//!   summary of a moved-out span (`summary.rs`, [`crate::summarize`]);
 //! - `apply` stores what the plan removes, builds the new body, and offers the proxy's own
 //!   tools when the body refers to stored content ([`crate::reload`]);
 //! - `forward` builds the upstream request once (it can be sent again) and sends it;
-//! - `tool loop` learns the limit an upstream states when it says the context is too long
-//!   (`overflow.rs`), answers the model's calls of the proxy's tools and asks the upstream
+//! - `tool loop` learns the limit an upstream states when it says the context is too long,
+//!   plans again against a much smaller budget and retries once (`overflow.rs`), answers the model's calls of the proxy's tools and asks the upstream
 //!   again, hiding them from the client (`tool_loop.rs`, `loop_json.rs`, `loop_stream.rs`);
 //! - `respond` relays the answer to the client as it arrives, reading it on the way;
 //! - `record` runs once the response is known — when its body has ended or the client left.
@@ -27,6 +28,7 @@ mod overflow;
 mod record;
 mod request;
 mod respond;
+mod summary;
 mod tool_loop;
 
 use std::sync::Arc;
@@ -137,6 +139,8 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
                         crate::context::markers::Readback::Stored
                     }
                 },
+                budget_override: ctx.budget_override,
+                summarize: state.summarizer.is_some(),
             },
         )
         .await;
@@ -145,6 +149,7 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
         ctx.body_changed = true;
     }
     ctx.plan = Some(plan);
+    summary::settle(state, ctx).await;
 }
 
 /// apply: offer the proxy's tools when the new body will refer to stored content; store what
@@ -214,11 +219,7 @@ async fn apply(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
 /// forward: the upstream request, built once from the new body (or the client's bytes) and the
 /// client's headers, then sent.
 async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
-    let body = match (&ctx.managed.body, ctx.body_changed) {
-        (Some(body), _) => body.clone(),
-        (None, true) => bytes::Bytes::from(ctx.request.body.to_string()),
-        (None, false) => ctx.request.raw.clone(),
-    };
+    let body = outgoing_body(ctx);
     let request = ctx.upstream.request(
         Method::POST,
         "/chat/completions",
@@ -242,6 +243,15 @@ async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
     Ok(answer)
 }
 
+/// The body to send: the new one, the JSON changed otherwise, or the client's bytes.
+fn outgoing_body(ctx: &ChatCtx) -> bytes::Bytes {
+    match (&ctx.managed.body, ctx.body_changed) {
+        (Some(body), _) => body.clone(),
+        (None, true) => bytes::Bytes::from(ctx.request.body.to_string()),
+        (None, false) => ctx.request.raw.clone(),
+    }
+}
+
 /// tool loop: when the proxy offered its tools and the upstream answered, run the model's
 /// calls of them and ask again, until the answer is the client's (see `tool_loop.rs`).
 async fn tool_loop(
@@ -250,7 +260,12 @@ async fn tool_loop(
     answer: upstream::Incoming,
 ) -> Result<Answer, ProxyError> {
     let answer = match overflow::learn_limit(state, ctx, answer).await {
-        Ok(relayed) => return Ok(relayed),
+        Ok((relayed, Some(limit))) => match overflow::retry(state, ctx, limit).await {
+            // A second "too long" is relayed as the upstream sent it.
+            Some(answer) => answer,
+            None => return Ok(relayed),
+        },
+        Ok((relayed, None)) => return Ok(relayed),
         Err(answer) => answer,
     };
     let (Some(reload), Some(identity), Some(outgoing)) =

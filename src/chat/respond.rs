@@ -21,9 +21,13 @@ use crate::state::AppState;
 /// (JSON answers; a stream's headers leave before its rounds).
 pub const RELOAD_HEADER: &str = "x-context-reload";
 
+/// Response header: what a summary did for this request (`hit`, `computed`, `fallback`).
+pub const SUMMARY_HEADER: &str = "x-context-summary";
+
 /// The client's response for `answer`.
 pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<ProxyBody> {
     let mut headers = context_headers(&ctx.managed);
+    let summary = ctx.summary;
     let rounds = ctx.stats.rounds.load(Ordering::Relaxed);
     if rounds > 0 {
         let calls = ctx.stats.calls.load(Ordering::Relaxed);
@@ -66,6 +70,11 @@ pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<P
         response.headers_mut().insert(name, value);
     }
     response.extensions_mut().insert(upstream_name);
+    if let Some(summary) = summary {
+        response
+            .headers_mut()
+            .insert(SUMMARY_HEADER, HeaderValue::from_static(summary));
+    }
     response
 }
 

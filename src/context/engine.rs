@@ -192,6 +192,9 @@ pub struct Outcome {
     pub writes: Vec<Write>,
     pub decision: Decision,
     pub report: Report,
+    /// The input messages moved out behind one marker, which stands at `moved.start` of the
+    /// new messages (where a summary is placed).
+    pub moved: Option<Range<usize>>,
 }
 
 /// One request's conversation, as counted.
@@ -479,6 +482,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         writes: Vec::new(),
         decision: prior,
         report,
+        moved: None,
     };
     let mut report = Report {
         tokens_before: before,
@@ -644,6 +648,7 @@ fn assemble(
 ) -> Outcome {
     let input = work.input;
     let n = input.messages.len();
+    let moved = span.clone().filter(|s| !s.is_empty());
     let span = span.unwrap_or(0..0);
     let mut out = Vec::with_capacity(n);
     let mut tokens_after = input.fixed;
@@ -702,6 +707,7 @@ fn assemble(
         writes: work.writes,
         decision,
         report,
+        moved,
     }
 }
 

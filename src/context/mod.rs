@@ -18,6 +18,8 @@ pub mod markers;
 pub mod models;
 pub mod session;
 pub mod settings;
+pub mod summaries;
+pub mod summary;
 pub mod transforms;
 pub mod units;
 
@@ -96,6 +98,11 @@ pub struct Route<'a> {
     pub default_window: Option<usize>,
     /// How markers tell the model to read content back in this request.
     pub readback: markers::Readback,
+    /// A budget replacing the one resolved for the model (a retry after the upstream said the
+    /// context is too long).
+    pub budget_override: Option<usize>,
+    /// Whether moved-out spans are summarized for this request (`[context.summarizer]`).
+    pub summarize: bool,
 }
 
 /// What the plan phase decided for one request, handed to the apply phase.
@@ -111,6 +118,46 @@ pub struct Plan {
     pub restored: usize,
     /// Set when the engine ran: what it needs from the session to apply.
     decided: Option<Decided>,
+    /// What a summary does for this request (see [`SummaryPlan`]).
+    pub summary: SummaryPlan,
+}
+
+/// What a summary does for one request.
+#[derive(Debug, Default)]
+pub enum SummaryPlan {
+    /// No span is moved out, nor worth summarizing yet.
+    #[default]
+    None,
+    /// The moved-out span's summary was ready and is placed.
+    Hit,
+    /// A span is moved out without its summary: the marker stands (with the previous summary,
+    /// if any) unless the job completes in time.
+    Missing(SummaryJob),
+    /// Under the hard budget but over the soft watermark: the next span is worth summarizing
+    /// in the background.
+    Ahead(SummaryJob),
+}
+
+/// One summary to compute: the previous summary and the newly covered span.
+#[derive(Debug, Clone)]
+pub struct SummaryJob {
+    /// The summary covers `messages[..prefix_len]` (after the pinned head).
+    pub prefix_len: usize,
+    pub prefix_hash: String,
+    /// The summary of a shorter prefix of the same span, merged into the new one.
+    pub previous: Option<String>,
+    /// The newly covered messages, compacted, as the summarizer reads them.
+    pub span: String,
+    /// The request moved this span out just now, over its hard budget: it may wait for it.
+    pub blocking: bool,
+}
+
+/// Where the marker of a moved-out span stands, to put a summary in it.
+#[derive(Debug)]
+struct MarkerSlot {
+    index: usize,
+    marker: String,
+    encoding: Encoding,
 }
 
 #[derive(Debug)]
@@ -118,6 +165,7 @@ struct Decided {
     prefixes: Prefixes,
     prior: Decision,
     outcome: engine::Outcome,
+    marker: Option<MarkerSlot>,
 }
 
 impl Plan {
@@ -128,6 +176,7 @@ impl Plan {
             store_failed: false,
             restored: 0,
             decided: None,
+            summary: SummaryPlan::None,
         }
     }
 
@@ -138,6 +187,7 @@ impl Plan {
             store_failed: false,
             restored: 0,
             decided: None,
+            summary: SummaryPlan::None,
         }
     }
 
@@ -179,6 +229,8 @@ pub struct ContextManager {
     refresh: std::time::Duration,
     /// The proxy's tool calls hidden from clients, per session.
     hidden: crate::reload::hidden::Hidden,
+    /// Summaries of moved-out spans, by the prefix they cover.
+    summaries: summaries::Summaries,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
     references: DashMap<u128, ContentRef>,
     /// Content hash → lossless form of a tool result (`None`: no transform applies), so each
@@ -234,6 +286,7 @@ impl ContextManager {
             counter,
             decisions: Decisions::new(store.clone()),
             hidden: crate::reload::hidden::Hidden::new(store.clone()),
+            summaries: summaries::Summaries::new(store.clone()),
             store,
             written: DashMap::new(),
             refresh: std::time::Duration::from_secs(60),
@@ -251,10 +304,8 @@ impl ContextManager {
         model: &str,
         status: u16,
         body: &[u8],
-    ) {
-        let Some(limit) = limits::stated_limit(status, body) else {
-            return;
-        };
+    ) -> Option<usize> {
+        let limit = limits::stated_limit(status, body)?;
         if self
             .learned
             .learn(&*self.store, upstream, model, limit)
@@ -267,6 +318,17 @@ impl ContextManager {
                 "learned the context limit from the upstream"
             );
         }
+        Some(limit)
+    }
+
+    /// The budget of a second attempt after the upstream stated its `limit`: well below the
+    /// input limit it implies, and well below what was sent.
+    pub fn retry_budget(&self, limit: usize, body: &Value, sent_tokens: usize) -> usize {
+        let output = RequestLimits::requested_output_of(body)
+            .unwrap_or(self.config.output_reserve_tokens)
+            .min(limit / 2);
+        let input = limit.saturating_sub(output);
+        (input * 6 / 10).min(sent_tokens * 6 / 10).max(1)
     }
 
     /// What this request adds to the config's budget: its `max_completion_tokens` /
@@ -298,6 +360,16 @@ impl ContextManager {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Summaries of moved-out spans, by the prefix they cover.
+    pub fn summaries(&self) -> &summaries::Summaries {
+        &self.summaries
+    }
+
+    /// The `[context.summarizer]` settings.
+    pub fn summarizer_config(&self) -> &summary::SummarizerConfig {
+        &self.config.summarizer
     }
 
     /// The `[context.reload]` settings.
@@ -356,6 +428,14 @@ impl ContextManager {
         let limits = self.request_limits(route, model, body);
         let mut settings = self.config.resolve(model, mode, &limits);
         settings.readback = route.readback.clone();
+        if let Some(budget) = route.budget_override.filter(|&b| b < settings.budget) {
+            settings.target = (budget as f64 * self.config.target_ratio) as usize;
+            settings.truncate_tokens = settings
+                .truncate_tokens
+                .min(budget / 2)
+                .max(settings::MIN_TRUNCATE_TOKENS);
+            settings.budget = budget;
+        }
         let env = CachedEnv {
             counter: &counter,
             references: &self.references,
@@ -386,7 +466,7 @@ impl ContextManager {
         };
         let prefixes = Prefixes::of(messages);
         let mut store_failed = false;
-        let prior = match self.decisions.lookup(identity, &prefixes).await {
+        let mut prior = match self.decisions.lookup(identity, &prefixes).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "context store unavailable: deciding without the session's state");
@@ -394,13 +474,39 @@ impl ContextManager {
                 Decision::default()
             }
         };
+        let summarize = route.summarize && mode.offloads() && !store_failed;
+        let mut ready = Vec::new();
+        if summarize {
+            match self.summaries.matching(identity, &prefixes).await {
+                Ok(found) => ready = found,
+                Err(e) => tracing::warn!(error = %e, "cannot read the session's summaries"),
+            }
+            // A ready summary moves the boundary to the end of the span it covers.
+            if let Some(best) = ready.first() {
+                prior.offload_before = prior.offload_before.max(best.prefix_len);
+            }
+        }
         let fixed = count.total - count.per_message.iter().sum::<usize>();
         let input = Input {
             messages,
             counts: &count.per_message,
             fixed,
         };
-        let outcome = engine::run(&input, &settings, prior, &env);
+        let mut outcome = engine::run(&input, &settings, prior, &env);
+        let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
+            self.plan_summary(
+                &input,
+                &settings,
+                &mut outcome,
+                prior,
+                &ready,
+                &prefixes,
+                &counter,
+                &env,
+            )
+        } else {
+            (SummaryPlan::None, None)
+        };
         tracing::debug!(
             before = outcome.report.tokens_before,
             after = outcome.report.tokens_after,
@@ -420,8 +526,121 @@ impl ContextManager {
                 prefixes,
                 prior,
                 outcome,
+                marker,
             }),
+            summary,
         }
+    }
+
+    /// After the engine ran: places the summary of the moved-out span when it is ready (else
+    /// the previous one, with the marker naming every original), or says which summary is
+    /// worth computing.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_summary(
+        &self,
+        input: &Input<'_>,
+        settings: &Settings,
+        outcome: &mut engine::Outcome,
+        prior: Decision,
+        ready: &[summaries::Recorded],
+        prefixes: &Prefixes,
+        counter: &Counter,
+        env: &CachedEnv<'_>,
+    ) -> (SummaryPlan, Option<MarkerSlot>) {
+        let cfg = &self.config.summarizer;
+        let job = |from: usize, end: usize, previous: Option<&summaries::Recorded>, blocking| {
+            let count = |t: &str| counter.count_text(t);
+            let room = cfg
+                .max_input_tokens
+                .saturating_sub(cfg.max_summary_tokens + 1_000)
+                .saturating_sub(previous.map_or(0, |p| count(&p.summary)));
+            let prefix_hash = summaries::hash_hex(prefixes.get(end)?);
+            Some(SummaryJob {
+                prefix_len: end,
+                prefix_hash,
+                previous: previous.map(|p| p.summary.clone()),
+                span: summary::render_span(
+                    &input.messages[from..end],
+                    settings.tool_result_max_tokens,
+                    room.max(1_000),
+                    &count,
+                ),
+                blocking,
+            })
+        };
+        if let Some(moved) = outcome.moved.clone() {
+            let Some(messages) = outcome.messages.as_mut() else {
+                return (SummaryPlan::None, None);
+            };
+            let Some(Value::String(marker)) = messages
+                .get(moved.start)
+                .and_then(|m| m.get("content"))
+                .cloned()
+            else {
+                return (SummaryPlan::None, None);
+            };
+            let slot = MarkerSlot {
+                index: moved.start,
+                marker,
+                encoding: counter.encoding(),
+            };
+            let exact = ready.iter().find(|r| r.prefix_len == moved.end);
+            let previous = ready
+                .iter()
+                .find(|r| r.prefix_len < moved.end && r.prefix_len > moved.start);
+            let placed = exact.or(previous);
+            if let Some(r) = placed {
+                place_into(outcome, &slot, &r.summary, counter);
+            }
+            if exact.is_some() {
+                return (SummaryPlan::Hit, Some(slot));
+            }
+            let from = previous.map_or(moved.start, |p| p.prefix_len);
+            let blocking = moved.end > prior.offload_before;
+            let plan = job(from, moved.end, previous, blocking)
+                .map_or(SummaryPlan::None, SummaryPlan::Missing);
+            return (plan, Some(slot));
+        }
+        // Nothing moved out: is the next span worth summarizing ahead of time?
+        if (outcome.report.tokens_after as f64) <= cfg.soft_ratio * settings.budget as f64 {
+            return (SummaryPlan::None, None);
+        }
+        let forced = Settings {
+            budget: 1,
+            ..settings.clone()
+        };
+        let candidate = engine::run(input, &forced, prior, env);
+        let Some(span) = candidate.moved else {
+            return (SummaryPlan::None, None);
+        };
+        let previous = ready
+            .iter()
+            .find(|r| r.prefix_len < span.end && r.prefix_len > span.start);
+        let from = previous.map_or(span.start, |p| p.prefix_len);
+        let freed: usize = input.counts[from..span.end].iter().sum();
+        if freed < cfg.min_freed_tokens {
+            return (SummaryPlan::None, None);
+        }
+        (
+            job(from, span.end, previous, false).map_or(SummaryPlan::None, SummaryPlan::Ahead),
+            None,
+        )
+    }
+
+    /// Puts a summary computed while the request waited into the plan's marker message.
+    pub fn place_summary(&self, plan: &mut Plan, summary: &str) -> bool {
+        let Some(decided) = plan.decided.as_mut() else {
+            return false;
+        };
+        let Some(slot) = decided.marker.as_ref() else {
+            return false;
+        };
+        let counter = self.counter.with_encoding(slot.encoding);
+        if !place_into(&mut decided.outcome, slot, summary, &counter) {
+            return false;
+        }
+        plan.report = decided.outcome.report.clone();
+        true
     }
 
     /// Apply: stores everything the plan removes (before the smaller request can go out),
@@ -617,6 +836,7 @@ impl ContextManager {
             prefixes,
             prior,
             outcome,
+            marker: _,
         } = decided;
         let (decision, report, writes) = (outcome.decision, &outcome.report, &outcome.writes);
         if decision == *prior {
@@ -648,6 +868,28 @@ impl ContextManager {
             Err(e) => tracing::warn!(error = %e, "cannot record the context decision"),
         }
     }
+}
+
+/// Replaces the marker message of `slot` by the marker and `summary`, and recounts it.
+fn place_into(
+    outcome: &mut engine::Outcome,
+    slot: &MarkerSlot,
+    summary: &str,
+    counter: &Counter,
+) -> bool {
+    let Some(messages) = outcome.messages.as_mut() else {
+        return false;
+    };
+    let Some(m) = messages.get_mut(slot.index) else {
+        return false;
+    };
+    let before = counter.count_message(m);
+    if let Some(c) = m.get_mut("content") {
+        *c = Value::String(summary::message_text(&slot.marker, summary));
+    }
+    let after = counter.count_message(m);
+    outcome.report.tokens_after = (outcome.report.tokens_after + after).saturating_sub(before);
+    true
 }
 
 /// `t` as an RFC 3339 UTC timestamp with milliseconds, e.g. `2026-11-23T21:07:27.123Z`.

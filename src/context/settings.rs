@@ -100,6 +100,8 @@ pub struct ContextConfig {
     pub model_windows: HashMap<String, WindowEntry>,
     /// The proxy's `context_read` / `context_search` tools (`[context.reload]`).
     pub reload: crate::reload::ReloadConfig,
+    /// Summaries of moved-out spans (`[context.summarizer]`).
+    pub summarizer: super::summary::SummarizerConfig,
 }
 
 /// One `[context.model_windows]` entry: a window, or a window and the longest answer.
@@ -183,6 +185,7 @@ impl Default for ContextConfig {
             preview_tail_lines: 4,
             model_windows: HashMap::new(),
             reload: crate::reload::ReloadConfig::default(),
+            summarizer: super::summary::SummarizerConfig::default(),
         }
     }
 }
@@ -191,6 +194,7 @@ impl ContextConfig {
     /// Checks the ranges; the message names the key.
     pub fn validate(&self) -> Result<(), String> {
         self.reload.validate()?;
+        self.summarizer.validate()?;
         let ratio = |name: &str, v: f64| {
             if v > 0.0 && v <= 1.0 {
                 Ok(())
