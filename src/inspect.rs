@@ -224,7 +224,7 @@ pub async fn session_detail(
             }));
         }
     }
-    let last = journal.last();
+    let last = journal.iter().rev().find(|r| r["event"] == "decision");
     let field = |name: &str| {
         last.and_then(|r| r.get(name))
             .cloned()
@@ -233,9 +233,9 @@ pub async fn session_detail(
     let mut detail = json!({
         "id": session.as_str(),
         "object": "context.session",
-        "decisions": journal.len(),
+        "decisions": journal.iter().filter(|r| r["event"] == "decision").count(),
         "first_at": journal.first().and_then(|r| r.get("ts")).cloned().unwrap_or(Value::Null),
-        "last_at": field("ts"),
+        "last_at": journal.last().and_then(|r| r.get("ts")).cloned().unwrap_or(Value::Null),
         "last_tokens_before": field("tokens_before"),
         "last_tokens_after": field("tokens_after"),
         "last_actions": field("actions"),

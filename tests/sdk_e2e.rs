@@ -14,45 +14,9 @@ use common::Harness;
 use context_proxy::mock::Reply;
 use serde_json::{json, Value};
 
-fn python_with_openai() -> PathBuf {
-    if let Ok(p) = std::env::var("CONTEXT_PROXY_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let python = root.join(".venv/bin/python");
-    let has_openai = |py: &PathBuf| {
-        Command::new(py)
-            .args(["-c", "import openai"])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    };
-    if !has_openai(&python) {
-        let ok = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(root.join(".venv"))
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "python3 -m venv .venv failed");
-        let ok = Command::new(root.join(".venv/bin/pip"))
-            .args(["install", "--quiet", "openai"])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "pip install openai failed");
-    }
-    assert!(
-        has_openai(&python),
-        "{} cannot import openai",
-        python.display()
-    );
-    python
-}
-
 #[tokio::test]
 async fn official_python_sdk_works_through_the_proxy() {
-    let python = python_with_openai();
+    let python = common::python_with(&["openai"], &["openai"]);
     let h = Harness::start().await;
     h.mock.push(Reply::text("Hello from the mock."));
     h.mock.push(Reply::text("Streamed hello."));

@@ -23,47 +23,9 @@ fn lines(prefix: &str, n: usize) -> String {
         .collect()
 }
 
-fn python_with_sdks() -> PathBuf {
-    if let Ok(p) = std::env::var("CONTEXT_PROXY_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let python = root.join(".venv/bin/python");
-    let has = |py: &PathBuf| {
-        Command::new(py)
-            .args(["-c", "import openai, agents"])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    };
-    if !has(&python) {
-        if !python.exists() {
-            let ok = Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(root.join(".venv"))
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "python3 -m venv .venv failed");
-        }
-        let ok = Command::new(root.join(".venv/bin/pip"))
-            .args(["install", "--quiet", "openai", "openai-agents"])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "pip install openai openai-agents failed");
-    }
-    assert!(
-        has(&python),
-        "{} cannot import openai and agents",
-        python.display()
-    );
-    python
-}
-
 #[tokio::test]
 async fn real_client_libraries_never_see_the_proxys_tools() {
-    let python = python_with_sdks();
+    let python = common::python_with(&["openai", "agents"], &["openai", "openai-agents"]);
     let h = Harness::start_with(MockConfig::default(), |c| {
         c.context.keep_recent_messages = 2;
         c.context.compact_batch_tokens = 1000;

@@ -441,7 +441,14 @@ impl ContextManager {
             references: &self.references,
             transformed: &self.transformed,
         };
-        if engine::nothing_to_do(count.total, &count.per_message, messages, &settings, &env) {
+        // Over the summarizer's soft watermark, a summary may be started ahead of time.
+        let summary_ahead = route.summarize
+            && mode.offloads()
+            && self.config.summarizer.enabled
+            && count.total as f64 > self.config.summarizer.soft_ratio * settings.budget as f64;
+        if !summary_ahead
+            && engine::nothing_to_do(count.total, &count.per_message, messages, &settings, &env)
+        {
             return Plan::unchanged(report);
         }
         // Put back the proxy's own tool calls hidden from the client. Only a conversation that

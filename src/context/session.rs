@@ -27,28 +27,10 @@ pub struct Identity {
     pub session: SessionId,
 }
 
-/// The API key of a request: `Authorization: Bearer …`, or Azure's `api-key`.
-fn api_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(auth) = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        let key = auth
-            .strip_prefix("Bearer ")
-            .or_else(|| auth.strip_prefix("bearer "))
-            .unwrap_or(auth);
-        return Some(key.trim());
-    }
-    headers
-        .get("api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-}
-
 /// Tenant from the API key; session from `x-context-session`, else from the conversation's
 /// first messages (its instructions and first user message).
 pub fn identify(headers: &HeaderMap, messages: &[Value]) -> Identity {
-    let tenant = Tenant::from_api_key(api_key(headers));
+    let tenant = Tenant::from_api_key(crate::auth::api_key(headers));
     let session = match headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
         Some(given) => {
             SessionId::parse(given).unwrap_or_else(|_| SessionId::derive(given.as_bytes()))

@@ -45,7 +45,8 @@ pub fn is_instruction(message: &Value) -> bool {
     matches!(role(message), "system" | "developer")
 }
 
-fn call_ids(message: &Value) -> Vec<&str> {
+/// The ids of the tool calls of an assistant message, in order.
+pub fn call_ids(message: &Value) -> Vec<&str> {
     message
         .get("tool_calls")
         .and_then(Value::as_array)

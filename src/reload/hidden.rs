@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_128;
 
+use crate::context::units::call_ids;
 use crate::context::Identity;
 use crate::store::{StateKey, Store, StoreError};
 
@@ -41,20 +42,6 @@ pub fn key_of<'a>(ids: impl IntoIterator<Item = &'a str>) -> String {
         joined.push('\n');
     }
     format!("{:032x}", xxh3_128(joined.as_bytes()))
-}
-
-/// The ids of the calls in an assistant message.
-fn call_ids(message: &Value) -> Vec<&str> {
-    message
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .map(|calls| {
-            calls
-                .iter()
-                .filter_map(|c| c.get("id").and_then(Value::as_str))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn state_key() -> Result<StateKey, StoreError> {

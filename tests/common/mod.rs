@@ -102,3 +102,42 @@ pub fn sse_data(text: &str) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// A Python from `.venv` (or `$CONTEXT_PROXY_PYTHON`) that imports every module of `modules`;
+/// `.venv` is created and `packages` installed with pip when it does not.
+pub fn python_with(modules: &[&str], packages: &[&str]) -> std::path::PathBuf {
+    use std::process::Command;
+    if let Ok(p) = std::env::var("CONTEXT_PROXY_PYTHON") {
+        return std::path::PathBuf::from(p);
+    }
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join(".venv/bin/python");
+    let import = format!("import {}", modules.join(", "));
+    let has = |py: &std::path::PathBuf| {
+        Command::new(py)
+            .args(["-c", &import])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    if !has(&python) {
+        if !python.exists() {
+            let ok = Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(root.join(".venv"))
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "python3 -m venv .venv failed");
+        }
+        let ok = Command::new(root.join(".venv/bin/pip"))
+            .args(["install", "--quiet"])
+            .args(packages)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "pip install {packages:?} failed");
+    }
+    assert!(has(&python), "{} cannot {import}", python.display());
+    python
+}
