@@ -501,9 +501,37 @@ async fn each_wording_of_too_long_triggers_one_retry() {
 /// other finds its summary.
 #[tokio::test]
 async fn two_replicas_sharing_a_store_summarize_a_prefix_once() {
+    use context_proxy::store::{Backend, StoreConfig};
+    let store = context_proxy::store::open(&StoreConfig {
+        backend: Backend::Memory,
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap();
+    replicas_summarize_once(store).await;
+}
+
+/// The same with the replicas' store on Redis (the lock and the summaries record in Redis).
+#[tokio::test]
+async fn two_replicas_on_one_redis_summarize_a_prefix_once() {
+    use context_proxy::store::{Backend, StoreConfig};
+    let redis = tokio::task::spawn_blocking(common::redis::TestRedis::start)
+        .await
+        .unwrap();
+    let store = context_proxy::store::open(&StoreConfig {
+        backend: Backend::Redis,
+        redis_url: redis.url.clone(),
+        redis_key_prefix: redis.prefix.clone(),
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap();
+    replicas_summarize_once(store).await;
+}
+
+async fn replicas_summarize_once(store: std::sync::Arc<dyn context_proxy::store::Store>) {
     use context_proxy::context::summary::SummarizerConfig;
     use context_proxy::context::SummaryJob;
-    use context_proxy::store::{Backend, StoreConfig};
     use context_proxy::summarize::{Source, Summarizer, Task};
     let mock = MockUpstream::start(MockConfig {
         latency: Duration::from_millis(300),
@@ -520,12 +548,6 @@ async fn two_replicas_sharing_a_store_summarize_a_prefix_once() {
         }],
         |_| None,
     )
-    .unwrap();
-    let store = context_proxy::store::open(&StoreConfig {
-        backend: Backend::Memory,
-        ..StoreConfig::default()
-    })
-    .await
     .unwrap();
     let config = SummarizerConfig {
         enabled: true,
