@@ -44,12 +44,6 @@ pub struct LoopStats {
     pub upstream_calls: AtomicU32,
 }
 
-impl LoopStats {
-    pub fn get(counter: &AtomicU32) -> u32 {
-        counter.load(Ordering::Relaxed)
-    }
-}
-
 /// Everything a round needs, owned, so a streaming loop can run on its own task.
 pub struct Round {
     pub state: Arc<AppState>,

@@ -5,6 +5,7 @@
 //! Decisions live in the store's session state, so they survive a restart (fs) and are shared
 //! by replicas (redis); updates are compare-and-set, so concurrent replicas never lose one.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use http::HeaderMap;
@@ -14,7 +15,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::engine::Decision;
 use super::units::{is_instruction, role};
-use crate::store::{SessionId, StateKey, Store, StoreError, Tenant};
+use crate::store::{SessionId, StateList, Store, StoreError, Tenant};
 use crate::tokens::stable_hash;
 
 /// Request header naming the session.
@@ -97,49 +98,22 @@ struct Recorded {
 /// process), and every update is a compare-and-set that merges with what another writer put
 /// there in the meantime, so no decision is ever overwritten.
 pub struct Decisions {
-    store: Arc<dyn Store>,
+    list: StateList<Recorded>,
 }
 
 /// Decisions kept per session.
 const PER_SESSION: usize = 8;
-/// Compare-and-set attempts before an update gives up (each failed attempt means another
-/// writer succeeded).
-const CAS_ATTEMPTS: usize = 16;
-
-fn state_key() -> Result<StateKey, StoreError> {
-    StateKey::parse("decisions")
-}
 
 impl Decisions {
     pub fn new(store: Arc<dyn Store>) -> Decisions {
-        Decisions { store }
-    }
-
-    /// The session's record as stored (for compare-and-set) and its entries.
-    async fn read(&self, id: &Identity) -> Result<(Option<Vec<u8>>, Vec<Recorded>), StoreError> {
-        let stored = self
-            .store
-            .get_state(&id.tenant, &id.session, &state_key()?)
-            .await?;
-        let entries = match stored
-            .as_deref()
-            .map(serde_json::from_slice::<Vec<Recorded>>)
-        {
-            None => Vec::new(),
-            Some(Ok(entries)) => entries,
-            Some(Err(e)) => {
-                // Written by an incompatible version or damaged: start the session afresh
-                // (the next update replaces it through compare-and-set).
-                tracing::warn!(error = %e, "unreadable decisions record: ignoring it");
-                Vec::new()
-            }
-        };
-        Ok((stored, entries))
+        Decisions {
+            list: StateList::new(store, "decisions"),
+        }
     }
 
     /// The decision recorded for the longest prefix this conversation shares, or none.
     pub async fn lookup(&self, id: &Identity, prefixes: &Prefixes) -> Result<Decision, StoreError> {
-        let (_, entries) = self.read(id).await?;
+        let entries = self.list.read(&id.tenant, &id.session).await?;
         Ok(entries
             .iter()
             .filter(|r| {
@@ -169,27 +143,16 @@ impl Decisions {
             prefix_hash: format!("{hash:032x}"),
             decision,
         };
-        let key = state_key()?;
-        for _ in 0..CAS_ATTEMPTS {
-            let (stored, mut entries) = self.read(id).await?;
-            if entries.contains(&entry) {
-                return Ok(false);
-            }
-            entries.insert(0, entry.clone());
-            entries.truncate(PER_SESSION);
-            let bytes =
-                serde_json::to_vec(&entries).map_err(|e| StoreError::Internal(e.to_string()))?;
-            if self
-                .store
-                .compare_and_set_state(&id.tenant, &id.session, &key, stored.as_deref(), &bytes)
-                .await?
-            {
-                return Ok(true);
-            }
-        }
-        Err(StoreError::Internal(format!(
-            "the session's decisions changed under {CAS_ATTEMPTS} attempts in a row"
-        )))
+        self.list
+            .update(&id.tenant, &id.session, |entries| {
+                if entries.contains(&entry) {
+                    return ControlFlow::Break(false);
+                }
+                entries.insert(0, entry.clone());
+                entries.truncate(PER_SESSION);
+                ControlFlow::Continue(true)
+            })
+            .await
     }
 }
 

@@ -3,12 +3,13 @@
 //! that prefix reuses the same bytes. Updates are compare-and-set, so replicas sharing a store
 //! never lose one another's summaries. A failed or empty summary is never recorded.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::session::{Identity, Prefixes};
-use crate::store::{StateKey, Store, StoreError};
+use crate::store::{StateList, Store, StoreError};
 
 /// One summary and the prefix (`messages[..prefix_len]`) it covers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,11 +21,6 @@ pub struct Recorded {
 
 /// Summaries kept per session.
 const PER_SESSION: usize = 8;
-const CAS_ATTEMPTS: usize = 16;
-
-fn state_key() -> Result<StateKey, StoreError> {
-    StateKey::parse("summaries")
-}
 
 /// The store key naming `hash` (the prefix hash as 32 hex digits), for locks.
 pub fn hash_hex(hash: u128) -> String {
@@ -33,31 +29,18 @@ pub fn hash_hex(hash: u128) -> String {
 
 /// The summaries of a session's conversations.
 pub struct Summaries {
-    store: Arc<dyn Store>,
+    list: StateList<Recorded>,
 }
 
 impl Summaries {
     pub fn new(store: Arc<dyn Store>) -> Summaries {
-        Summaries { store }
+        Summaries {
+            list: StateList::new(store, "summaries"),
+        }
     }
 
-    async fn read(&self, id: &Identity) -> Result<(Option<Vec<u8>>, Vec<Recorded>), StoreError> {
-        let stored = self
-            .store
-            .get_state(&id.tenant, &id.session, &state_key()?)
-            .await?;
-        let entries = match stored
-            .as_deref()
-            .map(serde_json::from_slice::<Vec<Recorded>>)
-        {
-            None => Vec::new(),
-            Some(Ok(entries)) => entries,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "unreadable summaries record: ignoring it");
-                Vec::new()
-            }
-        };
-        Ok((stored, entries))
+    async fn read(&self, id: &Identity) -> Result<Vec<Recorded>, StoreError> {
+        self.list.read(&id.tenant, &id.session).await
     }
 
     /// Every summary recorded for a prefix of this conversation, longest prefix first.
@@ -66,7 +49,7 @@ impl Summaries {
         id: &Identity,
         prefixes: &Prefixes,
     ) -> Result<Vec<Recorded>, StoreError> {
-        let (_, entries) = self.read(id).await?;
+        let entries = self.read(id).await?;
         let mut found: Vec<Recorded> = entries
             .into_iter()
             .filter(|r| {
@@ -86,7 +69,7 @@ impl Summaries {
         prefix_len: usize,
         prefix_hash: &str,
     ) -> Result<Option<String>, StoreError> {
-        let (_, entries) = self.read(id).await?;
+        let entries = self.read(id).await?;
         Ok(entries
             .into_iter()
             .find(|r| r.prefix_len == prefix_len && r.prefix_hash == prefix_hash)
@@ -96,30 +79,18 @@ impl Summaries {
     /// Records a summary; an existing one for the same prefix wins (it is never replaced, so
     /// every request sees the same bytes). Returns the summary now recorded.
     pub async fn record(&self, id: &Identity, entry: Recorded) -> Result<String, StoreError> {
-        let key = state_key()?;
-        for _ in 0..CAS_ATTEMPTS {
-            let (stored, mut entries) = self.read(id).await?;
-            if let Some(existing) = entries
-                .iter()
-                .find(|r| r.prefix_len == entry.prefix_len && r.prefix_hash == entry.prefix_hash)
-            {
-                return Ok(existing.summary.clone());
-            }
-            entries.insert(0, entry.clone());
-            entries.truncate(PER_SESSION);
-            let bytes =
-                serde_json::to_vec(&entries).map_err(|e| StoreError::Internal(e.to_string()))?;
-            if self
-                .store
-                .compare_and_set_state(&id.tenant, &id.session, &key, stored.as_deref(), &bytes)
-                .await?
-            {
-                return Ok(entry.summary);
-            }
-        }
-        Err(StoreError::Internal(format!(
-            "the session's summaries changed under {CAS_ATTEMPTS} attempts in a row"
-        )))
+        self.list
+            .update(&id.tenant, &id.session, |entries| {
+                if let Some(existing) = entries.iter().find(|r| {
+                    r.prefix_len == entry.prefix_len && r.prefix_hash == entry.prefix_hash
+                }) {
+                    return ControlFlow::Break(existing.summary.clone());
+                }
+                entries.insert(0, entry.clone());
+                entries.truncate(PER_SESSION);
+                ControlFlow::Continue(entry.summary.clone())
+            })
+            .await
     }
 }
 

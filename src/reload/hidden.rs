@@ -8,6 +8,7 @@
 //! upstream's ids, unique per call), not by the message's bytes, which client libraries may
 //! re-serialize.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -16,12 +17,10 @@ use xxhash_rust::xxh3::xxh3_128;
 
 use crate::context::units::call_ids;
 use crate::context::Identity;
-use crate::store::{StateKey, Store, StoreError};
+use crate::store::{StateList, Store, StoreError};
 
 /// Exchanges kept per session (the oldest go first).
 const PER_SESSION: usize = 256;
-/// Compare-and-set attempts before an update gives up.
-const CAS_ATTEMPTS: usize = 16;
 
 /// What the proxy hid from the client in one assistant message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,64 +43,32 @@ pub fn key_of<'a>(ids: impl IntoIterator<Item = &'a str>) -> String {
     format!("{:032x}", xxh3_128(joined.as_bytes()))
 }
 
-fn state_key() -> Result<StateKey, StoreError> {
-    StateKey::parse("hidden")
-}
-
 /// The hidden exchanges of a session, in the store.
 pub struct Hidden {
-    store: Arc<dyn Store>,
+    list: StateList<Exchange>,
 }
 
 impl Hidden {
     pub fn new(store: Arc<dyn Store>) -> Hidden {
-        Hidden { store }
-    }
-
-    async fn read(&self, id: &Identity) -> Result<(Option<Vec<u8>>, Vec<Exchange>), StoreError> {
-        let stored = self
-            .store
-            .get_state(&id.tenant, &id.session, &state_key()?)
-            .await?;
-        let list = match stored
-            .as_deref()
-            .map(serde_json::from_slice::<Vec<Exchange>>)
-        {
-            None => Vec::new(),
-            Some(Ok(list)) => list,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "unreadable hidden exchanges record: ignoring it");
-                Vec::new()
-            }
-        };
-        Ok((stored, list))
+        Hidden {
+            list: StateList::new(store, "hidden"),
+        }
     }
 
     /// Keeps `exchange` for the session (merged with what other replicas keep).
     pub async fn keep(&self, id: &Identity, exchange: Exchange) -> Result<(), StoreError> {
-        let key = state_key()?;
-        for _ in 0..CAS_ATTEMPTS {
-            let (stored, mut list) = self.read(id).await?;
-            if list.iter().any(|e| e.key == exchange.key) {
-                return Ok(());
-            }
-            list.push(exchange.clone());
-            if list.len() > PER_SESSION {
-                list.drain(..list.len() - PER_SESSION);
-            }
-            let bytes =
-                serde_json::to_vec(&list).map_err(|e| StoreError::Internal(e.to_string()))?;
-            if self
-                .store
-                .compare_and_set_state(&id.tenant, &id.session, &key, stored.as_deref(), &bytes)
-                .await?
-            {
-                return Ok(());
-            }
-        }
-        Err(StoreError::Internal(format!(
-            "the session's hidden exchanges changed under {CAS_ATTEMPTS} attempts in a row"
-        )))
+        self.list
+            .update(&id.tenant, &id.session, |list| {
+                if list.iter().any(|e| e.key == exchange.key) {
+                    return ControlFlow::Break(());
+                }
+                list.push(exchange.clone());
+                if list.len() > PER_SESSION {
+                    list.drain(..list.len() - PER_SESSION);
+                }
+                ControlFlow::Continue(())
+            })
+            .await
     }
 
     /// Puts every hidden exchange of the session back in place in `messages`. Returns how many
@@ -120,7 +87,7 @@ impl Hidden {
         if !has_calls {
             return Ok(0);
         }
-        let (_, list) = self.read(id).await?;
+        let list = self.list.read(&id.tenant, &id.session).await?;
         if list.is_empty() {
             return Ok(0);
         }

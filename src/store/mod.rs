@@ -43,6 +43,7 @@ mod ids;
 mod locks;
 mod memory;
 mod redis;
+mod state_list;
 mod sweeper;
 
 #[cfg(test)]
@@ -60,6 +61,7 @@ pub use config::{Backend, OnError, StoreConfig};
 pub use fs::FsStore;
 pub use ids::{ContentKind, ContentRef, SessionId, StateKey, Tenant};
 pub use memory::MemoryStore;
+pub use state_list::StateList;
 
 /// Why a store call failed. None of these reaches a client: the request is served without
 /// context management, with a warning log.
