@@ -202,27 +202,20 @@ pub async fn session_detail(
     }
     let mut refs = Vec::new();
     let mut stored_bytes = 0usize;
-    for record in &journal {
-        let kinds = record.get("kinds").and_then(Value::as_array);
-        let names = record.get("refs").and_then(Value::as_array);
-        for (i, r) in names.into_iter().flatten().enumerate() {
-            let Some(r) = r.as_str().and_then(|r| r.parse::<ContentRef>().ok()) else {
-                continue;
-            };
-            let content = store.get_content(tenant, &r).await?;
-            let (bytes, lines) = content
-                .as_deref()
-                .map_or((None, None), |c| (Some(c.len()), Some(c.lines().count())));
-            stored_bytes += bytes.unwrap_or(0);
-            refs.push(json!({
-                "ref": r.as_str(),
-                "kind": kinds.and_then(|k| k.get(i)).cloned().unwrap_or(Value::Null),
-                "bytes": bytes,
-                "lines": lines,
-                "stored_at": record.get("ts").cloned().unwrap_or(Value::Null),
-                "present": content.is_some(),
-            }));
-        }
+    for item in journal_items(&journal) {
+        let content = store.get_content(tenant, &item.reference).await?;
+        let (bytes, lines) = content
+            .as_deref()
+            .map_or((None, None), |c| (Some(c.len()), Some(c.lines().count())));
+        stored_bytes += bytes.unwrap_or(0);
+        refs.push(json!({
+            "ref": item.reference.as_str(),
+            "kind": item.kind,
+            "bytes": bytes,
+            "lines": lines,
+            "stored_at": item.at,
+            "present": content.is_some(),
+        }));
     }
     let last = journal.iter().rev().find(|r| r["event"] == "decision");
     let field = |name: &str| {
@@ -258,13 +251,65 @@ pub async fn erase(
     session: &SessionId,
 ) -> Result<usize, InspectError> {
     let journal = store.read_log(tenant, session).await?;
-    let refs: Vec<ContentRef> = journal
-        .iter()
-        .filter_map(|r| r.get("refs").and_then(Value::as_array))
-        .flatten()
-        .filter_map(|r| r.as_str()?.parse().ok())
-        .collect();
+    let refs = journal_refs(&journal);
     Ok(store.erase_session(tenant, session, &refs).await?)
+}
+
+/// One reference a session's journal names.
+struct JournalItem {
+    reference: ContentRef,
+    /// Its kind, when the record says.
+    kind: Value,
+    /// When it was first named.
+    at: Value,
+}
+
+/// The references a journal names, each once, oldest first: in `stored` records (`items`:
+/// `{ref, kind, action}`) and in `decision` records (`refs`, with `kinds` at the same index).
+fn journal_items(journal: &[Value]) -> Vec<JournalItem> {
+    let mut seen = std::collections::HashSet::new();
+    let mut items = Vec::new();
+    for record in journal {
+        let at = record.get("ts").cloned().unwrap_or(Value::Null);
+        let stored = record
+            .get("items")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|i| (i.get("ref"), i.get("kind")));
+        let kinds = record.get("kinds").and_then(Value::as_array);
+        let decided = record
+            .get("refs")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(n, r)| (Some(r), kinds.and_then(|k| k.get(n))));
+        for (r, kind) in stored.chain(decided) {
+            let Some(reference) = r
+                .and_then(Value::as_str)
+                .and_then(|r| r.parse::<ContentRef>().ok())
+            else {
+                continue;
+            };
+            if seen.insert(reference.clone()) {
+                items.push(JournalItem {
+                    reference,
+                    kind: kind.cloned().unwrap_or(Value::Null),
+                    at: at.clone(),
+                });
+            }
+        }
+    }
+    items
+}
+
+/// The references a session's journal names, each once.
+pub fn journal_refs(journal: &[Value]) -> Vec<ContentRef> {
+    journal_items(journal)
+        .into_iter()
+        .map(|i| i.reference)
+        .collect()
 }
 
 /// The `inspect` subcommand: opens the configured store and prints every tenant's sessions
@@ -303,4 +348,52 @@ pub async fn run_cli(
     };
     store.close().await;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ContentKind, MemoryStore, StoreConfig, SystemClock};
+    use std::sync::Arc;
+
+    /// A session whose journal names content in both record shapes: `stored` lines (what a
+    /// lossless transform or a refresh stored without a new decision) and `decision` lines.
+    #[tokio::test]
+    async fn erasure_removes_what_either_kind_of_journal_line_names() {
+        let store = MemoryStore::new(&StoreConfig::default(), Arc::new(SystemClock));
+        let tenant = Tenant::from_api_key(Some("sk-a"));
+        let session = SessionId::derive(b"s");
+        let put = |text: &'static str| {
+            let (store, tenant, session) = (&store, &tenant, &session);
+            async move {
+                store
+                    .put_content(tenant, session, ContentKind::ToolResult, text)
+                    .await
+                    .unwrap()
+            }
+        };
+        let (stored, decided) = (
+            put("only in a stored line").await,
+            put("in a decision").await,
+        );
+        let journal = [
+            json!({"event": "stored", "ts": "t1", "items": [{"ref": stored.as_str(), "kind": "tool_result", "action": "minified"}]}),
+            json!({"event": "decision", "ts": "t2", "refs": [decided.as_str(), stored.as_str()], "kinds": ["tool_result", "tool_result"]}),
+        ];
+        for record in &journal {
+            store.append_log(&tenant, &session, record).await.unwrap();
+        }
+        let items = journal_items(&journal);
+        assert_eq!(
+            items.iter().map(|i| &i.reference).collect::<Vec<_>>(),
+            [&stored, &decided],
+            "each reference once, in the order first named"
+        );
+        assert_eq!(items[0].at, json!("t1"));
+        assert_eq!(items[1].kind, json!("tool_result"));
+        assert!(erase(&store, &tenant, &session).await.unwrap() >= 2);
+        for r in [&stored, &decided] {
+            assert_eq!(store.get_content(&tenant, r).await.unwrap(), None);
+        }
+    }
 }

@@ -66,6 +66,11 @@ struct BackendLabels {
     backend: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScopeLabels {
+    scope: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Latency buckets from 100 µs to about 105 s (×2 each).
@@ -118,6 +123,8 @@ pub struct Metrics {
     upstream_completion_tokens: Family<ModelLabels, Counter>,
     actions: Family<KindLabels, Counter>,
     store_errors: Family<BackendLabels, Counter>,
+    quota_exceeded: Family<ScopeLabels, Counter>,
+    rejected_erased: Counter,
     models: Mutex<HashSet<String>>,
 }
 
@@ -223,6 +230,18 @@ impl Default for Metrics {
             "Chat requests served without context management because the store failed, by backend.",
             store_errors.clone(),
         );
+        let quota_exceeded = Family::<ScopeLabels, Counter>::default();
+        registry.register(
+            "context_proxy_store_quota_exceeded",
+            "Chat requests forwarded unmanaged because storing what they remove would go over a daily write quota, by scope (tenant, store).",
+            quota_exceeded.clone(),
+        );
+        let rejected_erased = Counter::default();
+        registry.register(
+            "context_proxy_rejected_key_items_erased",
+            "Store items erased because the upstream refused (401/403) the key of a tenant it had not accepted before.",
+            rejected_erased.clone(),
+        );
         registry.register(
             "context_proxy_build",
             "The proxy's version.",
@@ -262,6 +281,8 @@ impl Default for Metrics {
             upstream_completion_tokens,
             actions,
             store_errors,
+            quota_exceeded,
+            rejected_erased,
             models: Mutex::new(HashSet::new()),
         }
     }
@@ -449,6 +470,20 @@ impl Metrics {
             return model.to_string();
         }
         "other".into()
+    }
+
+    /// A request forwarded unmanaged because of a daily write quota.
+    pub fn record_quota_exceeded(&self, scope: crate::context::quota::Exceeded) {
+        self.quota_exceeded
+            .get_or_create(&ScopeLabels {
+                scope: scope.as_str(),
+            })
+            .inc();
+    }
+
+    /// Items erased after the upstream refused a new tenant's key.
+    pub fn record_rejected_erased(&self, items: usize) {
+        self.rejected_erased.inc_by(items as u64);
     }
 
     /// The OpenMetrics text exposition ([`CONTENT_TYPE`]).

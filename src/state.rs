@@ -94,7 +94,11 @@ impl AppState {
             crate::summarize::start(&config.context.summarizer, &upstreams, &store, &metrics)
                 .map_err(StateError::SummarizerUpstream)?;
         let context = ContextManager::new(config.context.clone(), counter, store.clone())
-            .with_content_refresh(config.store.content_refresh()); // harden: store.content_refresh_secs
+            .with_content_refresh(config.store.content_refresh())
+            .with_quotas(
+                config.store.tenant_quota_bytes_per_day,
+                config.store.quota_bytes_per_day,
+            );
         let body_budget =
             crate::request_body::BodyBudget::new(config.server.max_body_bytes_in_flight);
         let recorder = if config.record.enabled {

@@ -906,3 +906,153 @@ async fn idle_http2_connections_are_closed_after_the_idle_timeout() {
     let ended = tokio::time::timeout(WAIT, conn).await;
     assert!(ended.is_ok(), "an idle HTTP/2 connection stayed open");
 }
+
+/// Sends the compactable conversation with `key`, and returns the status and `x-context-actions`.
+async fn chat_as(h: &Harness, key: &str) -> (u16, String) {
+    let resp = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&compactable())
+        .send()
+        .await
+        .unwrap();
+    let actions = resp
+        .headers()
+        .get("x-context-actions")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (resp.status().as_u16(), actions)
+}
+
+/// Every file under `dir`.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if entry.path().is_dir() {
+                stack.push(entry.path());
+            } else {
+                found.push(entry.path());
+            }
+        }
+    }
+    found
+}
+
+async fn metrics_text(h: &Harness) -> String {
+    let resp = h.client.get(h.url("/metrics")).send().await.unwrap();
+    resp.text().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_key_the_upstream_refuses_leaves_nothing_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_path_buf();
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.store.backend = context_proxy::store::Backend::Fs;
+        c.store.path = data;
+        c.store.fsync = false;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    let refused = || {
+        context_proxy::mock::Reply::error(
+            401,
+            serde_json::json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}),
+        )
+    };
+    // Five requests with keys the upstream refuses: each was compacted (so content was stored
+    // before the upstream answered), and each leaves nothing behind.
+    for n in 0..5 {
+        h.mock.push(refused());
+        let (status, actions) = chat_as(&h, &format!("sk-wrong-{n}")).await;
+        assert_eq!(status, 401);
+        assert_eq!(actions, "compacted=2", "request {n} was managed");
+        assert_eq!(files_under(dir.path()), Vec::<std::path::PathBuf>::new());
+    }
+    assert_eq!(h.mock.received().len(), 5);
+    assert!(metrics_text(&h)
+        .await
+        .contains("context_proxy_rejected_key_items_erased_total "));
+    // A key the upstream accepted once keeps what it stored when a later answer is a 403 (a
+    // model it may not use, say): its content can serve its other sessions.
+    let (status, _) = chat_as(&h, "sk-good").await;
+    assert_eq!(status, 200);
+    let kept = stored_results(dir.path()).len();
+    assert_eq!(kept, 2);
+    h.mock.push(context_proxy::mock::Reply::error(
+        403,
+        serde_json::json!({"error": {"message": "not allowed", "type": "invalid_request_error", "param": null, "code": null}}),
+    ));
+    let (status, _) = chat_as(&h, "sk-good").await;
+    assert_eq!(status, 403);
+    assert_eq!(stored_results(dir.path()).len(), kept);
+}
+
+#[tokio::test]
+async fn a_daily_write_quota_forwards_the_request_unmanaged_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_path_buf();
+    // What one request stores: the two results it compacts. A tenant may store 1.5 times
+    // that per day, all tenants together 2.5 times.
+    let one: u64 = compactable()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().len() as u64)
+        .sum();
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.store.backend = context_proxy::store::Backend::Fs;
+        c.store.path = data;
+        c.store.fsync = false;
+        c.store.tenant_quota_bytes_per_day = one * 3 / 2;
+        c.store.quota_bytes_per_day = one * 5 / 2;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    let original = compactable().to_string();
+    let (status, actions) = chat_as(&h, "sk-a").await;
+    assert_eq!((status, actions.as_str()), (200, "compacted=2"));
+    // The same content again is already stored: refreshing it is free.
+    let (status, actions) = chat_as(&h, "sk-a").await;
+    assert_eq!((status, actions.as_str()), (200, "compacted=2"));
+    // Tenant b stores its own copy; tenant c would take the store over its total.
+    let (_, actions) = chat_as(&h, "sk-b").await;
+    assert_eq!(actions, "compacted=2");
+    let stored = stored_results(dir.path()).len();
+    let (status, actions) = chat_as(&h, "sk-c").await;
+    assert_eq!(status, 200, "fail-open: the request is still served");
+    assert_eq!(actions, "skipped (store quota exceeded: store)");
+    assert_eq!(stored_results(dir.path()).len(), stored, "nothing stored");
+    let received = h.mock.received();
+    let last: serde_json::Value = serde_json::from_slice(&received.last().unwrap().body).unwrap();
+    assert_eq!(last.to_string(), original, "forwarded as it came");
+    let text = metrics_text(&h).await;
+    assert!(
+        text.contains(r#"context_proxy_store_quota_exceeded_total{scope="store"} 1"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_own_quota_is_served_unmanaged() {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.store.tenant_quota_bytes_per_day = 1_000;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    let (status, actions) = chat_as(&h, "sk-a").await;
+    assert_eq!(status, 200);
+    assert_eq!(actions, "skipped (store quota exceeded: tenant)");
+    let text = metrics_text(&h).await;
+    assert!(
+        text.contains(r#"context_proxy_store_quota_exceeded_total{scope="tenant"} 1"#),
+        "{text}"
+    );
+}

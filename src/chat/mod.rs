@@ -12,7 +12,8 @@
 //!   summary of a moved-out span (`summary.rs`, [`crate::summarize`]);
 //! - `apply` stores what the plan removes, builds the new body, and offers the proxy's own
 //!   tools when the body refers to stored content ([`crate::reload`]);
-//! - `forward` builds the upstream request once (it can be sent again) and sends it;
+//! - `forward` builds the upstream request once (it can be sent again) and sends it; the
+//!   answer's status tells whether the upstream accepted the client's key (`vet_key`);
 //! - `tool loop` learns the limit an upstream states when it says the context is too long,
 //!   plans again against a much smaller budget and retries once (`overflow.rs`), answers the model's calls of the proxy's tools and asks the upstream
 //!   again, hiding them from the client (`tool_loop.rs`, `loop_json.rs`, `loop_stream.rs`);
@@ -59,6 +60,7 @@ pub async fn handle(
     plan(&state, &mut ctx).await;
     apply(&state, &mut ctx).await?;
     let answer = forward(&mut ctx).await?;
+    vet_key(&state, &ctx, answer.status).await;
     let answer = tool_loop(&state, &mut ctx, answer).await?;
     Ok(respond::respond(state, ctx, answer))
 }
@@ -241,6 +243,35 @@ async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
     ctx.timings.upstream_headers = Some(Instant::now());
     ctx.outgoing = Some(request);
     Ok(answer)
+}
+
+/// After `forward`: whether the upstream accepted the client's key. A 2xx marks the tenant
+/// accepted; a 401 or 403 for a tenant never accepted before erases what its session stored,
+/// before the client sees the answer, so a rejected key leaves nothing behind.
+async fn vet_key(state: &AppState, ctx: &ChatCtx, status: http::StatusCode) {
+    let Some(identity) = &ctx.identity else {
+        return;
+    };
+    if status.is_success() {
+        state.context.accepted(&identity.tenant);
+        return;
+    }
+    if status != http::StatusCode::UNAUTHORIZED && status != http::StatusCode::FORBIDDEN {
+        return;
+    }
+    match state.context.rejected(identity, &ctx.managed.refs).await {
+        Ok(0) => {}
+        Ok(items) => {
+            state.metrics.record_rejected_erased(items);
+            tracing::info!(
+                status = status.as_u16(),
+                session = %identity.session,
+                items,
+                "the upstream refused the key: erased what this session stored"
+            );
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot erase what a refused key stored"),
+    }
 }
 
 /// The body to send: the new one, the JSON changed otherwise, or the client's bytes.

@@ -37,8 +37,12 @@ pub fn record(
     if managed.fail_open {
         add(&metrics.context_fail_open, 1);
     }
-    if matches!(managed.report.skipped, Some(Skipped::Malformed(_))) {
-        add(&metrics.context_malformed, 1);
+    match managed.report.skipped {
+        Some(Skipped::Malformed(_)) => {
+            add(&metrics.context_malformed, 1);
+        }
+        Some(Skipped::QuotaExceeded(scope)) => metrics.record_quota_exceeded(scope),
+        _ => {}
     }
     let upstream_calls = ctx.stats.upstream_calls.load(Ordering::Relaxed);
     // Only one upstream call's usage is comparable with the proxy's count of the request.

@@ -146,6 +146,8 @@ pub enum Skipped {
     Malformed(String),
     /// The store failed, so nothing could be offloaded (fail-open).
     StoreUnavailable,
+    /// Storing what the plan removes would go over a daily write quota (fail-open).
+    QuotaExceeded(super::quota::Exceeded),
 }
 
 impl std::fmt::Display for Skipped {
@@ -154,6 +156,9 @@ impl std::fmt::Display for Skipped {
             Skipped::NoMessages => f.write_str("no messages array"),
             Skipped::Malformed(why) => write!(f, "malformed conversation: {why}"),
             Skipped::StoreUnavailable => f.write_str("store unavailable"),
+            Skipped::QuotaExceeded(scope) => {
+                write!(f, "store quota exceeded: {}", scope.as_str())
+            }
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod engine;
 pub mod limits;
 pub mod markers;
 pub mod models;
+pub mod quota;
 pub mod session;
 pub mod settings;
 pub mod summaries;
@@ -238,6 +239,11 @@ pub struct ContextManager {
     transformed: DashMap<u128, Option<Arc<transforms::Lossless>>>,
     /// Context limits stated by upstreams, per upstream and model.
     learned: limits::LearnedLimits,
+    /// Daily write quotas per tenant and in all (`store.*quota_bytes_per_day`).
+    quotas: quota::Quotas,
+    /// Tenants an upstream has accepted (answered 2xx) since this process started: what they
+    /// stored is kept when a later answer refuses their key.
+    accepted: DashMap<Tenant, ()>,
 }
 
 /// The engine's view of counting and addressing, with caches.
@@ -293,7 +299,59 @@ impl ContextManager {
             references: DashMap::new(),
             transformed: DashMap::new(),
             learned: limits::LearnedLimits::new(),
+            quotas: quota::Quotas::new(0, 0),
+            accepted: DashMap::new(),
         }
+    }
+
+    /// With daily write quotas: bytes per tenant and for all tenants (0: none).
+    pub fn with_quotas(mut self, per_tenant: u64, total: u64) -> ContextManager {
+        self.quotas = quota::Quotas::new(per_tenant, total);
+        self
+    }
+
+    /// Notes that the upstream accepted `tenant`'s key (a 2xx answer).
+    pub fn accepted(&self, tenant: &Tenant) {
+        if self.accepted.contains_key(tenant) {
+            return;
+        }
+        if self.accepted.len() >= MEMORY_REFS {
+            self.accepted.clear();
+        }
+        self.accepted.insert(tenant.clone(), ());
+    }
+
+    /// The upstream refused the key of `identity`'s request (401 or 403). When no upstream has
+    /// accepted this tenant since the process started, nothing it stored can be legitimate:
+    /// the session's state, journal and stored content are erased, `refs` (what this request
+    /// forwarded) included, so a rejected key leaves nothing behind for weeks. Returns how many
+    /// items were erased (0 for a tenant accepted before: its content may serve its other
+    /// sessions).
+    pub async fn rejected(
+        &self,
+        identity: &Identity,
+        refs: &[ContentRef],
+    ) -> Result<usize, StoreError> {
+        if self.accepted.contains_key(&identity.tenant) {
+            return Ok(0);
+        }
+        let journal = self
+            .store
+            .read_log(&identity.tenant, &identity.session)
+            .await?;
+        let mut all = crate::inspect::journal_refs(&journal);
+        all.extend(refs.iter().cloned());
+        all.sort();
+        all.dedup();
+        let erased = self
+            .store
+            .erase_session(&identity.tenant, &identity.session, &all)
+            .await?;
+        // Stored again by the next request that needs them, not skipped as already written.
+        for r in &all {
+            self.written.remove(&(identity.tenant.clone(), r.clone()));
+        }
+        Ok(erased)
     }
 
     /// Learns the context limit an upstream states in an error answer (status and body as the
@@ -683,6 +741,26 @@ impl ContextManager {
         };
         // Reversible: everything removed is stored before the smaller request goes out.
         if decided.outcome.messages.is_some() {
+            if let Err(scope) = self.charge_quota(identity, messages, &decided.outcome.writes) {
+                tracing::warn!(
+                    scope = scope.as_str(),
+                    tenant = %identity.tenant,
+                    "daily store quota reached: forwarding the request unmanaged"
+                );
+                let report = Report {
+                    tokens_before: report.tokens_before,
+                    tokens_after: report.tokens_before,
+                    skipped: Some(Skipped::QuotaExceeded(scope)),
+                    ..Report::default()
+                };
+                return Managed {
+                    body: None,
+                    report,
+                    fail_open: false,
+                    counted: true,
+                    refs: Vec::new(),
+                };
+            }
             match self
                 .write_all(identity, messages, &decided.outcome.writes)
                 .await
@@ -752,6 +830,35 @@ impl ContextManager {
     /// Writes every piece of content the new request refers to, unless this process stored it
     /// less than `refresh` ago: so content is refreshed while requests point to it, and
     /// written back within `refresh` if it was lost.
+    /// Charges the bytes of the writes this process has not stored before to the daily quotas.
+    fn charge_quota(
+        &self,
+        id: &Identity,
+        messages: &[Value],
+        writes: &[engine::Write],
+    ) -> Result<(), quota::Exceeded> {
+        let bytes: usize = writes
+            .iter()
+            .filter(|w| {
+                !self
+                    .written
+                    .contains_key(&(id.tenant.clone(), w.reference.clone()))
+            })
+            .map(|w| match &w.source {
+                Source::Owned(text) => text.len(),
+                Source::MessageText(i) => messages
+                    .get(*i)
+                    .and_then(content_text)
+                    .map_or(0, |t| t.len()),
+            })
+            .sum();
+        self.quotas.charge(
+            &id.tenant,
+            bytes as u64,
+            quota::day_of(std::time::SystemTime::now()),
+        )
+    }
+
     async fn write_all(
         &self,
         id: &Identity,

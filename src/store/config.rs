@@ -90,6 +90,12 @@ pub struct StoreConfig {
     /// offloaded content survives a power loss. A process crash never leaves a torn file either
     /// way. Default true.
     pub fsync: bool,
+    /// Bytes of new content one tenant may store per UTC day, counted by each proxy process;
+    /// a request that would go over is forwarded unmanaged (fail-open), with a warning and
+    /// `context_proxy_store_quota_exceeded_total{scope="tenant"}`. 0: no quota. Default 1 GiB.
+    pub tenant_quota_bytes_per_day: u64,
+    /// The same for all tenants together (`scope="store"`). 0: no quota. Default 8 GiB.
+    pub quota_bytes_per_day: u64,
 }
 
 impl Default for StoreConfig {
@@ -110,6 +116,8 @@ impl Default for StoreConfig {
             content_refresh_secs: 60,
             max_blocking_ops: 64,
             fsync: true,
+            tenant_quota_bytes_per_day: 1 << 30,
+            quota_bytes_per_day: 8 << 30,
         }
     }
 }
