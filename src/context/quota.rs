@@ -79,8 +79,9 @@ impl Quotas {
         if self.used.len() >= MAX_TENANTS && !self.used.contains_key(tenant) {
             self.used.clear();
         }
-        *self.used.entry(tenant.clone()).or_insert(0) += bytes;
-        today.1 += bytes;
+        let mut entry = self.used.entry(tenant.clone()).or_insert(0);
+        *entry = entry.saturating_add(bytes);
+        today.1 = today.1.saturating_add(bytes);
         Ok(())
     }
 }
