@@ -80,6 +80,8 @@ impl Server {
         let graceful = GracefulShutdown::new();
         let mut tasks = JoinSet::new();
         let mut accept_errors = AcceptErrors::default();
+        // Set when the shutdown grace is over: event streams still open end with an error event.
+        let (grace_over_tx, grace_over_rx) = watch::channel(false);
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -121,16 +123,24 @@ impl Server {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
             }
             let service_state = state.clone();
+            let grace_over = grace_over_rx.clone();
             let (activity, watched) = watch::channel(Activity::new());
             let activity = Arc::new(activity);
             let service = service_fn(move |req| {
                 let state = service_state.clone();
                 let in_flight = InFlight::begin(activity.clone());
+                let grace_over = grace_over.clone();
                 async move {
                     let response = router::handle(state, req).await;
+                    let is_event_stream = response
+                        .headers()
+                        .get(http::header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.starts_with("text/event-stream"));
                     Ok::<_, Infallible>(response.map(|body| Tracked {
                         body,
                         _in_flight: in_flight,
+                        cut: is_event_stream.then(|| Cut::new(grace_over)),
                     }))
                 }
             });
@@ -162,13 +172,22 @@ impl Server {
             connections = graceful.count(),
             "shutting down: draining in-flight requests"
         );
+        let drained = graceful.shutdown();
+        tokio::pin!(drained);
         tokio::select! {
-            () = graceful.shutdown() => tracing::info!("all connections drained"),
+            () = &mut drained => tracing::info!("all connections drained"),
             () = tokio::time::sleep(grace) => {
                 tracing::warn!(
                     grace_ms = grace.as_millis() as u64,
                     "shutdown grace period over: cutting the remaining connections"
                 );
+                // Event streams end with a final error event; whatever is still open after
+                // a moment to send it is cut.
+                grace_over_tx.send_replace(true);
+                tokio::select! {
+                    () = &mut drained => {}
+                    () = tokio::time::sleep(CUT_FLUSH) => {}
+                }
                 tasks.abort_all();
             }
         }
@@ -282,6 +301,45 @@ impl Drop for InFlight {
 struct Tracked {
     body: ProxyBody,
     _in_flight: InFlight,
+    /// For an event stream: ends it with an error event when the shutdown grace is over.
+    cut: Option<Cut>,
+}
+
+/// The end of an event stream cut at shutdown.
+struct Cut {
+    grace_over: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// The last data sent ended an event: an error event can follow without breaking one.
+    at_boundary: bool,
+    done: bool,
+}
+
+impl Cut {
+    fn new(mut grace_over: watch::Receiver<bool>) -> Cut {
+        Cut {
+            grace_over: Box::pin(async move {
+                // An error means the server is gone: never cut then, the task is aborted.
+                if grace_over.wait_for(|over| *over).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }),
+            at_boundary: true,
+            done: false,
+        }
+    }
+}
+
+/// Time given to event streams to send their final error event once the grace is over.
+const CUT_FLUSH: Duration = Duration::from_millis(200);
+
+/// The last event of a stream cut at shutdown, in the OpenAI error shape.
+fn shutdown_event() -> Bytes {
+    let value = serde_json::json!({"error": {
+        "message": "the proxy is shutting down and its grace period is over; send the request again",
+        "type": "server_error",
+        "param": null,
+        "code": "server_shutting_down"
+    }});
+    Bytes::from(format!("data: {value}\n\n"))
 }
 
 impl http_body::Body for Tracked {
@@ -292,15 +350,40 @@ impl http_body::Body for Tracked {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        if let Some(cut) = &mut this.cut {
+            if cut.done {
+                return Poll::Ready(None);
+            }
+            if cut.grace_over.as_mut().poll(cx).is_ready() {
+                cut.done = true;
+                return Poll::Ready(Some(if cut.at_boundary {
+                    Ok(http_body::Frame::data(shutdown_event()))
+                } else {
+                    Err(BoxError::from(
+                        "cut mid-event at the end of the shutdown grace",
+                    ))
+                }));
+            }
+        }
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if let (Some(cut), Poll::Ready(Some(Ok(frame)))) = (&mut this.cut, &polled) {
+            if let Some(data) = frame.data_ref().filter(|d| !d.is_empty()) {
+                cut.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.cut.as_ref().is_some_and(|c| c.done) || self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        match &self.cut {
+            Some(_) => http_body::SizeHint::default(),
+            None => self.body.size_hint(),
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use common::{config_for, sse_data, Harness, WAIT};
 use context_proxy::mock::{Gate, MockConfig, MockUpstream, Reply};
 use context_proxy::server::RunningServer;
 use futures_util::StreamExt;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
@@ -122,10 +122,25 @@ async fn shutdown_cuts_streams_that_outlive_the_grace_period() {
     tokio::time::timeout(WAIT, proxy.finished())
         .await
         .expect("grace period bounds the shutdown");
-    // The client sees the stream end early (an error or EOF), not hang.
+    // The client sees the stream end early, not hang, and is told why in a last event in the
+    // OpenAI error shape (the stream was cut between two events).
     let rest = tokio::time::timeout(Duration::from_secs(5), async {
-        while let Some(Ok(_)) = body.next().await {}
+        let mut rest = Vec::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            rest.extend_from_slice(&chunk);
+        }
+        rest
     })
-    .await;
-    assert!(rest.is_ok());
+    .await
+    .expect("the stream ends");
+    let rest = String::from_utf8(rest).unwrap();
+    let last = rest
+        .trim_end()
+        .rsplit("\n\n")
+        .next()
+        .and_then(|e| e.strip_prefix("data: "))
+        .unwrap_or_else(|| panic!("no final event in {rest:?}"));
+    let event: Value = serde_json::from_str(last).unwrap();
+    assert_eq!(event["error"]["code"], "server_shutting_down", "{event}");
+    assert!(event["error"]["message"].is_string());
 }
