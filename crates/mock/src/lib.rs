@@ -105,7 +105,8 @@ impl MockUpstream {
         self.state.pending_replies()
     }
 
-    /// Every request received, on any path but `/_mock/*`, in order of arrival.
+    /// The requests received, on any path but `/_mock/*`, in order of arrival: all of them up
+    /// to the 10,000 most recent (and 256 MiB of bodies), so a long-running mock stays bounded.
     pub fn received(&self) -> Vec<Received> {
         self.state.received()
     }

@@ -85,11 +85,56 @@ impl Counter {
     }
 }
 
+/// Requests kept in the log, most recent first to stay: a mock serving a long benchmark or a
+/// demo keeps a bounded tail, not every request it ever received.
+const MAX_RECEIVED: usize = 10_000;
+/// Bytes of request bodies kept in the log.
+const MAX_RECEIVED_BYTES: usize = 256 * 1024 * 1024;
+
+/// The most recent requests, at most `max` of them and `max_bytes` of bodies (the last one is
+/// kept whatever its size).
+#[derive(Debug)]
+struct Log {
+    requests: VecDeque<Received>,
+    bytes: usize,
+    max: usize,
+    max_bytes: usize,
+}
+
+impl Log {
+    fn new(max: usize, max_bytes: usize) -> Log {
+        Log {
+            requests: VecDeque::new(),
+            bytes: 0,
+            max,
+            max_bytes,
+        }
+    }
+
+    fn push(&mut self, request: Received) {
+        self.bytes += request.body.len();
+        self.requests.push_back(request);
+        while self.requests.len() > self.max
+            || (self.bytes > self.max_bytes && self.requests.len() > 1)
+        {
+            let Some(oldest) = self.requests.pop_front() else {
+                break;
+            };
+            self.bytes -= oldest.body.len();
+        }
+    }
+
+    fn clear(&mut self) {
+        self.requests.clear();
+        self.bytes = 0;
+    }
+}
+
 /// State of one mock, shared by its handle and every connection.
 #[derive(Debug)]
 pub(crate) struct State {
     replies: Mutex<VecDeque<Reply>>,
-    received: Mutex<Vec<Received>>,
+    received: Mutex<Log>,
     received_count: Counter,
     streams_cancelled: Counter,
     streams_completed: Counter,
@@ -105,7 +150,7 @@ impl State {
     pub(crate) fn new() -> State {
         State {
             replies: Mutex::new(VecDeque::new()),
-            received: Mutex::new(Vec::new()),
+            received: Mutex::new(Log::new(MAX_RECEIVED, MAX_RECEIVED_BYTES)),
             received_count: Counter::new(),
             streams_cancelled: Counter::new(),
             streams_completed: Counter::new(),
@@ -125,17 +170,15 @@ impl State {
         lock(&self.replies).len()
     }
 
+    /// Adds `request` to the log (dropping the oldest beyond the bounds) and counts it.
     pub(crate) fn record(&self, request: Received) {
-        let n = {
-            let mut log = lock(&self.received);
-            log.push(request);
-            log.len()
-        };
-        self.received_count.set(n);
+        lock(&self.received).push(request);
+        self.received_count.increment();
     }
 
+    /// The most recent requests (all of them until the log's bounds are reached).
     pub(crate) fn received(&self) -> Vec<Received> {
-        lock(&self.received).clone()
+        lock(&self.received).requests.iter().cloned().collect()
     }
 
     pub(crate) async fn wait_received(&self, n: usize, timeout: Duration) -> bool {
@@ -231,5 +274,39 @@ mod tests {
         state.reset();
         assert!(state.received().is_empty());
         assert_eq!(state.next_serial(), 1);
+    }
+
+    #[test]
+    fn the_log_keeps_a_bounded_tail() {
+        // At most three requests (7 bytes of body each).
+        let mut log = Log::new(3, 1_000);
+        for i in 0..5 {
+            log.push(request(&format!("/{i}")));
+        }
+        let paths: Vec<&str> = log.requests.iter().map(|r| r.path.as_str()).collect();
+        assert_eq!(paths, ["/2", "/3", "/4"]);
+        assert_eq!(log.bytes, 21);
+        // At most 15 bytes of bodies: two requests; one larger than the bound stays alone.
+        let mut log = Log::new(100, 15);
+        for i in 0..4 {
+            log.push(request(&format!("/{i}")));
+        }
+        assert_eq!(log.requests.len(), 2);
+        let mut big = request("/big");
+        big.body = Bytes::from(vec![b' '; 64]);
+        log.push(big);
+        assert_eq!(log.requests.len(), 1);
+        assert_eq!(log.bytes, 64);
+    }
+
+    #[test]
+    fn the_count_goes_on_past_the_log() {
+        let state = State::new();
+        lock(&state.received).max = 2;
+        for i in 0..5 {
+            state.record(request(&format!("/{i}")));
+        }
+        assert_eq!(state.received().len(), 2);
+        assert_eq!(*state.received_count.0.borrow(), 5);
     }
 }
