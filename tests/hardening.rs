@@ -156,6 +156,40 @@ async fn many_silent_sockets_do_not_stop_a_normal_request() {
     assert_eq!(resp.status(), 200);
 }
 
+#[tokio::test]
+async fn at_max_connections_silent_sockets_make_room_for_a_normal_request() {
+    // The header timeout is far away: only closing an idle connection can make room.
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.server.header_read_timeout_ms = 600_000;
+        c.server.max_connections = 8;
+    })
+    .await;
+    let addr = h.proxy.addr();
+    let partial_preface = &b"PRI * HTTP/2.0\r\n"[..];
+    let mut silent = Vec::new();
+    for i in 0..8 {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        if i % 2 == 1 {
+            conn.write_all(partial_preface).await.unwrap();
+        }
+        silent.push(conn);
+    }
+    let resp = tokio::time::timeout(WAIT, h.client.get(h.url("/healthz")).send())
+        .await
+        .expect("a normal request waited behind silent sockets")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let chat = tokio::time::timeout(
+        WAIT,
+        h.chat(&serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})),
+    )
+    .await
+    .expect("a chat request waited behind silent sockets");
+    assert_eq!(chat.status(), 200);
+    // The oldest silent sockets were closed to make room.
+    closed_by_server(&mut silent[0]).await;
+}
+
 /// Sends a request head promising `declared` body bytes, then `sent` of them, then nothing;
 /// returns the answer read until the proxy closes the connection.
 async fn stalled_body(
