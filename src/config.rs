@@ -72,7 +72,8 @@ pub struct ServerConfig {
     pub drain_window_ms: u64,
     /// On SIGINT/SIGTERM, how long in-flight requests and streams may take to finish, in ms.
     pub shutdown_grace_ms: u64,
-    /// Most connections served at once; further ones wait in the accept queue.
+    /// Most connections open at once. At the limit a new connection closes the one idle the
+    /// longest (no request in flight); it waits only when every connection has one.
     pub max_connections: usize,
     /// Threads that run the connections: 0 is one per CPU core (tokio's multi-thread runtime);
     /// 1 runs everything on one thread (tokio's current-thread runtime), which costs the least

@@ -5,7 +5,8 @@
 //! A body read into memory is also held against a budget shared by all requests
 //! (`server.max_body_bytes_in_flight`, 503 when it is spent) until the request's response head
 //! is sent ([`holding_bodies`]), and a chat body's JSON is measured from its bytes before it is
-//! parsed ([`json_shape`]: `server.max_json_elements`, 413; `server.max_json_depth`, 400).
+//! parsed into a DOM ([`check_json_shape`]: `server.max_json_elements`, 413;
+//! `server.max_json_depth`, 400).
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -26,7 +27,6 @@ use tokio::time::{Instant, Sleep};
 use crate::body::BoxError;
 use crate::config::ServerConfig;
 use crate::error::ProxyError;
-use crate::state::AppState;
 
 /// The `Content-Length` the client declared, if any.
 pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
@@ -38,16 +38,10 @@ pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// Reads the whole body of a chat-completions request (the proxy parses it), and refuses one
-/// whose JSON would cost too much to parse.
-pub async fn read_json(
-    state: &AppState,
-    body: Incoming,
-    headers: &HeaderMap,
-) -> Result<Bytes, ProxyError> {
-    let server = &state.config.server;
-    let raw = read_limited(body, headers, server, &state.body_budget).await?;
-    let shape = json_shape(&raw, server.max_json_elements, server.max_json_depth);
+/// Refuses a chat body whose JSON would cost too much to parse into a DOM
+/// (`server.max_json_elements`, 413; `server.max_json_depth`, 400), measured from its bytes.
+pub fn check_json_shape(raw: &[u8], server: &ServerConfig) -> Result<(), ProxyError> {
+    let shape = json_shape(raw, server.max_json_elements, server.max_json_depth);
     if shape.elements > server.max_json_elements {
         return Err(ProxyError::JsonTooLarge {
             limit: server.max_json_elements,
@@ -58,7 +52,7 @@ pub async fn read_json(
             limit: server.max_json_depth,
         });
     }
-    Ok(raw)
+    Ok(())
 }
 
 /// Reads the whole body, answering 413 as soon as it is known to exceed

@@ -9,13 +9,21 @@
 //! `header_read_timeout_ms` of being accepted (hyper's own header timeout does not cover
 //! hyper-util's HTTP/1-or-2 detection, nor HTTP/2), and a connection with no request in flight
 //! is closed after `idle_timeout_ms`. A request counts as in flight from its head until its
-//! response body has been sent or dropped.
+//! response body has been sent or dropped. The watchdog sleeps until the next deadline and
+//! reads the connection's counters then: a request costs it two atomic updates, no wake-up.
+//!
+//! At `max_connections`, a new connection does not wait behind silent or idle ones: the
+//! connection idle the longest (no request in flight: silent since its accept, or an idle
+//! keep-alive) is closed to make room. Only when every connection has a request in flight
+//! does a new one wait for a slot.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,7 +33,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch, Semaphore};
+use tokio::sync::{oneshot, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -92,17 +100,11 @@ impl Server {
         tokio::pin!(shutdown);
         let drain_window = server_cfg.drain_window();
         let mut draining_since = None;
+        let open = Arc::new(OpenConnections::new());
         loop {
             while tasks.try_join_next().is_some() {}
             let stop = stop_accepting(shutdown.as_mut(), &mut draining_since, &state, drain_window);
             tokio::pin!(stop);
-            let permit = tokio::select! {
-                permit = connections.clone().acquire_owned() => match permit {
-                    Ok(p) => p,
-                    Err(_) => break,
-                },
-                () = &mut stop => break,
-            };
             let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
@@ -119,13 +121,32 @@ impl Server {
                 },
                 () = &mut stop => break,
             };
+            let permit = match connections.clone().try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(_) => {
+                    // Full: make room by closing the connection idle the longest, if any;
+                    // else wait until a connection ends.
+                    if !open.evict_idlest() {
+                        tracing::debug!(
+                            "max_connections reached, all busy: the new connection waits"
+                        );
+                    }
+                    tokio::select! {
+                        permit = connections.clone().acquire_owned() => match permit {
+                            Ok(p) => p,
+                            Err(_) => break,
+                        },
+                        () = &mut stop => break,
+                    }
+                }
+            };
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
             }
             let service_state = state.clone();
             let grace_over = grace_over_rx.clone();
-            let (activity, watched) = watch::channel(Activity::new());
-            let activity = Arc::new(activity);
+            let conn_state = open.insert();
+            let activity = conn_state.activity.clone();
             let service = service_fn(move |req| {
                 let state = service_state.clone();
                 let in_flight = InFlight::begin(activity.clone());
@@ -156,10 +177,11 @@ impl Server {
                         served = watcher.watch(conn) => if let Err(e) = served {
                             tracing::debug!(error = %e, "connection ended with an error");
                         },
-                        why = watchdog(watched, head_timeout, idle_timeout) => {
+                        why = watchdog(&conn_state.activity, head_timeout, idle_timeout) => {
                             tracing::debug!(why, "connection closed");
                         }
                     }
+                    drop(conn_state);
                     drop(permit);
                 }
                 .instrument(span),
@@ -252,48 +274,129 @@ impl AcceptErrors {
     }
 }
 
-/// What a connection is doing, as its watchdog sees it.
-#[derive(Debug, Clone, Copy)]
+/// What a connection is doing, as its watchdog (and an eviction) sees it.
 struct Activity {
     /// Requests whose head was read and whose response body is not yet sent.
-    in_flight: usize,
-    /// Requests begun on this connection.
-    begun: u64,
-    /// When the connection was accepted or its last request ended.
-    idle_since: Instant,
+    in_flight: AtomicUsize,
+    /// Whether a request has begun on this connection.
+    begun: AtomicBool,
+    /// When the connection was accepted or its last request ended, in ns after `epoch`.
+    idle_since: AtomicU64,
+    epoch: Instant,
+    /// Set to close the connection now (to make room at `max_connections`).
+    evicted: Notify,
 }
 
 impl Activity {
-    fn new() -> Activity {
-        Activity {
-            in_flight: 0,
-            begun: 0,
-            idle_since: Instant::now(),
+    fn new(epoch: Instant) -> Activity {
+        let activity = Activity {
+            in_flight: AtomicUsize::new(0),
+            begun: AtomicBool::new(false),
+            idle_since: AtomicU64::new(0),
+            epoch,
+            evicted: Notify::new(),
+        };
+        activity.mark_idle();
+        activity
+    }
+
+    fn mark_idle(&self) {
+        let since = Instant::now().saturating_duration_since(self.epoch);
+        self.idle_since
+            .store(since.as_nanos() as u64, Ordering::Release);
+    }
+
+    /// When the connection has been idle since, or `None` while a request is in flight.
+    fn idle_since(&self) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let nanos = self.idle_since.load(Ordering::Acquire);
+        Some(self.epoch + Duration::from_nanos(nanos))
+    }
+}
+
+/// The open connections, to find the one idle the longest when `max_connections` is reached.
+struct OpenConnections {
+    by_id: Mutex<HashMap<u64, Arc<Activity>>>,
+    next_id: AtomicU64,
+    epoch: Instant,
+}
+
+impl OpenConnections {
+    fn new() -> OpenConnections {
+        OpenConnections {
+            by_id: Mutex::default(),
+            next_id: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Registers a new connection; it leaves the set when the returned guard is dropped.
+    fn insert(self: &Arc<Self>) -> OpenConnection {
+        let activity = Arc::new(Activity::new(self.epoch));
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, activity.clone());
+        OpenConnection {
+            id,
+            activity,
+            open: self.clone(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Activity>>> {
+        self.by_id
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Closes the connection with no request in flight that has been idle the longest (a silent
+    /// one first, by age). False when every connection has a request in flight.
+    fn evict_idlest(&self) -> bool {
+        let open = self.lock();
+        let idlest = open
+            .values()
+            .filter_map(|a| a.idle_since().map(|since| (since, a)))
+            .min_by_key(|(since, _)| *since);
+        match idlest {
+            Some((_, activity)) => {
+                activity.evicted.notify_one();
+                true
+            }
+            None => false,
         }
     }
 }
 
+/// A connection's entry in [`OpenConnections`], removed on drop.
+struct OpenConnection {
+    id: u64,
+    activity: Arc<Activity>,
+    open: Arc<OpenConnections>,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.open.lock().remove(&self.id);
+    }
+}
+
 /// One request in flight on a connection, from its head until its response body is dropped.
-struct InFlight(Arc<watch::Sender<Activity>>);
+struct InFlight(Arc<Activity>);
 
 impl InFlight {
-    fn begin(activity: Arc<watch::Sender<Activity>>) -> InFlight {
-        activity.send_modify(|a| {
-            a.in_flight += 1;
-            a.begun += 1;
-        });
+    fn begin(activity: Arc<Activity>) -> InFlight {
+        activity.begun.store(true, Ordering::Relaxed);
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(activity)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.send_modify(|a| {
-            a.in_flight = a.in_flight.saturating_sub(1);
-            if a.in_flight == 0 {
-                a.idle_since = Instant::now();
-            }
-        });
+        // The time first: a watchdog that sees no request in flight sees when the last ended.
+        self.0.mark_idle();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -388,31 +491,35 @@ impl http_body::Body for Tracked {
 }
 
 /// Completes when the connection should be closed: no request head within `head_timeout` of
-/// the accept, or no request in flight for `idle_timeout`. Says why.
+/// the accept, no request in flight for `idle_timeout`, or evicted. Says why. It sleeps until
+/// the next possible deadline and looks at the counters then (while a request is in flight, it
+/// looks again `idle_timeout` later), so requests never wake it.
 async fn watchdog(
-    mut activity: watch::Receiver<Activity>,
+    activity: &Activity,
     head_timeout: Duration,
     idle_timeout: Duration,
 ) -> &'static str {
+    let sleep = tokio::time::sleep(head_timeout);
+    tokio::pin!(sleep);
+    let evicted = activity.evicted.notified();
+    tokio::pin!(evicted);
     loop {
-        let now = *activity.borrow_and_update();
-        if now.in_flight == 0 {
-            let (limit, why) = if now.begun == 0 {
-                (
-                    head_timeout,
-                    "no request head within server.header_read_timeout_ms",
-                )
-            } else {
-                (idle_timeout, "idle for server.idle_timeout_ms")
-            };
-            tokio::select! {
-                () = tokio::time::sleep_until(now.idle_since + limit) => return why,
-                changed = activity.changed() => if changed.is_err() {
-                    return "connection gone";
-                },
-            }
-        } else if activity.changed().await.is_err() {
-            return "connection gone";
+        let now = Instant::now();
+        let (deadline, why) = match activity.idle_since() {
+            None => (now + idle_timeout, ""),
+            Some(since) if !activity.begun.load(Ordering::Relaxed) => (
+                since + head_timeout,
+                "no request head within server.header_read_timeout_ms",
+            ),
+            Some(since) => (since + idle_timeout, "idle for server.idle_timeout_ms"),
+        };
+        if deadline <= now {
+            return why;
+        }
+        sleep.as_mut().reset(deadline);
+        tokio::select! {
+            () = &mut sleep => {}
+            () = &mut evicted => return "closed to make room: server.max_connections reached",
         }
     }
 }

@@ -156,6 +156,40 @@ async fn many_silent_sockets_do_not_stop_a_normal_request() {
     assert_eq!(resp.status(), 200);
 }
 
+#[tokio::test]
+async fn at_max_connections_silent_sockets_make_room_for_a_normal_request() {
+    // The header timeout is far away: only closing an idle connection can make room.
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.server.header_read_timeout_ms = 600_000;
+        c.server.max_connections = 8;
+    })
+    .await;
+    let addr = h.proxy.addr();
+    let partial_preface = &b"PRI * HTTP/2.0\r\n"[..];
+    let mut silent = Vec::new();
+    for i in 0..8 {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        if i % 2 == 1 {
+            conn.write_all(partial_preface).await.unwrap();
+        }
+        silent.push(conn);
+    }
+    let resp = tokio::time::timeout(WAIT, h.client.get(h.url("/healthz")).send())
+        .await
+        .expect("a normal request waited behind silent sockets")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let chat = tokio::time::timeout(
+        WAIT,
+        h.chat(&serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})),
+    )
+    .await
+    .expect("a chat request waited behind silent sockets");
+    assert_eq!(chat.status(), 200);
+    // The oldest silent sockets were closed to make room.
+    closed_by_server(&mut silent[0]).await;
+}
+
 /// Sends a request head promising `declared` body bytes, then `sent` of them, then nothing;
 /// returns the answer read until the proxy closes the connection.
 async fn stalled_body(
@@ -476,17 +510,15 @@ async fn bodies_over_the_in_flight_budget_get_503_with_retry_after() {
 }
 
 /// Peak resident memory (VmHWM, kB) of the proxy binary after it handled one chat request with
-/// a body of `elements` tiny JSON values, under `server` config lines.
-async fn peak_rss_kb(elements: usize, server: &str) -> (u64, u16) {
+/// a body of `elements` tiny JSON values, under `server` config lines, in context `mode`, in
+/// front of `upstream`; and the status it answered.
+async fn peak_rss_kb(elements: usize, server: &str, mode: &str, upstream: &str) -> (u64, u16) {
     use std::io::BufRead;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let upstream = format!("http://{}/v1", closed.local_addr().unwrap());
-    drop(closed);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.toml");
     std::fs::write(
         &config,
-        format!("[server]\n{server}\n[context]\nmode = \"off\"\n[store]\nbackend = \"memory\"\n[upstream]\nbase_url = \"{upstream}\"\n"),
+        format!("[server]\n{server}\n[context]\nmode = \"{mode}\"\n[store]\nbackend = \"memory\"\n[upstream]\nbase_url = \"{upstream}\"\n"),
     )
     .unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_context-proxy"))
@@ -501,12 +533,7 @@ async fn peak_rss_kb(elements: usize, server: &str) -> (u64, u16) {
         .read_line(&mut first)
         .unwrap();
     let addr = first.trim().rsplit("http://").next().unwrap().to_string();
-    let mut body = String::with_capacity(elements * 2 + 100);
-    body.push_str(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"x":["#);
-    for _ in 1..elements {
-        body.push_str("0,");
-    }
-    body.push_str("0]}");
+    let body = tiny_values_body(elements);
     let status = reqwest::Client::new()
         .post(format!("http://{addr}/v1/chat/completions"))
         .header("content-type", "application/json")
@@ -529,11 +556,13 @@ async fn peak_rss_kb(elements: usize, server: &str) -> (u64, u16) {
 
 #[tokio::test]
 async fn a_32_mib_body_of_tiny_values_no_longer_takes_gigabytes() {
-    // 16 million values in just under 32 MiB (server.max_body_bytes).
+    // 16 million values in just under 32 MiB (server.max_body_bytes), in a managed mode (the
+    // body is parsed into a DOM unless the limits refuse it first).
     let elements = 16_000_000;
     let unlimited = "max_json_elements = 1000000000\nmax_json_depth = 1000";
-    let (before, before_status) = peak_rss_kb(elements, unlimited).await;
-    let (after, after_status) = peak_rss_kb(elements, "").await;
+    let nowhere = closed_upstream();
+    let (before, before_status) = peak_rss_kb(elements, unlimited, "auto", &nowhere).await;
+    let (after, after_status) = peak_rss_kb(elements, "", "auto", &nowhere).await;
     eprintln!(
         "peak RSS, 32 MiB body of 16M values: unlimited {} MiB (status {before_status}), default limits {} MiB (status {after_status})",
         before / 1024,
@@ -541,6 +570,76 @@ async fn a_32_mib_body_of_tiny_values_no_longer_takes_gigabytes() {
     );
     assert_eq!(after_status, 413);
     assert!(after * 4 < before, "before {before} kB, after {after} kB");
+}
+
+#[tokio::test]
+async fn mode_off_forwards_a_32_mib_body_of_tiny_values_without_a_dom() {
+    // Mode off only peeks at the model: no DOM, so no element limit is needed, and the whole
+    // body reaches the upstream.
+    let elements = 16_000_000;
+    let (sink, received) = body_sink();
+    let (peak, status) = peak_rss_kb(elements, "", "off", &sink).await;
+    let body_bytes = tiny_values_body(elements).len() as u64;
+    eprintln!(
+        "peak RSS, mode off, 32 MiB body of 16M values forwarded: {} MiB ({:.1}x the body)",
+        peak / 1024,
+        (peak * 1024) as f64 / body_bytes as f64
+    );
+    assert_eq!(status, 200);
+    assert_eq!(received.join().unwrap(), body_bytes);
+    assert!(
+        peak * 1024 < 8 * body_bytes,
+        "peak {peak} kB for a body of {body_bytes} bytes"
+    );
+}
+
+/// An upstream address where nothing listens.
+fn closed_upstream() -> String {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}/v1", closed.local_addr().unwrap())
+}
+
+/// An upstream that takes one HTTP/1.1 request, answers `200 {}` and says how many body bytes
+/// it read (counted, not kept).
+fn body_sink() -> (String, std::thread::JoinHandle<u64>) {
+    use std::io::{BufRead, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    let thread = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+        let mut length = 0u64;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap();
+                }
+            }
+        }
+        let read = std::io::copy(&mut reader.by_ref().take(length), &mut std::io::sink()).unwrap();
+        let mut stream = stream;
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+            .unwrap();
+        read
+    });
+    (base, thread)
+}
+
+/// `{"model":…,"messages":[…],"x":[0,0,…]}` with `elements` zeros.
+fn tiny_values_body(elements: usize) -> String {
+    let mut body = String::with_capacity(elements * 2 + 100);
+    body.push_str(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"x":["#);
+    for _ in 1..elements {
+        body.push_str("0,");
+    }
+    body.push_str("0]}");
+    body
 }
 
 #[tokio::test]

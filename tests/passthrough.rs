@@ -42,14 +42,53 @@ async fn odd_but_valid_json_is_forwarded_byte_identical() {
         br#"{"model":"gpt-4o","model":"gpt-4o-mini","messages":[{"role":"user","content":"dup keys"}]}"#,
         "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"日本語 😀 \\ud83d\\ude00\"}]}".as_bytes(),
     ];
-    for body in bodies {
-        let resp = h.chat_raw(body.to_vec()).await;
-        assert_eq!(resp.status(), 200, "{}", String::from_utf8_lossy(body));
+    // Managed (parsed, nothing to change) and mode off (only peeked at for the model).
+    for mode in ["auto", "off"] {
+        for body in bodies {
+            let resp = h
+                .client
+                .post(h.url("/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("x-context-mode", mode)
+                .body(body.to_vec())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "{}", String::from_utf8_lossy(body));
+        }
     }
     let received = h.mock.received();
-    for (body, got) in bodies.iter().zip(&received) {
+    assert_eq!(received.len(), 2 * bodies.len());
+    for (body, got) in bodies.iter().chain(&bodies).zip(&received) {
         assert_eq!(&got.body[..], *body);
     }
+}
+
+#[tokio::test]
+async fn mode_off_still_answers_malformed_json_with_its_position() {
+    let h = Harness::start().await;
+    for body in [
+        &b"{\"model\":\"gpt-4o\",\n \"messages\": [}"[..],
+        b"[\"gpt-4o\"]",
+    ] {
+        let resp = h
+            .client
+            .post(h.url("/v1/chat/completions"))
+            .header("x-context-mode", "off")
+            .body(body.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400);
+        let err = common::assert_openai_error(&resp.bytes().await.unwrap());
+        let message = err["message"].as_str().unwrap().to_string();
+        if body.starts_with(b"{") {
+            assert!(message.contains("line 2"), "{message}");
+        } else {
+            assert!(message.contains("not an array"), "{message}");
+        }
+    }
+    assert!(h.mock.received().is_empty());
 }
 
 #[tokio::test]
@@ -228,15 +267,23 @@ async fn requests_are_routed_by_model_pattern_with_a_default() {
         ("llama3.1:8b", "local"),
         ("gpt-4", "local"),
     ];
-    for (model, expected) in cases {
-        let resp = client
-            .post(&url)
-            .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        assert_eq!(resp.headers()["x-mock-name"], expected, "model {model}");
+    // Mode off reads the model without parsing the body into a DOM: routed the same.
+    for mode in ["auto", "off"] {
+        for (model, expected) in cases {
+            let resp = client
+                .post(&url)
+                .header("x-context-mode", mode)
+                .json(&json!({"messages": [{"role": "user", "content": "hi"}], "model": model}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(
+                resp.headers()["x-mock-name"],
+                expected,
+                "model {model}, {mode}"
+            );
+        }
     }
     // A body without a model goes to the default upstream.
     let resp = client
@@ -254,9 +301,9 @@ async fn requests_are_routed_by_model_pattern_with_a_default() {
         .await
         .unwrap();
     assert_eq!(resp.headers()["x-mock-name"], "openai");
-    assert!(openai.wait_received(3, WAIT).await);
-    assert_eq!(openai.received().len(), 3);
-    assert_eq!(local.received().len(), 3);
+    assert!(openai.wait_received(5, WAIT).await);
+    assert_eq!(openai.received().len(), 5);
+    assert_eq!(local.received().len(), 5);
 }
 
 #[tokio::test]

@@ -13,6 +13,7 @@
 //! direct throughput that leaves ("CPU-bound ratio").
 
 mod cpu;
+mod hostile;
 mod load;
 
 use std::io::{BufRead, BufReader};
@@ -45,6 +46,21 @@ pub struct BenchArgs {
     /// Scenarios to run.
     #[arg(long, value_delimiter = ',', default_values_t = [Scenario::Small, Scenario::Large])]
     pub scenarios: Vec<Scenario>,
+    /// The proxy binary to measure (default: this one), e.g. an older build to compare with.
+    #[arg(long, value_name = "FILE")]
+    pub proxy_exe: Option<std::path::PathBuf>,
+    /// Instead of the scenarios: open this many silent TCP connections (and variants: part of
+    /// the HTTP/2 preface, the h2c preface and no stream), then time a chat request and
+    /// `/healthz` on new connections.
+    #[arg(long, value_name = "N")]
+    pub silent_sockets: Option<usize>,
+    /// Instead of the scenarios: hold this many streaming chat requests open at once and read
+    /// the proxy's peak memory.
+    #[arg(long, value_name = "N")]
+    pub streams: Option<usize>,
+    /// With `--streams`: the mock's delay between two SSE events.
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub stream_interval_ms: u64,
 }
 
 /// One request shape the benchmark sends.
@@ -78,7 +94,11 @@ impl Drop for ChildGuard {
 
 /// Starts `args` on the current executable and reads the `… listening on http://ADDR` line.
 pub(crate) fn spawn_self(args: &[&str]) -> std::io::Result<(ChildGuard, SocketAddr)> {
-    let exe = std::env::current_exe()?;
+    spawn(&std::env::current_exe()?, args)
+}
+
+/// Starts `exe` with `args` and reads the `… listening on http://ADDR` line.
+fn spawn(exe: &std::path::Path, args: &[&str]) -> std::io::Result<(ChildGuard, SocketAddr)> {
     let mut child = Command::new(exe)
         .args(args)
         .env("RUST_LOG", "warn")
@@ -100,6 +120,17 @@ pub(crate) fn spawn_self(args: &[&str]) -> std::io::Result<(ChildGuard, SocketAd
         .and_then(|a| a.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("unexpected first line {line:?}")))?;
     Ok((guard, addr))
+}
+
+/// Starts the proxy: `exe` with `args`, or this executable when `exe` is `None`.
+pub(crate) fn spawn_proxy(
+    exe: Option<&std::path::Path>,
+    args: &[&str],
+) -> std::io::Result<(ChildGuard, SocketAddr)> {
+    match exe {
+        Some(exe) => spawn(exe, args),
+        None => spawn_self(args),
+    }
 }
 
 /// Resident set size and its peak of process `pid`, in MiB (Linux /proc).
@@ -241,17 +272,27 @@ struct Row {
 
 /// Runs the benchmark and prints the table.
 pub async fn run(args: BenchArgs) -> std::io::Result<()> {
+    let proxy_config = args.proxy_config.to_string_lossy();
+    let proxy_exe = args.proxy_exe.as_deref();
+    if let Some(n) = args.silent_sockets {
+        return hostile::silent_sockets(n, proxy_exe, &proxy_config).await;
+    }
+    if let Some(n) = args.streams {
+        return hostile::streams(n, args.stream_interval_ms, proxy_exe, &proxy_config).await;
+    }
     let (mock, mock_addr) = spawn_self(&["mock-upstream", "--listen", "127.0.0.1:0"])?;
     let upstream = format!("http://{mock_addr}/v1");
-    let proxy_config = args.proxy_config.to_string_lossy();
-    let (proxy, proxy_addr) = spawn_self(&[
-        "--config",
-        &proxy_config,
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &upstream,
-    ])?;
+    let (proxy, proxy_addr) = spawn_proxy(
+        proxy_exe,
+        &[
+            "--config",
+            &proxy_config,
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+        ],
+    )?;
     let pid = proxy.0.id();
     // Before any request: the process, its runtime and its clients, no tokenizer tables yet.
     let (start_rss, _) = rss_mib(pid);

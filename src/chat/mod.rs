@@ -41,7 +41,7 @@ use hyper::body::Incoming;
 use crate::body::ProxyBody;
 use crate::context::Mode;
 use crate::error::ProxyError;
-use crate::request_body::read_json; // harden: bounded in size, time and memory
+use crate::request_body::{check_json_shape, read_limited};
 use crate::state::AppState;
 use crate::upstream;
 use serde_json::Value;
@@ -56,7 +56,7 @@ pub async fn handle(
     request_id: HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let mut ctx = parse(&state, req, request_id).await?;
-    identify(&state, &mut ctx)?;
+    identify(&state, &mut ctx);
     plan(&state, &mut ctx).await;
     apply(&state, &mut ctx).await?;
     let answer = forward(&mut ctx).await?;
@@ -79,7 +79,8 @@ pub enum Answer {
 }
 
 /// parse: the body, read under `server.max_body_bytes`, as a JSON object, and the upstream
-/// serving its model.
+/// serving its model. The mode is known here: a request whose context is not managed is only
+/// peeked at for its model (no DOM); a managed one is measured, then parsed.
 async fn parse(
     state: &AppState,
     req: Request<Incoming>,
@@ -87,25 +88,37 @@ async fn parse(
 ) -> Result<ChatCtx, ProxyError> {
     let received = Instant::now();
     let (parts, body) = req.into_parts();
-    let raw = read_json(state, body, &parts.headers).await?; // harden: see request_body.rs
-    let request = ChatRequest::parse(raw)?;
+    let mode = state
+        .context
+        .mode(&parts.headers)
+        .map_err(ProxyError::InvalidRequest)?;
+    let server = &state.config.server;
+    let raw = read_limited(body, &parts.headers, server, &state.body_budget).await?;
+    let peeked = match mode {
+        Mode::Off => ChatRequest::peek(raw.clone()),
+        _ => None,
+    };
+    let request = match peeked {
+        Some(request) => request,
+        None => {
+            check_json_shape(&raw, server)?;
+            ChatRequest::parse(raw)?
+        }
+    };
     let upstream = state.upstreams.route(request.model()).clone();
     tracing::debug!(upstream = %upstream.name, model = request.model().unwrap_or(""), "routed");
     crate::auth::authorize(&parts.extensions, request.model(), &upstream.name)?;
     let caller = crate::auth::caller(&parts.extensions).cloned();
     let mut ctx = ChatCtx::new(request_id, parts, request, upstream, received);
+    ctx.mode = mode;
     ctx.caller = caller;
     ctx.model = ctx.request.model().map(str::to_owned);
     Ok(ctx)
 }
 
-/// identify: the mode (`x-context-mode` or the config's) and, when the context is managed,
-/// the conversation (tenant from the API key, session).
-fn identify(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
-    ctx.mode = state
-        .context
-        .mode(&ctx.headers)
-        .map_err(ProxyError::InvalidRequest)?;
+/// identify: when the context is managed (the mode, `x-context-mode` or the config's, was read
+/// by parse), the conversation (tenant from the API key, session).
+fn identify(state: &AppState, ctx: &mut ChatCtx) {
     if ctx.mode != Mode::Off {
         ctx.identity = state.context.identify(&ctx.headers, &ctx.request.body);
         // The caller's tenant: its proxy key's own when keys are required (crate::auth).
@@ -113,12 +126,15 @@ fn identify(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             identity.tenant = caller.tenant.clone();
         }
     }
-    Ok(())
 }
 
 /// plan: put back the proxy's hidden tool calls, then count and decide (no store writes). The
 /// markers name the proxy's tools as they will be offered in this request.
 async fn plan(state: &AppState, ctx: &mut ChatCtx) {
+    if ctx.mode == Mode::Off {
+        // Nothing to plan: the body was only peeked at and goes out as it came.
+        return;
+    }
     ctx.offer = crate::reload::offer(&ctx.request.body, state.context.reload_config());
     let plan = state
         .context
@@ -159,6 +175,7 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
 /// "closed"`, a store failure refuses the request instead of forwarding it unmanaged.
 async fn apply(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     let Some(plan) = ctx.plan.take() else {
+        ctx.timings.planned = Some(Instant::now());
         return Ok(());
     };
     let fail_closed = state.config.store.fail_closed();
