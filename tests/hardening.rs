@@ -1203,3 +1203,12 @@ async fn a_rewritten_request_keeps_every_number_as_it_was_written() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_lone_surrogate_escape_is_legal_json_and_forwarded_as_it_came() {
+    let h = Harness::start().await;
+    let body = br#"{"model":"gpt-4o","messages":[{"role":"user","content":"half a pair: \ud83d, then text"}]}"#;
+    let resp = h.chat_raw(body.to_vec()).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(&h.mock.received()[0].body[..], &body[..]);
+}

@@ -109,6 +109,15 @@ async fn parse(
     tracing::debug!(upstream = %upstream.name, model = request.model().unwrap_or(""), "routed");
     crate::auth::authorize(&parts.extensions, request.model(), &upstream.name)?;
     let caller = crate::auth::caller(&parts.extensions).cloned();
+    // A body only peeked at (mode off, or JSON a DOM cannot hold) is forwarded as it came.
+    let mode = if request.body.is_null() {
+        if mode != Mode::Off {
+            tracing::info!("the body holds a lone surrogate escape: forwarded unmanaged");
+        }
+        Mode::Off
+    } else {
+        mode
+    };
     let mut ctx = ChatCtx::new(request_id, parts, request, upstream, received);
     ctx.mode = mode;
     ctx.caller = caller;

@@ -25,9 +25,19 @@ pub struct ChatRequest {
 
 impl ChatRequest {
     /// Parses `raw`: it must be a JSON object. Everything else is the upstream's to judge.
+    ///
+    /// JSON allows a string to hold a lone UTF-16 surrogate escape (`"\ud800"`), which no Rust
+    /// string can: such a body is only peeked at ([`ChatRequest::peek`]) and forwarded as it
+    /// came, unmanaged, rather than refused.
     pub fn parse(raw: Bytes) -> Result<ChatRequest, ProxyError> {
-        let body: Value = serde_json::from_slice(&raw)
-            .map_err(|e| ProxyError::InvalidJson(describe_json_error(&raw, &e)))?;
+        let body: Value = match serde_json::from_slice(&raw) {
+            Ok(body) => body,
+            Err(e) if is_lone_surrogate(&e) => {
+                return ChatRequest::peek(raw.clone())
+                    .ok_or_else(|| ProxyError::InvalidJson(describe_json_error(&raw, &e)));
+            }
+            Err(e) => return Err(ProxyError::InvalidJson(describe_json_error(&raw, &e))),
+        };
         if !body.is_object() {
             return Err(ProxyError::InvalidRequest(format!(
                 "the request body must be a JSON object with \"model\" and \"messages\", not {}",
@@ -58,6 +68,14 @@ impl ChatRequest {
     pub fn model(&self) -> Option<&str> {
         self.model.as_deref()
     }
+}
+
+/// Whether `e` is serde_json refusing a lone surrogate escape, legal JSON that a Rust string
+/// cannot hold (serde_json reports it with these two messages only).
+fn is_lone_surrogate(e: &serde_json::Error) -> bool {
+    let message = e.to_string();
+    message.starts_with("lone leading surrogate in hex escape")
+        || message.starts_with("unexpected end of hex escape")
 }
 
 /// The one field a peek reads; every other one is skipped by `IgnoredAny`.
@@ -164,6 +182,25 @@ mod tests {
             assert_eq!(peeked.raw, raw);
             assert!(peeked.body.is_null());
         }
+    }
+
+    #[test]
+    fn lone_surrogates_are_legal_json_and_only_peeked_at() {
+        for raw in [
+            &br#"{"model":"m","messages":[{"role":"user","content":"a \ud800 b"}]}"#[..],
+            br#"{"model":"m","messages":[{"role":"user","content":"\udc00"}]}"#,
+            br#"{"model":"m","messages":[{"role":"user","content":"\ud800\u0041"}]}"#,
+            br#"{"model":"m","messages":[{"role":"user","content":"\ud800"}]}"#,
+        ] {
+            let req = ChatRequest::parse(Bytes::from_static(raw)).expect("accepted");
+            assert!(req.body.is_null(), "peeked, not parsed");
+            assert_eq!(req.model(), Some("m"));
+        }
+        // Still malformed elsewhere: the parser's error.
+        let err = ChatRequest::parse(Bytes::from_static(br#"{"model":"m","x":"\ud800",}"#))
+            .err()
+            .unwrap();
+        assert_eq!(err.classify().0, http::StatusCode::BAD_REQUEST);
     }
 
     #[test]

@@ -174,13 +174,68 @@ fn stream(
     response
 }
 
+/// `json` with every `\\uXXXX` escape of a surrogate that is not half of a pair replaced by
+/// `\\ufffd`; everything else byte for byte.
+fn replace_lone_surrogates(json: &[u8]) -> Vec<u8> {
+    let hex = |at: usize| -> Option<u16> {
+        let digits = json.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+    };
+    let escape_at = |at: usize| -> Option<u16> {
+        (json.get(at) == Some(&b'\\') && json.get(at + 1) == Some(&b'u'))
+            .then(|| hex(at + 2))
+            .flatten()
+    };
+    let mut out = Vec::with_capacity(json.len());
+    let (mut i, mut in_string) = (0, false);
+    while i < json.len() {
+        let b = json[i];
+        if !in_string {
+            in_string = b == b'"';
+            out.push(b);
+            i += 1;
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = false;
+                out.push(b);
+                i += 1;
+            }
+            b'\\' => match escape_at(i) {
+                Some(0xD800..=0xDBFF) if matches!(escape_at(i + 6), Some(0xDC00..=0xDFFF)) => {
+                    out.extend_from_slice(&json[i..i + 12]);
+                    i += 12;
+                }
+                Some(0xD800..=0xDFFF) => {
+                    out.extend_from_slice(b"\\ufffd");
+                    i += 6;
+                }
+                _ => {
+                    let end = (i + 2).min(json.len());
+                    out.extend_from_slice(&json[i..end]);
+                    i = end;
+                }
+            },
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 /// Parses and validates the body, or gives the body of OpenAI's 400 for it.
 fn parse(body: &[u8]) -> Result<ChatRequest, Value> {
     let invalid = |message: &str, param: Option<&str>, code: Option<&str>| {
         wire::error_body(message, "invalid_request_error", param, code)
     };
-    let body: Value =
-        serde_json::from_slice(body).map_err(|_| invalid(INVALID_JSON_MESSAGE, None, None))?;
+    // Legal JSON that a Rust string cannot hold (a lone surrogate escape) is read with U+FFFD
+    // in its place, as a lenient server would.
+    let body: Value = serde_json::from_slice(body)
+        .or_else(|_| serde_json::from_slice(&replace_lone_surrogates(body)))
+        .map_err(|_| invalid(INVALID_JSON_MESSAGE, None, None))?;
     if !body.is_object() {
         let message = format!(
             "Invalid type for 'body': expected an object, but got {} instead.",
@@ -349,5 +404,16 @@ mod tests {
         let (reply, hold) = unwrap_hold(reply);
         assert!(matches!(reply, Reply::Completion(_)));
         assert_eq!(hold.map(|(after, _)| after), Some(5));
+    }
+
+    #[test]
+    fn lone_surrogates_are_read_as_replacement_characters() {
+        let raw = br#"{"a":"x\ud800y","b":"\ud83d\ude00","c":"\\ud800","d":"\udc00\ud800"}"#;
+        let fixed = replace_lone_surrogates(raw);
+        let v: Value = serde_json::from_slice(&fixed).unwrap();
+        assert_eq!(v["a"], "x\u{fffd}y");
+        assert_eq!(v["b"], "\u{1f600}");
+        assert_eq!(v["c"], "\\ud800", "an escaped backslash is no escape");
+        assert_eq!(v["d"], "\u{fffd}\u{fffd}");
     }
 }
