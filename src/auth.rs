@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use http::{HeaderMap, StatusCode};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::config::ValidConfig;
@@ -27,7 +27,7 @@ use crate::store::Tenant;
 use crate::upstream::glob_match;
 
 /// The `[auth]` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Let any client use the upstreams' own keys without a proxy key. Dangerous: whoever
@@ -41,7 +41,7 @@ pub struct AuthConfig {
 }
 
 /// One client key the proxy knows (`[[keys]]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyConfig {
     /// Shown in logs and metrics labels; the key itself never is.

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::context::ContextConfig;
 use crate::record::RecordConfig;
@@ -16,7 +16,7 @@ use crate::store::StoreConfig;
 use crate::tokens::{CountSettings, Encoding};
 
 /// Everything the proxy can be told. Sections mirror `config.toml`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub server: ServerConfig,
@@ -39,7 +39,7 @@ pub struct Config {
     pub record: RecordConfig,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Address to listen on.
@@ -116,7 +116,7 @@ impl ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -124,7 +124,7 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// `human` or `json`.
@@ -142,7 +142,7 @@ impl Default for LogConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     /// A short name used in logs and errors.
@@ -295,6 +295,16 @@ impl Config {
             ));
         }
         self.context.validate().map_err(ConfigError::Invalid)?;
+        if let Some(name) = &self.context.summarizer.upstream {
+            if !names.contains_key(name) {
+                let mut known: Vec<&str> = self.upstreams.iter().map(|u| u.name.as_str()).collect();
+                known.sort_unstable();
+                return Err(ConfigError::Invalid(format!(
+                    "context.summarizer.upstream {name:?} names no configured upstream; the upstreams are: {}",
+                    known.join(", ")
+                )));
+            }
+        }
         self.store
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -389,6 +399,22 @@ mod tests {
             err.to_string().contains("upstreams[0] (q).base_url"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_unknown_summarizer_upstream_is_named_with_the_upstreams_that_exist() {
+        let text = "[[upstreams]]\nname = \"main\"\nbase_url = \"http://a/v1\"\n\
+                    [[upstreams]]\nname = \"cheap\"\nbase_url = \"http://b/v1\"\n\
+                    [context.summarizer]\nupstream = \"chaep\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("context.summarizer.upstream \"chaep\""),
+            "{err}"
+        );
+        assert!(err.contains("cheap, main"), "{err}");
+        let fixed = text.replace("chaep", "cheap");
+        Config::from_toml(&fixed).unwrap().validate().unwrap();
     }
 
     #[test]
