@@ -153,11 +153,33 @@ async fn sessions_are_inspected_read_and_erased_per_key() {
     assert_eq!(status, 200);
     assert_eq!(
         all["data"],
-        json!([{"id": "s1", "object": "context.session", "tenant": alice.as_str()}])
+        json!([{"id": "s1", "object": "context.session", "tenant": alice.as_str(), "key": "alice"}])
     );
     let path = format!("/v1/context/refs/{reference}?tenant={}", alice.as_str());
     let resp = call(&h, reqwest::Method::GET, &path, "admin-secret").await;
     assert_eq!(resp.status(), 200);
+    // A proxy key's name stands for its tenant; without a tenant the admin is told how to name one.
+    let (status, detail) =
+        get_json(&h, "/v1/context/sessions/s1?tenant=alice", "admin-secret").await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["key"], "alice");
+    assert_eq!(detail["tenant"], alice.as_str());
+    let (status, err) = get_json(&h, "/v1/context/sessions/s1", "admin-secret").await;
+    assert_eq!(status, 400);
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("?tenant=") && message.contains("key name"),
+        "{message}"
+    );
+    let (status, err) = get_json(&h, "/v1/context/sessions/s1?tenant=carol", "admin-secret").await;
+    assert_eq!(status, 400);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"carol\""),
+        "{err}"
+    );
     // The admin token is no proxy key: it cannot chat.
     let resp = h
         .client
@@ -225,19 +247,23 @@ async fn the_inspect_subcommand_reads_the_store() {
     std::fs::write(
         &config,
         format!(
-            "[store]\nbackend = \"fs\"\npath = {:?}\n",
-            dir.path().display().to_string()
+            "[store]\nbackend = \"fs\"\npath = {:?}\n[[keys]]\nname = \"alice\"\nsha256 = \"{}\"\n",
+            dir.path().display().to_string(),
+            key("alice", "sk-alice").sha256
         ),
     )
     .unwrap();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_context-proxy"))
+    let inspect = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_context-proxy"))
             .arg("inspect")
             .arg("--config")
             .arg(&config)
             .args(args)
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let run = |args: &[&str]| {
+        let out = inspect(args);
         assert!(
             out.status.success(),
             "{}",
@@ -248,9 +274,26 @@ async fn the_inspect_subcommand_reads_the_store() {
     let all = run(&[]);
     assert_eq!(all["data"][0]["id"], "cli-session");
     assert_eq!(all["data"][0]["tenant"], key_tenant("alice").as_str());
+    assert_eq!(all["data"][0]["key"], "alice");
     let one = run(&["cli-session"]);
     assert_eq!(one["data"][0]["refs"][0]["kind"], "tool_result");
     assert_eq!(one["data"][0]["refs"][0]["lines"], 600);
+    // A key's name stands for its tenant.
+    let by_name = run(&["--tenant", "alice"]);
+    assert_eq!(by_name["data"], all["data"]);
+    // What is not there is said plainly.
+    for (args, expected) in [
+        (&["nosuch"][..], "no session \"nosuch\" in the store"),
+        (
+            &["--tenant", "carol"][..],
+            "\"carol\" is neither a tenant id",
+        ),
+    ] {
+        let out = inspect(args);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
 }
 
 /// The node of `cluster` that holds the keys of `tenant` under `prefix`.
