@@ -43,6 +43,7 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Address to listen on.
+    #[serde(deserialize_with = "socket_addr")]
     pub listen: SocketAddr,
     /// Largest request body accepted on `/v1/chat/completions`, in bytes (413 above).
     pub max_body_bytes: usize,
@@ -79,6 +80,17 @@ pub struct ServerConfig {
     /// per request and adds the least latency, but lets one CPU-heavy request hold up the
     /// others; n > 1 is a multi-thread runtime with n workers.
     pub worker_threads: usize,
+}
+
+/// An IP address and port; the error says what is allowed.
+fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{text:?} is not an IP address and port, such as \"127.0.0.1:8080\" or \"[::]:8080\" \
+             (host names are not resolved)"
+        ))
+    })
 }
 
 impl Default for ServerConfig {
@@ -305,9 +317,12 @@ impl Config {
                 )));
             }
         }
-        self.store
-            .validate()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.store.validate().map_err(|e| match e {
+            crate::store::StoreError::Config { key, message } => {
+                ConfigError::Invalid(format!("store.{key} {message}"))
+            }
+            other => ConfigError::Invalid(other.to_string()),
+        })?;
         if self.server.max_json_elements == 0 || self.server.max_json_depth == 0 {
             return Err(ConfigError::Invalid(
                 "server.max_json_elements and server.max_json_depth must be above 0".into(),
@@ -369,6 +384,26 @@ mod tests {
     fn unknown_key_is_an_error_naming_it() {
         let err = Config::from_toml("[server]\nlisten_addr = \"127.0.0.1:1\"\n").unwrap_err();
         assert!(err.to_string().contains("listen_addr"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_listen_address_says_what_is_allowed() {
+        let err = Config::from_toml("[server]\nlisten = \"localhost\"\n").unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("listen") && err.contains("127.0.0.1:8080"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_bad_store_key_is_named_once() {
+        let text = "[store]\nbackend = \"redis\"\nredis_url = \"http//x\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid config: store.redis_url \"http//x\" must start with redis:// or rediss://"
+        );
     }
 
     #[test]
