@@ -53,9 +53,12 @@ pub fn check(
     }
     let names: Vec<&str> = config.keys.iter().map(|k| k.name.as_str()).collect();
     out.push_str(&format!(
-        "# proxy keys in the config: {} [{}]{}{}\n",
-        names.len(),
-        names.join(", "),
+        "# proxy keys in the config: {}{}{}\n",
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            format!("{} ({})", names.len(), names.join(", "))
+        },
         config
             .auth
             .keys_file
@@ -91,6 +94,15 @@ pub fn to_toml(config: &Config) -> Result<String, CheckError> {
         .and_then(serde_json::Value::as_object_mut)
     {
         windows.sort_keys();
+    }
+    // No `keys = []` above the first section: no [[keys]] entry says the same.
+    if let Some(map) = value.as_object_mut() {
+        if map
+            .get("keys")
+            .is_some_and(|k| k.as_array().is_some_and(Vec::is_empty))
+        {
+            map.remove("keys");
+        }
     }
     drop_unset(&mut value);
     toml::to_string_pretty(&value).map_err(|e| CheckError::Print(e.to_string()))
