@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use http::{HeaderMap, StatusCode};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::config::ValidConfig;
@@ -27,7 +27,7 @@ use crate::store::Tenant;
 use crate::upstream::glob_match;
 
 /// The `[auth]` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Let any client use the upstreams' own keys without a proxy key. Dangerous: whoever
@@ -41,7 +41,7 @@ pub struct AuthConfig {
 }
 
 /// One client key the proxy knows (`[[keys]]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyConfig {
     /// Shown in logs and metrics labels; the key itself never is.
@@ -338,6 +338,46 @@ pub struct Auth {
     required: bool,
     keys: HashMap<[u8; 32], Arc<Key>>,
     admin: Option<[u8; 32]>,
+    /// Every key's tenant and name, sorted by name (the admin's inspection names them).
+    names: KeyNames,
+}
+
+/// The proxy keys' names by tenant, so that the admin's inspection can say whose a tenant is
+/// and take a key's name for its tenant.
+#[derive(Debug, Clone, Default)]
+pub struct KeyNames(Vec<(Tenant, String)>);
+
+impl KeyNames {
+    /// The keys of the config and of `auth.keys_file` (read, not checked: `Auth::new` checks).
+    pub fn of(config: &ValidConfig) -> Result<KeyNames, AuthSetupError> {
+        let mut entries = config.keys.clone();
+        if let Some(path) = &config.auth.keys_file {
+            entries.extend(read_keys_file(path)?);
+        }
+        Ok(KeyNames::from_entries(&entries))
+    }
+
+    fn from_entries(entries: &[KeyConfig]) -> KeyNames {
+        let mut names: Vec<(Tenant, String)> = entries
+            .iter()
+            .map(|k| (key_tenant(&k.name), k.name.clone()))
+            .collect();
+        names.sort_by(|a, b| a.1.cmp(&b.1));
+        KeyNames(names)
+    }
+
+    /// The name of the key whose tenant is `tenant`.
+    pub fn name_of(&self, tenant: &Tenant) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(t, _)| t == tenant)
+            .map(|(_, n)| n.as_str())
+    }
+
+    /// The tenant of the key named `name`.
+    pub fn tenant_of(&self, name: &str) -> Option<&Tenant> {
+        self.0.iter().find(|(_, n)| n == name).map(|(t, _)| t)
+    }
 }
 
 impl Auth {
@@ -370,7 +410,13 @@ impl Auth {
             required: upstream_keys && !config.auth.open_relay,
             keys,
             admin,
+            names: KeyNames::from_entries(&entries),
         })
+    }
+
+    /// The keys' names by tenant.
+    pub fn key_names(&self) -> &KeyNames {
+        &self.names
     }
 
     /// Whether clients must present a proxy key.

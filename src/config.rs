@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::context::ContextConfig;
 use crate::record::RecordConfig;
@@ -16,7 +16,7 @@ use crate::store::StoreConfig;
 use crate::tokens::{CountSettings, Encoding};
 
 /// Everything the proxy can be told. Sections mirror `config.toml`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub server: ServerConfig,
@@ -39,10 +39,11 @@ pub struct Config {
     pub record: RecordConfig,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Address to listen on.
+    #[serde(deserialize_with = "socket_addr")]
     pub listen: SocketAddr,
     /// Largest request body accepted on `/v1/chat/completions`, in bytes (413 above).
     pub max_body_bytes: usize,
@@ -82,6 +83,17 @@ pub struct ServerConfig {
     pub worker_threads: usize,
 }
 
+/// An IP address and port; the error says what is allowed.
+fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{text:?} is not an IP address and port, such as \"127.0.0.1:8080\" or \"[::]:8080\" \
+             (host names are not resolved)"
+        ))
+    })
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
@@ -117,7 +129,7 @@ impl ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -125,7 +137,7 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// `human` or `json`.
@@ -143,7 +155,7 @@ impl Default for LogConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     /// A short name used in logs and errors.
@@ -296,9 +308,22 @@ impl Config {
             ));
         }
         self.context.validate().map_err(ConfigError::Invalid)?;
-        self.store
-            .validate()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if let Some(name) = &self.context.summarizer.upstream {
+            if !names.contains_key(name) {
+                let mut known: Vec<&str> = self.upstreams.iter().map(|u| u.name.as_str()).collect();
+                known.sort_unstable();
+                return Err(ConfigError::Invalid(format!(
+                    "context.summarizer.upstream {name:?} names no configured upstream; the upstreams are: {}",
+                    known.join(", ")
+                )));
+            }
+        }
+        self.store.validate().map_err(|e| match e {
+            crate::store::StoreError::Config { key, message } => {
+                ConfigError::Invalid(format!("store.{key} {message}"))
+            }
+            other => ConfigError::Invalid(other.to_string()),
+        })?;
         if self.server.max_json_elements == 0 || self.server.max_json_depth == 0 {
             return Err(ConfigError::Invalid(
                 "server.max_json_elements and server.max_json_depth must be above 0".into(),
@@ -363,6 +388,26 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_listen_address_says_what_is_allowed() {
+        let err = Config::from_toml("[server]\nlisten = \"localhost\"\n").unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("listen") && err.contains("127.0.0.1:8080"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_bad_store_key_is_named_once() {
+        let text = "[store]\nbackend = \"redis\"\nredis_url = \"http//x\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid config: store.redis_url \"http//x\" must start with redis:// or rediss://"
+        );
+    }
+
+    #[test]
     fn single_upstream_becomes_the_default() {
         let cfg = Config::from_toml("[upstream]\nbase_url = \"http://127.0.0.1:9/v1\"\n")
             .unwrap()
@@ -390,6 +435,22 @@ mod tests {
             err.to_string().contains("upstreams[0] (q).base_url"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_unknown_summarizer_upstream_is_named_with_the_upstreams_that_exist() {
+        let text = "[[upstreams]]\nname = \"main\"\nbase_url = \"http://a/v1\"\n\
+                    [[upstreams]]\nname = \"cheap\"\nbase_url = \"http://b/v1\"\n\
+                    [context.summarizer]\nupstream = \"chaep\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("context.summarizer.upstream \"chaep\""),
+            "{err}"
+        );
+        assert!(err.contains("cheap, main"), "{err}");
+        let fixed = text.replace("chaep", "cheap");
+        Config::from_toml(&fixed).unwrap().validate().unwrap();
     }
 
     #[test]

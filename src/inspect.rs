@@ -9,15 +9,16 @@
 //! - `GET /v1/context/refs/{ref}` — stored content, to its own tenant only (404 otherwise).
 //!
 //! Every route is scoped to the caller's tenant ([`crate::auth::Caller`]). The admin token
-//! (`[auth] admin_token_env`) sees every tenant: its list names each session's tenant, and the
-//! other routes take the tenant as `?tenant=<id>`.
+//! (`[auth] admin_token_env`) sees every tenant: its list names each session's tenant (and the
+//! proxy key it belongs to, when it is one), and the other routes take the tenant as
+//! `?tenant=<id or key name>`.
 
 use std::sync::Arc;
 
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
-use crate::auth::Caller;
+use crate::auth::{Caller, KeyNames};
 use crate::body::{full, ProxyBody};
 use crate::error::ProxyError;
 use crate::state::AppState;
@@ -28,6 +29,8 @@ use crate::store::{ContentRef, SessionId, Store, StoreError, Tenant};
 pub enum InspectError {
     #[error("no {what} {id:?} for this API key")]
     NotFound { what: &'static str, id: String },
+    #[error("no session {0:?} in the store")]
+    NotInStore(String),
     #[error("{0}")]
     BadRequest(String),
     #[error("the store failed: {0}")]
@@ -38,7 +41,7 @@ impl InspectError {
     /// Status, OpenAI error `type` and `code`.
     pub fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
         match self {
-            InspectError::NotFound { .. } => (
+            InspectError::NotFound { .. } | InspectError::NotInStore(_) => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 Some("not_found"),
@@ -62,6 +65,7 @@ pub async fn handle<B>(
         .cloned()
         .ok_or(crate::auth::AuthError::Missing)?;
     let store = state.context.store().clone();
+    let names = caller.admin.then(|| state.auth.key_names());
     let path = req.uri().path().trim_end_matches('/');
     let rest = path.strip_prefix("/v1/context/").unwrap_or_default();
     let query_tenant = query_param(req.uri().query(), "tenant");
@@ -77,13 +81,13 @@ pub async fn handle<B>(
                 return Err(not_allowed("GET"));
             }
             let scope = (!caller.admin).then_some(&caller.tenant);
-            list(store.as_ref(), scope, caller.admin).await?
+            list(store.as_ref(), scope, names).await?
         }
         Some(("sessions", id)) => {
-            let tenant = tenant_of(&caller, query_tenant.as_deref())?;
+            let tenant = tenant_of(&caller, query_tenant.as_deref(), names)?;
             let session = parse_session(id)?;
             match method {
-                Method::GET => session_detail(store.as_ref(), &tenant, &session, caller.admin)
+                Method::GET => session_detail(store.as_ref(), &tenant, &session, names)
                     .await?
                     .ok_or_else(|| not_found("session", id))?,
                 Method::DELETE => {
@@ -101,7 +105,7 @@ pub async fn handle<B>(
             if method != Method::GET {
                 return Err(not_allowed("GET"));
             }
-            let tenant = tenant_of(&caller, query_tenant.as_deref())?;
+            let tenant = tenant_of(&caller, query_tenant.as_deref(), names)?;
             // An invalid reference is as unknown as another tenant's.
             let r: ContentRef = id.parse().map_err(|_| not_found("reference", id))?;
             let text = store
@@ -143,15 +147,45 @@ fn parse_session(id: &str) -> Result<SessionId, InspectError> {
 }
 
 /// The tenant a request is about: the caller's own, or for the admin the `tenant` parameter.
-fn tenant_of(caller: &Caller, given: Option<&str>) -> Result<Tenant, InspectError> {
+fn tenant_of(
+    caller: &Caller,
+    given: Option<&str>,
+    names: Option<&KeyNames>,
+) -> Result<Tenant, InspectError> {
     if !caller.admin {
         return Ok(caller.tenant.clone());
     }
     let given = given.ok_or_else(|| {
-        InspectError::BadRequest("the admin token names the tenant: add ?tenant=<id>".into())
+        InspectError::BadRequest(
+            "the admin token names the tenant: add ?tenant=<tenant id or proxy key name> \
+             (GET /v1/context/sessions lists every session with its tenant)"
+                .into(),
+        )
     })?;
-    Tenant::from_id(given)
-        .ok_or_else(|| InspectError::BadRequest(format!("{given:?} is not a tenant id")))
+    parse_tenant(given, names)
+}
+
+/// A tenant id, or the name of a proxy key for its tenant.
+fn parse_tenant(given: &str, names: Option<&KeyNames>) -> Result<Tenant, InspectError> {
+    if let Some(t) = Tenant::from_id(given) {
+        return Ok(t);
+    }
+    names
+        .and_then(|n| n.tenant_of(given))
+        .cloned()
+        .ok_or_else(|| {
+            InspectError::BadRequest(format!(
+                "{given:?} is neither a tenant id (20 hex digits, as the session list shows) nor the name of a proxy key"
+            ))
+        })
+}
+
+/// Names the tenant (and its proxy key, when it is one) in an admin's view.
+fn name_tenant(entry: &mut Value, tenant: &Tenant, names: &KeyNames) {
+    entry["tenant"] = json!(tenant.as_str());
+    if let Some(key) = names.name_of(tenant) {
+        entry["key"] = json!(key);
+    }
 }
 
 fn query_param(query: Option<&str>, name: &str) -> Option<String> {
@@ -162,19 +196,20 @@ fn query_param(query: Option<&str>, name: &str) -> Option<String> {
         .map(|(_, v)| v.to_string())
 }
 
-/// The sessions of `tenant` (every tenant when `None`), as an OpenAI-style list.
+/// The sessions of `tenant` (every tenant when `None`), as an OpenAI-style list. With `names`
+/// (an admin's view), each entry names its tenant and the proxy key it belongs to.
 pub async fn list(
     store: &dyn Store,
     tenant: Option<&Tenant>,
-    show_tenant: bool,
+    names: Option<&KeyNames>,
 ) -> Result<Value, InspectError> {
     let sessions = store.list_sessions(tenant).await?;
     let data: Vec<Value> = sessions
         .iter()
         .map(|(t, s)| {
             let mut entry = json!({"id": s.as_str(), "object": "context.session"});
-            if show_tenant {
-                entry["tenant"] = json!(t.as_str());
+            if let Some(names) = names {
+                name_tenant(&mut entry, t, names);
             }
             entry
         })
@@ -183,12 +218,13 @@ pub async fn list(
 }
 
 /// One session: statistics from its journal, each stored reference with its kind, size and
-/// time, and the journal itself. `None` when the tenant has no such session.
+/// time, and the journal itself. `None` when the tenant has no such session. With `names` (an
+/// admin's view), it names its tenant and the proxy key it belongs to.
 pub async fn session_detail(
     store: &dyn Store,
     tenant: &Tenant,
     session: &SessionId,
-    show_tenant: bool,
+    names: Option<&KeyNames>,
 ) -> Result<Option<Value>, InspectError> {
     let journal = store.read_log(tenant, session).await?;
     if journal.is_empty()
@@ -237,8 +273,8 @@ pub async fn session_detail(
         "refs": refs,
         "journal": journal,
     });
-    if show_tenant {
-        detail["tenant"] = json!(tenant.as_str());
+    if let Some(names) = names {
+        name_tenant(&mut detail, tenant, names);
     }
     Ok(Some(detail))
 }
@@ -313,34 +349,33 @@ pub fn journal_refs(journal: &[Value]) -> Vec<ContentRef> {
 }
 
 /// The `inspect` subcommand: opens the configured store and prints every tenant's sessions
-/// (or those of `tenant`), or one session's detail (in every tenant that has it), as JSON.
+/// (or those of `tenant`, a tenant id or a proxy key's name), or one session's detail (in every
+/// tenant that has it), as JSON, naming each tenant's proxy key when it is one.
 pub async fn run_cli(
     config: &crate::config::ValidConfig,
     tenant: Option<&str>,
     session: Option<&str>,
 ) -> Result<Value, InspectError> {
+    let names = KeyNames::of(config).map_err(|e| InspectError::BadRequest(e.to_string()))?;
+    let tenant = tenant.map(|t| parse_tenant(t, Some(&names))).transpose()?;
     let store = crate::store::open(&config.store).await?;
-    let tenant = match tenant {
-        None => None,
-        Some(t) => Some(
-            Tenant::from_id(t)
-                .ok_or_else(|| InspectError::BadRequest(format!("{t:?} is not a tenant id")))?,
-        ),
-    };
     let out = match session {
-        None => list(store.as_ref(), tenant.as_ref(), true).await,
+        None => list(store.as_ref(), tenant.as_ref(), Some(&names)).await,
         Some(id) => {
-            let session = parse_session(id)?;
+            let session =
+                SessionId::parse(id).map_err(|_| InspectError::NotInStore(id.to_string()))?;
             let mut found = Vec::new();
             for (t, s) in store.list_sessions(tenant.as_ref()).await? {
                 if s == session {
-                    if let Some(detail) = session_detail(store.as_ref(), &t, &s, true).await? {
+                    if let Some(detail) =
+                        session_detail(store.as_ref(), &t, &s, Some(&names)).await?
+                    {
                         found.push(detail);
                     }
                 }
             }
             if found.is_empty() {
-                Err(not_found("session", id))
+                Err(InspectError::NotInStore(id.chars().take(100).collect()))
             } else {
                 Ok(json!({"object": "list", "data": found}))
             }

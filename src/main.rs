@@ -63,7 +63,7 @@ enum Command {
     /// Print what the configured store holds, as JSON: every tenant's sessions, or one session
     /// (its statistics, journal and stored references).
     Inspect {
-        /// Only this tenant (its id, as the store names it).
+        /// Only this tenant: its id, as the listing shows it, or a proxy key's name.
         #[arg(long)]
         tenant: Option<String>,
         /// The session to show.

@@ -30,10 +30,32 @@ fn the_effective_config_is_printed_with_overrides_and_secrets_masked() {
         ],
     );
     assert!(out.status.success(), "{stderr}");
-    assert!(stdout.contains("mode: Off"), "{stdout}");
-    assert!(stdout.contains("keep_recent_messages: 9"), "{stdout}");
+    assert!(stdout.contains("mode = \"off\""), "{stdout}");
+    assert!(stdout.contains("keep_recent_messages = 9"), "{stdout}");
     assert!(stdout.contains("CONTEXT_PROXY_CONTEXT__MODE"), "{stdout}");
     assert!(!stdout.contains("hunter2"), "{stdout}");
+}
+
+/// What `check-config` prints can be used as a config file: checked again, it prints the same.
+#[test]
+fn the_printed_configuration_is_a_config_file_of_the_same_configuration() {
+    let (out, stdout, stderr) = check(
+        "[[upstreams]]\nname = \"main\"\nbase_url = \"http://a/v1\"\n\
+         [[upstreams]]\nname = \"cheap\"\nbase_url = \"http://b/v1\"\nmodels = [\"mini-*\"]\n\
+         [context]\nmode = \"compress\"\n[context.summarizer]\nenabled = true\nupstream = \"cheap\"\n\
+         [store]\nbackend = \"memory\"\n",
+        &[("CONTEXT_PROXY_CONTEXT__KEEP_RECENT_MESSAGES", "9")],
+    );
+    assert!(out.status.success(), "{stderr}");
+    let body = |report: &str| report[report.find("\n\n").unwrap() + 2..].to_string();
+    let printed = body(&stdout);
+    let (out, again, stderr) = check(&printed, &[]);
+    assert!(out.status.success(), "{stderr}\n{printed}");
+    assert_eq!(body(&again), printed);
+    assert!(printed.contains("keep_recent_messages = 9"), "{printed}");
+    assert!(printed.contains("upstream = \"cheap\""), "{printed}");
+    // Every default is there.
+    assert!(printed.contains("max_connections = 10000"), "{printed}");
 }
 
 #[test]
@@ -63,6 +85,13 @@ fn every_wrong_key_or_value_is_named_with_what_is_allowed() {
             "[upstream]\napi_key_env = \"CP_CHECK_KEY\"\n",
             vec![("CP_CHECK_KEY", "sk-x")],
             vec!["open_relay"],
+        ),
+        (
+            "[[upstreams]]\nname = \"main\"\nbase_url = \"http://a/v1\"\n\
+             [[upstreams]]\nname = \"cheap\"\nbase_url = \"http://b/v1\"\n\
+             [context.summarizer]\nenabled = true\nupstream = \"chaep\"\n",
+            vec![],
+            vec!["context.summarizer.upstream", "chaep", "cheap, main"],
         ),
         (
             "",

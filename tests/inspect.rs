@@ -153,11 +153,33 @@ async fn sessions_are_inspected_read_and_erased_per_key() {
     assert_eq!(status, 200);
     assert_eq!(
         all["data"],
-        json!([{"id": "s1", "object": "context.session", "tenant": alice.as_str()}])
+        json!([{"id": "s1", "object": "context.session", "tenant": alice.as_str(), "key": "alice"}])
     );
     let path = format!("/v1/context/refs/{reference}?tenant={}", alice.as_str());
     let resp = call(&h, reqwest::Method::GET, &path, "admin-secret").await;
     assert_eq!(resp.status(), 200);
+    // A proxy key's name stands for its tenant; without a tenant the admin is told how to name one.
+    let (status, detail) =
+        get_json(&h, "/v1/context/sessions/s1?tenant=alice", "admin-secret").await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["key"], "alice");
+    assert_eq!(detail["tenant"], alice.as_str());
+    let (status, err) = get_json(&h, "/v1/context/sessions/s1", "admin-secret").await;
+    assert_eq!(status, 400);
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("?tenant=") && message.contains("key name"),
+        "{message}"
+    );
+    let (status, err) = get_json(&h, "/v1/context/sessions/s1?tenant=carol", "admin-secret").await;
+    assert_eq!(status, 400);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"carol\""),
+        "{err}"
+    );
     // The admin token is no proxy key: it cannot chat.
     let resp = h
         .client
@@ -225,19 +247,23 @@ async fn the_inspect_subcommand_reads_the_store() {
     std::fs::write(
         &config,
         format!(
-            "[store]\nbackend = \"fs\"\npath = {:?}\n",
-            dir.path().display().to_string()
+            "[store]\nbackend = \"fs\"\npath = {:?}\n[[keys]]\nname = \"alice\"\nsha256 = \"{}\"\n",
+            dir.path().display().to_string(),
+            key("alice", "sk-alice").sha256
         ),
     )
     .unwrap();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_context-proxy"))
+    let inspect = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_context-proxy"))
             .arg("inspect")
             .arg("--config")
             .arg(&config)
             .args(args)
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let run = |args: &[&str]| {
+        let out = inspect(args);
         assert!(
             out.status.success(),
             "{}",
@@ -248,7 +274,148 @@ async fn the_inspect_subcommand_reads_the_store() {
     let all = run(&[]);
     assert_eq!(all["data"][0]["id"], "cli-session");
     assert_eq!(all["data"][0]["tenant"], key_tenant("alice").as_str());
+    assert_eq!(all["data"][0]["key"], "alice");
     let one = run(&["cli-session"]);
     assert_eq!(one["data"][0]["refs"][0]["kind"], "tool_result");
     assert_eq!(one["data"][0]["refs"][0]["lines"], 600);
+    // A key's name stands for its tenant.
+    let by_name = run(&["--tenant", "alice"]);
+    assert_eq!(by_name["data"], all["data"]);
+    // What is not there is said plainly.
+    for (args, expected) in [
+        (&["nosuch"][..], "no session \"nosuch\" in the store"),
+        (
+            &["--tenant", "carol"][..],
+            "\"carol\" is neither a tenant id",
+        ),
+    ] {
+        let out = inspect(args);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+/// The node of `cluster` that holds the keys of `tenant` under `prefix`.
+fn node_of(cluster: &common::redis::RedisCluster, prefix: &str, tenant: &str) -> Option<usize> {
+    cluster.nodes.iter().position(|node| {
+        let mut conn = redis::Client::open(node.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}:{{{tenant}}}:*"))
+            .query(&mut conn)
+            .unwrap();
+        !keys.is_empty()
+    })
+}
+
+/// On a three-node Redis Cluster, two keys whose tenants live on different primaries: each key
+/// sees its own sessions only, the admin token lists both tenants' (the listing runs on every
+/// primary), and erasure by the admin token removes a session from its node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_the_admin_token_lists_every_tenant() {
+    let cluster = tokio::task::spawn_blocking(|| common::redis::RedisCluster::start(3))
+        .await
+        .unwrap();
+    let prefix = common::redis::unique_prefix();
+    let dir = tempfile::tempdir().unwrap();
+    let (urls, key_prefix) = (cluster.urls(), prefix.clone());
+    let h = Harness::start_with(MockConfig::default(), move |c: &mut Config| {
+        setup(dir.path())(c);
+        c.store.backend = Backend::Redis;
+        c.store.redis_cluster_nodes = urls;
+        c.store.redis_key_prefix = key_prefix;
+    })
+    .await;
+    for (key, session) in [("sk-alice", "a1"), ("sk-bob", "b1"), ("sk-bob", "b2")] {
+        let resp = h
+            .client
+            .post(h.url("/v1/chat/completions"))
+            .header("authorization", format!("Bearer {key}"))
+            .header("x-context-session", session)
+            .json(&conversation())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let (alice, bob) = (key_tenant("alice"), key_tenant("bob"));
+    let (on_alice, on_bob) = (
+        node_of(&cluster, &prefix, alice.as_str()),
+        node_of(&cluster, &prefix, bob.as_str()),
+    );
+    assert!(on_alice.is_some() && on_bob.is_some());
+    assert_ne!(
+        on_alice, on_bob,
+        "both tenants are on one node: pick other key names"
+    );
+
+    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-alice").await;
+    assert_eq!(
+        list["data"],
+        json!([{"id": "a1", "object": "context.session"}])
+    );
+    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-bob").await;
+    assert_eq!(
+        list["data"],
+        json!([
+            {"id": "b1", "object": "context.session"},
+            {"id": "b2", "object": "context.session"}
+        ])
+    );
+    let (status, all) = get_json(&h, "/v1/context/sessions", "admin-secret").await;
+    assert_eq!(status, 200, "{all}");
+    let mut listed: Vec<(String, String)> = all["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["tenant"].as_str().unwrap().into(),
+                s["id"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    listed.sort();
+    let mut expected = vec![
+        (alice.as_str().to_string(), "a1".to_string()),
+        (bob.as_str().to_string(), "b1".to_string()),
+        (bob.as_str().to_string(), "b2".to_string()),
+    ];
+    expected.sort();
+    assert_eq!(listed, expected);
+
+    // The admin erases one of Bob's sessions; Alice cannot touch Bob's other one.
+    let path = format!("/v1/context/sessions/b1?tenant={}", bob.as_str());
+    let resp = call(&h, reqwest::Method::DELETE, &path, "admin-secret").await;
+    assert_eq!(resp.status(), 200);
+    let resp = call(
+        &h,
+        reqwest::Method::DELETE,
+        "/v1/context/sessions/b2",
+        "sk-alice",
+    )
+    .await;
+    assert_eq!(resp.status(), 404);
+    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-bob").await;
+    assert_eq!(
+        list["data"],
+        json!([{"id": "b2", "object": "context.session"}])
+    );
+    let (_, all) = get_json(&h, "/v1/context/sessions", "admin-secret").await;
+    assert_eq!(all["data"].as_array().unwrap().len(), 2, "{all}");
+    // Nothing of b1 is left on Bob's node: its journal, state and content are gone.
+    let node = &cluster.nodes[on_bob.unwrap()];
+    let mut conn = redis::Client::open(node.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:{{{}}}:*b1*", bob.as_str()))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(left, Vec::<String>::new());
+    h.proxy.shutdown().await;
 }

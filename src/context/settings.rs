@@ -3,12 +3,12 @@
 
 use std::collections::HashMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::models::{self, ModelLimits, DEFAULT_LIMITS};
 
 /// What the proxy may do to a request's context.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Forward untouched.
@@ -52,7 +52,7 @@ impl Mode {
 }
 
 /// `[context]` in `config.toml`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ContextConfig {
     /// `off | compact | compress | auto`; the `x-context-mode` header overrides it per request.
@@ -105,7 +105,7 @@ pub struct ContextConfig {
 }
 
 /// One `[context.model_windows]` entry: a window, or a window and the longest answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum WindowEntry {
     Window(usize),

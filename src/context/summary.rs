@@ -8,7 +8,7 @@
 //! come at any level, in bold, in any case or order; a summary without a task overview and at
 //! least two other sections is malformed.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::engine::content_text;
@@ -17,7 +17,7 @@ use super::units::role;
 use crate::store::ContentRef;
 
 /// `[context.summarizer]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SummarizerConfig {
     /// Write summaries of moved-out spans (`auto` and `compress` modes).

@@ -14,11 +14,11 @@ pub mod exec;
 pub mod hidden;
 pub mod render;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// `[context.reload]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReloadConfig {
     /// Offer the tools when the forwarded request refers to stored content.

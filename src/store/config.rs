@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 
@@ -12,7 +12,7 @@ use super::StoreError;
 const MAX_RETENTION_DAYS: u64 = 36_500;
 
 /// Where the store keeps its items.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// In the process, bounded by `memory_max_bytes`; lost on restart. For tests.
@@ -37,7 +37,7 @@ impl Backend {
 /// What a request does when the store fails: `open` (the default) serves it without context
 /// management, as it came; `closed` refuses it (503), for operators who would rather fail than
 /// send a conversation unmanaged.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnError {
     #[default]
@@ -46,7 +46,7 @@ pub enum OnError {
 }
 
 /// The `[store]` section.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     /// `memory`, `fs` or `redis`. Default `fs`.

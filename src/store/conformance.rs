@@ -231,7 +231,7 @@ async fn redis_cluster() {
     concurrent_writers_of_the_same_content_all_succeed(Harness::redis_cluster(&cluster).await)
         .await;
     tenants_are_isolated(Harness::redis_cluster(&cluster).await).await;
-    sessions_are_listed_and_erased(Harness::redis_cluster(&cluster).await, false).await;
+    sessions_are_listed_and_erased(Harness::redis_cluster(&cluster).await, true).await;
     the_log_is_append_only_json_lines(Harness::redis_cluster(&cluster).await).await;
     state_records_are_replaced_and_read_back(Harness::redis_cluster(&cluster).await).await;
     compare_and_set_from_absent(Harness::redis_cluster(&cluster).await).await;
@@ -250,6 +250,17 @@ async fn redis_cluster() {
             .await
             .unwrap();
         assert_eq!(h.store.get_content(&t, &r).await.unwrap(), Some(content));
+        h.store
+            .append_log(&t, &session("s"), &json!({"refs": [r.as_str()]}))
+            .await
+            .unwrap();
+    }
+    // Every tenant's session is listed: the listing ran on every primary.
+    let all = h.store.list_sessions(None).await.unwrap();
+    assert_eq!(all.len(), 64, "{all:?}");
+    for i in 0..64 {
+        let t = tenant(&format!("sk-{i}"));
+        assert!(all.contains(&(t, session("s"))), "tenant {i} not listed");
     }
     for node in &cluster.nodes {
         let mut conn = ::redis::Client::open(node.url())

@@ -234,7 +234,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// The sessions that have a journal or state under `tenant`, or under every tenant
     /// when `None` (the admin's view), sorted. Reads the tenant's whole key space (Redis: a
-    /// SCAN inside one script; every tenant is not supported on a Redis Cluster).
+    /// SCAN inside one script; every tenant on a Redis Cluster: that script on every primary).
     async fn list_sessions(
         &self,
         tenant: Option<&Tenant>,

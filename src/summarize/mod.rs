@@ -329,7 +329,7 @@ impl Summarizer {
 }
 
 /// Starts the summarizer when `[context.summarizer]` enables it; an error names an unknown
-/// upstream.
+/// upstream (which `Config::validate` has already refused, for `check-config` and start-up).
 pub fn start(
     config: &SummarizerConfig,
     upstreams: &crate::upstream::Upstreams,

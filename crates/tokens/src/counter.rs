@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::cache::CountCache;
@@ -15,7 +15,7 @@ use super::tools;
 
 /// Estimates for what is not text, and the size of the count cache. Every field has a
 /// documented default; in a config file the section is optional and unknown keys are an error.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CountSettings {
     /// Tokens for an `image_url` part at detail `high` or `auto` (the default detail).

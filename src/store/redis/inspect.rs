@@ -1,16 +1,19 @@
 //! Inspection and erasure on Redis: one Lua script each, so that on a Redis Cluster they run on
 //! the node that holds the tenant's slot (every key of a tenant shares its hash tag) and SCAN
-//! only that node.
+//! only that node. Listing every tenant (the admin's view) runs the listing script on every
+//! primary of a cluster and joins what they found.
 
-use redis::Script;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{FromRedisValue, Script};
 
+use super::conn::Connection;
 use super::{failed, RedisStore};
 use crate::store::{ContentRef, SessionId, StoreError, Tenant};
 
 /// Scans the keys matching ARGV[1] .. '*' (ARGV[1] ends with `:` or `{`) and returns the
 /// distinct `<tenant>\n<session>` of the journals and state records among them. KEYS[1] is any
-/// key of the tenant's slot (or none, for every tenant of a single server). ARGV[2] is the
-/// key prefix with its `:`.
+/// key of the tenant's slot (or none, for every tenant: on a cluster the script is sent to every
+/// primary). ARGV[2] is the key prefix with its `:`.
 const LIST_SCRIPT: &str = r"
 local cursor = '0'
 local seen = {}
@@ -60,19 +63,40 @@ impl RedisStore {
     ) -> Result<Vec<(Tenant, SessionId)>, StoreError> {
         let mut conn = self.conn().await?;
         let prefix = format!("{}:", self.prefix);
-        let script = Script::new(LIST_SCRIPT);
-        let mut invocation = script.prepare_invoke();
-        match tenant {
-            Some(t) => invocation
-                .key(format!("{prefix}{{{t}}}:l:_"))
-                .arg(format!("{prefix}{{{t}}}:")),
-            None => invocation.arg(format!("{prefix}{{")),
+        let ids: Vec<String> = match (tenant, &mut conn) {
+            // Every tenant on a cluster: each primary scans its own keys.
+            (None, Connection::Cluster(cluster)) => {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(LIST_SCRIPT)
+                    .arg(0)
+                    .arg(format!("{prefix}{{"))
+                    .arg(&prefix);
+                let all_primaries = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::CombineArrays),
+                ));
+                let value = cluster
+                    .route_command(&eval, all_primaries)
+                    .await
+                    .map_err(failed("list_sessions"))?;
+                Vec::<String>::from_redis_value(&value).map_err(failed("list_sessions"))?
+            }
+            _ => {
+                let script = Script::new(LIST_SCRIPT);
+                let mut invocation = script.prepare_invoke();
+                match tenant {
+                    Some(t) => invocation
+                        .key(format!("{prefix}{{{t}}}:l:_"))
+                        .arg(format!("{prefix}{{{t}}}:")),
+                    None => invocation.arg(format!("{prefix}{{")),
+                };
+                invocation
+                    .arg(&prefix)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(failed("list_sessions"))?
+            }
         };
-        let ids: Vec<String> = invocation
-            .arg(&prefix)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(failed("list_sessions"))?;
         let mut found: Vec<(Tenant, SessionId)> = ids
             .iter()
             .filter_map(|id| {
@@ -81,6 +105,8 @@ impl RedisStore {
             })
             .collect();
         found.sort_by(|a, b| (a.0.as_str(), a.1.as_str()).cmp(&(b.0.as_str(), b.1.as_str())));
+        // A key being moved between two primaries may be seen on both.
+        found.dedup();
         Ok(found)
     }
 
