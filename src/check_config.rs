@@ -104,20 +104,29 @@ pub fn to_toml(config: &Config) -> Result<String, CheckError> {
             map.remove("keys");
         }
     }
-    drop_unset(&mut value);
-    toml::to_string_pretty(&value).map_err(|e| CheckError::Print(e.to_string()))
+    let table = toml_value(value).unwrap_or_else(|| toml::Value::Table(Default::default()));
+    toml::to_string_pretty(&table).map_err(|e| CheckError::Print(e.to_string()))
 }
 
-/// Leaves unset keys (`null`, which TOML cannot hold) out.
-fn drop_unset(value: &mut serde_json::Value) {
-    match value {
-        serde_json::Value::Object(map) => {
-            map.retain(|_, v| !v.is_null());
-            map.values_mut().for_each(drop_unset);
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_unset),
-        _ => {}
-    }
+/// `value` as TOML, keys in the same order; `None` for an unset key (`null`, which TOML cannot
+/// hold), left out. Numbers go by value, as TOML integers or floats.
+fn toml_value(value: serde_json::Value) -> Option<toml::Value> {
+    use serde_json::Value as J;
+    Some(match value {
+        J::Null => return None,
+        J::Bool(b) => toml::Value::Boolean(b),
+        J::Number(n) => match n.as_i64() {
+            Some(i) => toml::Value::Integer(i),
+            None => toml::Value::Float(n.as_f64()?),
+        },
+        J::String(s) => toml::Value::String(s),
+        J::Array(items) => toml::Value::Array(items.into_iter().filter_map(toml_value).collect()),
+        J::Object(map) => toml::Value::Table(
+            map.into_iter()
+                .filter_map(|(k, v)| Some((k, toml_value(v)?)))
+                .collect(),
+        ),
+    })
 }
 
 /// A copy of the configuration safe to print: passwords in Redis URLs and the key hashes are
