@@ -46,10 +46,11 @@ use crate::state::{AppState, StateError};
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("cannot listen on {addr}: {source}")]
+    // The I/O error is in the message, not a `source`, so that it is said once.
+    #[error("cannot listen on {addr}: {error}")]
     Bind {
         addr: SocketAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(transparent)]
     State(#[from] StateError),
@@ -67,7 +68,7 @@ impl Server {
         let addr = config.server.listen;
         let listener = TcpListener::bind(addr)
             .await
-            .map_err(|source| ServerError::Bind { addr, source })?;
+            .map_err(|error| ServerError::Bind { addr, error })?;
         let state = Arc::new(AppState::new(config).await?);
         Ok(Server { listener, state })
     }
@@ -507,8 +508,11 @@ async fn watchdog(
         let now = Instant::now();
         let (deadline, why) = match activity.idle_since() {
             None => (now + idle_timeout, ""),
+            // Looked at again within the idle timeout: a request may begin and end meanwhile,
+            // and its connection must then close one idle timeout after it, not at this
+            // (possibly later) deadline.
             Some(since) if !activity.begun.load(Ordering::Relaxed) => (
-                since + head_timeout,
+                (since + head_timeout).min(now + idle_timeout),
                 "no request head within server.header_read_timeout_ms",
             ),
             Some(since) => (since + idle_timeout, "idle for server.idle_timeout_ms"),

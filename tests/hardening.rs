@@ -123,9 +123,14 @@ async fn silent_and_half_open_connections_are_closed_after_the_header_timeout() 
 async fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
     let h = Harness::start_with(MockConfig::default(), |c| {
         c.server.idle_timeout_ms = 200;
+        // Far beyond the test's wait: the idle timeout alone must close the connection.
+        c.server.header_read_timeout_ms = 600_000;
     })
     .await;
     let mut conn = TcpStream::connect(h.proxy.addr()).await.unwrap();
+    // The scenario: a client that takes a moment before its request (within the head timeout),
+    // then keeps the connection open and idle.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
