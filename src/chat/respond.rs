@@ -12,7 +12,9 @@ use http::{HeaderValue, Response};
 use super::record::record;
 use super::{Answer, ChatCtx};
 use crate::body::ProxyBody;
-use crate::context::{Managed, ACTIONS_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER};
+use crate::context::{
+    Managed, ACTIONS_HEADER, KEPT_PREFIX_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER,
+};
 use crate::relay::{relay_observed, respond_observed, End, Observer};
 use crate::response::UsageProbe;
 use crate::state::AppState;
@@ -149,7 +151,8 @@ impl Observer for Reader {
     }
 }
 
-/// `x-context-tokens-before`, `x-context-tokens-after` (when counted) and `x-context-actions`.
+/// `x-context-tokens-before`, `x-context-tokens-after`, `x-context-kept-prefix-tokens` (when
+/// counted) and `x-context-actions`.
 fn context_headers(managed: &Managed) -> Vec<(&'static str, HeaderValue)> {
     let report = &managed.report;
     if !managed.counted {
@@ -158,6 +161,7 @@ fn context_headers(managed: &Managed) -> Vec<(&'static str, HeaderValue)> {
     [
         (TOKENS_BEFORE_HEADER, report.tokens_before.to_string()),
         (TOKENS_AFTER_HEADER, report.tokens_after.to_string()),
+        (KEPT_PREFIX_HEADER, report.kept_prefix_tokens.to_string()),
         (ACTIONS_HEADER, report.actions()),
     ]
     .into_iter()

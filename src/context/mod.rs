@@ -44,6 +44,9 @@ pub use settings::{ContextConfig, Mode, RequestLimits, Settings};
 pub const TOKENS_BEFORE_HEADER: &str = "x-context-tokens-before";
 pub const TOKENS_AFTER_HEADER: &str = "x-context-tokens-after";
 pub const ACTIONS_HEADER: &str = "x-context-actions";
+/// Response header: tokens of the forwarded request the previous request of the conversation
+/// also had, byte for byte (the cached prefix the proxy kept), by the proxy's count.
+pub const KEPT_PREFIX_HEADER: &str = "x-context-kept-prefix-tokens";
 /// Request header choosing the mode for one request.
 pub const MODE_HEADER: &str = "x-context-mode";
 
@@ -103,6 +106,9 @@ pub struct Route<'a> {
     pub budget_override: Option<usize>,
     /// Whether moved-out spans are summarized for this request (`[context.summarizer]`).
     pub summarize: bool,
+    /// The upstream's prompt-caching prices for this request's model; unset: OpenAI's (the
+    /// default for an unknown host).
+    pub cache: Option<crate::pricing::CachePricing>,
 }
 
 /// What the plan phase decided for one request, handed to the apply phase.
@@ -238,6 +244,9 @@ pub struct ContextManager {
     transformed: DashMap<u128, Option<Arc<transforms::Lossless>>>,
     /// Context limits stated by upstreams, per upstream and model.
     learned: limits::LearnedLimits,
+    /// When each session last sent a request to this process: whether the provider's cache
+    /// may still hold its prefix (unknown: assumed warm).
+    last_seen: DashMap<Identity, Instant>,
 }
 
 /// The engine's view of counting and addressing, with caches.
@@ -293,7 +302,16 @@ impl ContextManager {
             references: DashMap::new(),
             transformed: DashMap::new(),
             learned: limits::LearnedLimits::new(),
+            last_seen: DashMap::new(),
         }
+    }
+
+    /// Records that `id` sends a request now; returns when it sent the previous one.
+    fn touch(&self, id: &Identity) -> Option<Instant> {
+        if self.last_seen.len() >= MEMORY_REFS {
+            self.last_seen.clear();
+        }
+        self.last_seen.insert(id.clone(), Instant::now())
     }
 
     /// Learns the context limit an upstream states in an error answer (status and body as the
@@ -424,10 +442,16 @@ impl ContextManager {
             };
             return Plan::unchanged(report);
         };
+        let last_seen = self.touch(identity);
         self.learned.load(&*self.store).await;
         let limits = self.request_limits(route, model, body);
         let mut settings = self.config.resolve(model, mode, &limits);
         settings.readback = route.readback.clone();
+        if let Some(cache) = route.cache {
+            settings.cache = cache;
+        }
+        let cache_warm =
+            last_seen.is_none_or(|t| t.elapsed().as_secs() < settings.cache.cache_ttl_secs);
         if let Some(budget) = route.budget_override.filter(|&b| b < settings.budget) {
             settings.target = (budget as f64 * self.config.target_ratio) as usize;
             settings.truncate_tokens = settings
@@ -449,6 +473,9 @@ impl ContextManager {
         if !summary_ahead
             && engine::nothing_to_do(count.total, &count.per_message, messages, &settings, &env)
         {
+            let fixed = count.total - count.per_message.iter().sum::<usize>();
+            report.kept_prefix_tokens =
+                Input::new(messages, &count.per_message, fixed).unchanged_prefix_tokens();
             return Plan::unchanged(report);
         }
         // Put back the proxy's own tool calls hidden from the client. Only a conversation that
@@ -473,7 +500,7 @@ impl ContextManager {
         };
         let prefixes = Prefixes::of(messages);
         let mut store_failed = false;
-        let mut prior = match self.decisions.lookup(identity, &prefixes).await {
+        let prior = match self.decisions.lookup(identity, &prefixes).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "context store unavailable: deciding without the session's state");
@@ -488,16 +515,17 @@ impl ContextManager {
                 Ok(found) => ready = found,
                 Err(e) => tracing::warn!(error = %e, "cannot read the session's summaries"),
             }
-            // A ready summary moves the boundary to the end of the span it covers.
-            if let Some(best) = ready.first() {
-                prior.offload_before = prior.offload_before.max(best.prefix_len);
-            }
         }
         let fixed = count.total - count.per_message.iter().sum::<usize>();
+        // A ready summary may move the boundary to the end of the span it covers, when the
+        // engine finds that it pays.
         let input = Input {
-            messages,
-            counts: &count.per_message,
-            fixed,
+            cache_warm,
+            ready_summary: ready.first().map(|best| engine::ReadySummary {
+                prefix_len: best.prefix_len,
+                tokens: counter.count_text(&best.summary),
+            }),
+            ..Input::new(messages, &count.per_message, fixed)
         };
         let mut outcome = engine::run(&input, &settings, prior, &env);
         let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
