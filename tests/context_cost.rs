@@ -56,6 +56,14 @@ async fn the_same_conversation_is_decided_by_each_upstreams_cache_prices() {
                 ..UpstreamConfig::default()
             },
             UpstreamConfig {
+                name: "expiring".into(),
+                base_url: base_url.clone(),
+                models: vec!["expiring-*".into()],
+                cache_pricing: Some("anthropic".into()),
+                cache_ttl_secs: Some(0),
+                ..UpstreamConfig::default()
+            },
+            UpstreamConfig {
                 name: "cached".into(),
                 base_url,
                 models: vec!["cached-*".into()],
@@ -106,4 +114,29 @@ async fn the_same_conversation_is_decided_by_each_upstreams_cache_prices() {
     };
     assert!(content(0).starts_with("[context-proxy: tool result compacted"));
     assert_eq!(content(1), numbered_lines("a.rs", 300));
+}
+
+#[tokio::test]
+async fn a_cache_known_to_have_expired_makes_the_rewrite_free() {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+        // Anthropic's prices, but a cached prefix that lives 0 s: every later request of a
+        // session finds the cache cold.
+        c.upstreams[0].cache_pricing = Some("anthropic".into());
+        c.upstreams[0].cache_ttl_secs = Some(0);
+    })
+    .await;
+    // The session's first request: its cache's age is unknown, so it counts as warm and the
+    // rewrite does not pay.
+    let mut body = conversation("claude-sonnet-4");
+    let first = h.chat(&body).await;
+    assert_eq!(header(&first, "x-context-actions"), "none");
+    // The next request of the same session comes after the cache's lifetime: free.
+    let messages = body["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": "Done."}));
+    messages.push(json!({"role": "user", "content": "And now?"}));
+    let second = h.chat(&body).await;
+    assert_eq!(second.status(), 200);
+    assert_eq!(header(&second, "x-context-actions"), "compacted=1");
 }

@@ -23,6 +23,11 @@ use crate::state::AppState;
 /// (JSON answers; a stream's headers leave before its rounds).
 pub const RELOAD_HEADER: &str = "x-context-reload";
 
+/// Response header: `usage.prompt_tokens_details.cached_tokens` the upstream reported, summed
+/// over its calls (JSON answers the proxy read whole for its tools; a stream's headers, and a
+/// relayed answer's, leave before its usage).
+pub const UPSTREAM_CACHED_HEADER: &str = "x-context-upstream-cached-tokens";
+
 /// Response header: what a summary did for this request (`hit`, `computed`, `fallback`).
 pub const SUMMARY_HEADER: &str = "x-context-summary";
 

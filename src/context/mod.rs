@@ -52,6 +52,9 @@ pub const MODE_HEADER: &str = "x-context-mode";
 
 /// Content references remembered as already stored, and content hashes → references.
 const MEMORY_REFS: usize = 1_000_000;
+/// Sessions whose last request time is remembered (all forgotten at once past it: a forgotten
+/// session's cache counts as warm, the safe side).
+const LAST_SEEN_SESSIONS: usize = 100_000;
 
 /// What context management did to a request.
 #[derive(Debug, Clone)]
@@ -308,7 +311,7 @@ impl ContextManager {
 
     /// Records that `id` sends a request now; returns when it sent the previous one.
     fn touch(&self, id: &Identity) -> Option<Instant> {
-        if self.last_seen.len() >= MEMORY_REFS {
+        if self.last_seen.len() >= LAST_SEEN_SESSIONS {
             self.last_seen.clear();
         }
         self.last_seen.insert(id.clone(), Instant::now())

@@ -186,7 +186,7 @@ pub async fn mock_received(
         if r["path"] != "/v1/chat/completions" {
             continue;
         }
-        let Some(session) = r["headers"][crate::context::session::SESSION_HEADER]
+        let Some(session) = r["headers"][drive::REPLAY_SESSION_HEADER]
             .as_str()
             .and_then(|s| s.strip_prefix(run_id))
         else {
