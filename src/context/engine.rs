@@ -636,6 +636,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
             || before < settings.cache.min_cacheable_prefix
             || settings.cache.rebill_rate() <= 0.0,
         answered_end: input.answered_end(),
+        horizon: horizon(input.messages, settings),
     };
     if settings.mode.compacts() {
         let from = decision.compact_before;
@@ -723,6 +724,16 @@ struct Price {
     free: bool,
     /// What the previous request held ends here ([`Input::answered_end`]).
     answered_end: usize,
+    /// Further requests the rewrite must pay for itself over ([`horizon`]).
+    horizon: f64,
+}
+
+/// The further requests a conversation is expected to make: as many as it has made so far
+/// (the model's answers in it), at most `cache_horizon_turns`. A short conversation is not
+/// assumed to go on for long, so it is not rewritten for savings it may never collect.
+pub fn horizon(messages: &[Value], settings: &Settings) -> f64 {
+    let answered = messages.iter().filter(|m| role(m) == "assistant").count();
+    settings.cache_horizon_turns.min(answered as f64)
 }
 
 impl Price {
@@ -730,12 +741,7 @@ impl Price {
     fn takes(&self, freed: usize, rebilled: usize, settings: &Settings) -> bool {
         self.forced
             || (freed > 0 && self.free)
-            || rewrite_pays(
-                freed,
-                rebilled,
-                &settings.cache,
-                settings.cache_horizon_turns,
-            )
+            || rewrite_pays(freed, rebilled, &settings.cache, self.horizon)
     }
 }
 

@@ -91,10 +91,11 @@ pub struct ContextConfig {
     /// Accepted for older configs and ignored: an over-budget request is now always brought
     /// down to the target in one move (compaction first, then the oldest units).
     pub auto_compact_ratio: f64,
-    /// Further requests a conversation is expected to make: a rewrite of its cached prefix
-    /// that is not forced by the budget is made only when the tokens it frees, at the cached
-    /// rate, over this many requests, outweigh billing the rest of the prefix again
-    /// (`engine::rewrite_pays`, with the upstream's `cache_pricing`).
+    /// Most further requests a conversation is expected to make (fewer when it has made fewer
+    /// so far: `engine::horizon`): a rewrite of its cached prefix that is not forced by the
+    /// budget is made only when the tokens it frees, at the cached rate, over that many
+    /// requests, outweigh billing the rest of the prefix again (`engine::rewrite_pays`, with
+    /// the upstream's `cache_pricing`).
     pub cache_horizon_turns: f64,
     /// Lines of a compacted tool result kept inline at its start and at its end.
     pub preview_head_lines: usize,
