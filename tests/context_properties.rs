@@ -570,7 +570,9 @@ proptest! {
                 let answered = messages.iter().rposition(|m| role(m) == "assistant").unwrap_or(0);
                 let rebilled: usize = with[first.min(answered)..answered].iter().map(|m| c.count_message(m)).sum();
                 let freed = kept.report.tokens_after.saturating_sub(moved.report.tokens_after);
-                // The horizon: the requests made so far (the model's answers), at most the setting.
+                // The horizon: the requests made so far (the model's answers), at most the
+                // setting (the engine's own stops earlier still, at the next forced cut: a
+                // move it takes must pay over this one too).
                 let answers = messages.iter().filter(|m| role(m) == "assistant").count();
                 let gain = freed as f64 * cache.cached_read_rate * horizon.min(answers as f64);
                 let loss = rebilled as f64 * (1.0 + cache.cache_write_premium - cache.cached_read_rate);

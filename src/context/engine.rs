@@ -146,6 +146,9 @@ pub struct Report {
     /// Whether this request rewrote a message the previous request had sent (a move of a
     /// boundary): the provider bills everything after it again.
     pub rewrote_prefix: bool,
+    /// Whether the budget forced the change (the request, as the prior decision leaves it, is
+    /// over budget); otherwise every move was optional and priced.
+    pub forced: bool,
 }
 
 /// Why a request was forwarded as it came although context management was on.
@@ -636,7 +639,12 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
             || before < settings.cache.min_cacheable_prefix
             || settings.cache.rebill_rate() <= 0.0,
         answered_end: input.answered_end(),
-        horizon: horizon(input.messages, settings),
+        horizon: horizon(
+            input.messages,
+            settings,
+            work.total() - moved_tokens,
+            before,
+        ),
     };
     if settings.mode.compacts() {
         let from = decision.compact_before;
@@ -712,6 +720,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         first_rewritten.min(price.answered_end)
     };
     report.rewrote_prefix = first_rewritten < price.answered_end;
+    report.forced = price.forced;
     assemble(work, span, decision, report, kept_end, &settings.readback)
 }
 
@@ -728,12 +737,20 @@ struct Price {
     horizon: f64,
 }
 
-/// The further requests a conversation is expected to make: as many as it has made so far
-/// (the model's answers in it), at most `cache_horizon_turns`. A short conversation is not
-/// assumed to go on for long, so it is not rewritten for savings it may never collect.
-pub fn horizon(messages: &[Value], settings: &Settings) -> f64 {
+/// The further requests over which a rewrite now must pay: as many as the conversation has
+/// made so far (the model's answers in it), at most `cache_horizon_turns`, and no more than
+/// remain before the budget forces the next cut (the headroom left by `size`, the request as
+/// the prior decision leaves it, over the conversation's growth per request, from `raw`, its
+/// tokens as sent). A short conversation is not rewritten for savings it may never collect,
+/// and a rewrite that the next cut would repeat waits for it.
+pub fn horizon(messages: &[Value], settings: &Settings, size: usize, raw: usize) -> f64 {
     let answered = messages.iter().filter(|m| role(m) == "assistant").count();
-    settings.cache_horizon_turns.min(answered as f64)
+    let mut h = settings.cache_horizon_turns.min(answered as f64);
+    if answered > 0 && raw > 0 {
+        let growth = raw as f64 / answered as f64;
+        h = h.min(settings.budget.saturating_sub(size) as f64 / growth);
+    }
+    h
 }
 
 impl Price {
