@@ -231,11 +231,7 @@ fn savings() {
             for (slot, settings) in variants.iter().enumerate() {
                 let mut prior = Decision::default();
                 for &end in &session.request_ends {
-                    let input = Input {
-                        messages: &session.messages[..end],
-                        counts: &counts[..end],
-                        fixed,
-                    };
+                    let input = Input::new(&session.messages[..end], &counts[..end], fixed);
                     let outcome = engine::run(&input, settings, prior, &counter);
                     prior = outcome.decision;
                     if slot == 0 {

@@ -25,6 +25,7 @@ fn one_request(m: &Metrics, upstream: &UpstreamName, usage: &Usage, model: &str)
         upstream: &upstream.0,
         tokens_before: 1200,
         tokens_after: 800,
+        kept_prefix_tokens: 0,
         truncated: 0,
         compacted: 2,
         offloaded: 0,

@@ -90,6 +90,7 @@ async fn run() {
     let summarize = std::env::var_os("BENCH_NO_SUMMARY").is_none();
     let (mut requests, mut original, mut forwarded) = (0usize, 0usize, 0usize);
     let (mut hits, mut computed, mut fallbacks) = (0usize, 0usize, 0usize);
+    let (mut misses_over_budget, mut misses_priced, mut misses_other) = (0usize, 0usize, 0usize);
     let (mut pairs, mut same_prefix) = (0usize, 0usize);
     for session in &sessions {
         let mut headers = HeaderMap::new();
@@ -146,6 +147,12 @@ async fn run() {
                 pairs += 1;
                 if sent.len() >= prev.len() && sent[..prev.len()] == prev[..] {
                     same_prefix += 1;
+                } else {
+                    match (managed.report.forced, managed.report.rewrote_prefix) {
+                        (true, _) => misses_over_budget += 1,
+                        (false, true) => misses_priced += 1,
+                        (false, false) => misses_other += 1,
+                    }
                 }
             }
             previous = Some(sent);
@@ -153,6 +160,9 @@ async fn run() {
         }
     }
     let pct = |a: usize, b: usize| 100.0 * a as f64 / b.max(1) as f64;
+    println!(
+        "prefix misses: {misses_over_budget} cuts forced by the budget, {misses_priced} priced moves under it, {misses_other} other (a summary placed in the marker)\n"
+    );
     let with_span = hits + computed + fallbacks;
     println!(
         "## Compression on the sample traffic ({} sessions, {requests} requests, {:.1} s)\n",

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::context::ContextConfig;
+use crate::pricing::{CacheOverrides, CacheTerms, Preset, PRESET_NAMES};
 use crate::record::RecordConfig;
 use crate::store::StoreConfig;
 use crate::tokens::{CountSettings, Encoding};
@@ -184,6 +185,20 @@ pub struct UpstreamConfig {
     /// (a self-hosted server's `--ctx-size`, e.g. 8192). Unset: 128k for unknown models. A
     /// limit the upstream states in a "context too long" error is learned and wins over it.
     pub context_window: Option<usize>,
+    /// The provider's prompt-caching prices, which the engine weighs before rewriting a cached
+    /// prefix (`src/pricing.rs`): `openai` (per model family), `openai-gpt4o`,
+    /// `openai-gpt4.1`, `openai-gpt5`, `anthropic`, `deepseek`, `google` or `none` (no
+    /// discount: self-hosted). Unset: recognised from `base_url`'s host; any other host is
+    /// priced like `openai`, so the proxy protects the cached prefix.
+    pub cache_pricing: Option<String>,
+    /// Overrides of the preset: a cached input token's price as a share of the full price.
+    pub cached_read_rate: Option<f64>,
+    /// Overrides of the preset: the extra paid on tokens written to the cache, as a share.
+    pub cache_write_premium: Option<f64>,
+    /// Overrides of the preset: the shortest prefix the provider caches, in tokens.
+    pub min_cacheable_prefix: Option<usize>,
+    /// Overrides of the preset: how long an unused cached prefix lives, in seconds.
+    pub cache_ttl_secs: Option<u64>,
 }
 
 impl Default for UpstreamConfig {
@@ -199,11 +214,44 @@ impl Default for UpstreamConfig {
             pool_max_idle_per_host: 256,
             encoding: None,
             context_window: None,
+            cache_pricing: None,
+            cached_read_rate: None,
+            cache_write_premium: None,
+            min_cacheable_prefix: None,
+            cache_ttl_secs: None,
         }
     }
 }
 
 impl UpstreamConfig {
+    /// The caching terms: `cache_pricing` (else the provider of `base_url`'s host) with the
+    /// overrides on top. Errors name the key under `key`.
+    pub fn cache_terms(&self, key: &str) -> Result<CacheTerms, String> {
+        let preset = match &self.cache_pricing {
+            Some(name) => Preset::parse(name).ok_or_else(|| {
+                format!("{key}.cache_pricing {name:?} is not one of {PRESET_NAMES}")
+            })?,
+            None => reqwest::Url::parse(&self.base_url)
+                .ok()
+                .and_then(|u| u.host_str().map(Preset::for_host))
+                .unwrap_or(Preset::OpenAi),
+        };
+        let terms = CacheTerms {
+            preset,
+            overrides: CacheOverrides {
+                cached_read_rate: self.cached_read_rate,
+                cache_write_premium: self.cache_write_premium,
+                min_cacheable_prefix: self.min_cacheable_prefix,
+                cache_ttl_secs: self.cache_ttl_secs,
+            },
+        };
+        // Every model family of the preset must come out valid.
+        for model in ["gpt-4o", "gpt-4.1", "gpt-5"] {
+            terms.for_model(model).validate(key)?;
+        }
+        Ok(terms)
+    }
+
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
     }
@@ -296,6 +344,7 @@ impl Config {
                     "{key}.base_url must not have a query or fragment (the request's are appended)"
                 )));
             }
+            u.cache_terms(&key).map_err(ConfigError::Invalid)?;
             if u.connect_timeout_ms == 0 || u.read_timeout_ms == 0 {
                 return Err(ConfigError::Invalid(format!(
                     "{key}.connect_timeout_ms and read_timeout_ms must be above 0"
@@ -451,6 +500,37 @@ mod tests {
         assert!(err.contains("cheap, main"), "{err}");
         let fixed = text.replace("chaep", "cheap");
         Config::from_toml(&fixed).unwrap().validate().unwrap();
+    }
+
+    #[test]
+    fn cache_pricing_is_a_known_preset_or_the_host_and_errors_name_the_key() {
+        let text =
+            "[[upstreams]]\nname = \"x\"\nbase_url = \"http://h/v1\"\ncache_pricing = \"azure\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(
+            err.to_string().contains("upstreams[0] (x).cache_pricing"),
+            "{err}"
+        );
+        let text = "[upstream]\nbase_url = \"http://h/v1\"\ncached_read_rate = 0\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(err.to_string().contains(".cached_read_rate"), "{err}");
+        let text =
+            "[upstream]\nbase_url = \"https://api.anthropic.com/v1\"\ncache_ttl_secs = 3600\n";
+        let cfg = Config::from_toml(text).unwrap().validate().unwrap();
+        let p = cfg.upstreams[0]
+            .cache_terms("u")
+            .unwrap()
+            .for_model("claude");
+        assert_eq!((p.cached_read_rate, p.cache_write_premium), (0.1, 0.25));
+        assert_eq!(p.cache_ttl_secs, 3600);
+        let text =
+            "[upstream]\nbase_url = \"http://127.0.0.1:8000/v1\"\ncache_pricing = \"none\"\n";
+        let cfg = Config::from_toml(text).unwrap().validate().unwrap();
+        let p = cfg.upstreams[0]
+            .cache_terms("u")
+            .unwrap()
+            .for_model("llama");
+        assert_eq!(p.cached_read_rate, 1.0);
     }
 
     #[test]

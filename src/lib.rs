@@ -27,6 +27,7 @@ pub mod inspect;
 pub mod logging;
 pub mod metrics;
 pub mod passthrough;
+pub mod pricing;
 pub mod probe;
 pub mod record;
 pub mod relay;

@@ -118,6 +118,7 @@ pub struct Metrics {
     model_tokens_before: Family<ModelLabels, Counter>,
     model_tokens_after: Family<ModelLabels, Counter>,
     model_tokens_saved: Family<ModelLabels, Counter>,
+    model_tokens_kept_prefix: Family<ModelLabels, Counter>,
     upstream_prompt_tokens: Family<ModelLabels, Counter>,
     upstream_cached_tokens: Family<ModelLabels, Counter>,
     upstream_completion_tokens: Family<ModelLabels, Counter>,
@@ -203,6 +204,11 @@ impl Default for Metrics {
             "context_proxy_model_tokens_saved",
             "Prompt tokens removed by context management (before - after), by model.",
         );
+        let model_tokens_kept_prefix = model_counter(
+            &mut registry,
+            "context_proxy_model_tokens_kept_prefix",
+            "Prompt tokens forwarded exactly as in the conversation's previous request (the cached prefix the proxy kept; proxy count), by model.",
+        );
         let upstream_prompt_tokens = model_counter(
             &mut registry,
             "context_proxy_upstream_prompt_tokens",
@@ -276,6 +282,7 @@ impl Default for Metrics {
             model_tokens_before,
             model_tokens_after,
             model_tokens_saved,
+            model_tokens_kept_prefix,
             upstream_prompt_tokens,
             upstream_cached_tokens,
             upstream_completion_tokens,
@@ -330,6 +337,8 @@ pub struct ChatSample<'a> {
     pub upstream: &'a str,
     pub tokens_before: usize,
     pub tokens_after: usize,
+    /// Tokens of the forwarded request its conversation's previous request also had.
+    pub kept_prefix_tokens: usize,
     pub truncated: usize,
     pub compacted: usize,
     pub offloaded: usize,
@@ -427,6 +436,7 @@ impl Metrics {
             &self.model_tokens_saved,
             s.tokens_before.saturating_sub(s.tokens_after) as u64,
         );
+        add(&self.model_tokens_kept_prefix, s.kept_prefix_tokens as u64);
         if let Some(usage) = s.usage {
             add(&self.upstream_prompt_tokens, usage.prompt_tokens);
             add(&self.upstream_completion_tokens, usage.completion_tokens);
@@ -615,6 +625,7 @@ mod tests {
                 upstream: "u",
                 tokens_before: 10,
                 tokens_after: 4,
+                kept_prefix_tokens: 3,
                 truncated: 0,
                 compacted: 1,
                 offloaded: 0,
@@ -630,6 +641,9 @@ mod tests {
         let text = m.render();
         assert!(text.contains("context_proxy_model_tokens_saved_total{model=\"other\"} 60\n"));
         assert!(text.contains("context_proxy_model_tokens_saved_total{model=\"model-0\"} 6\n"));
+        assert!(
+            text.contains("context_proxy_model_tokens_kept_prefix_total{model=\"model-0\"} 3\n")
+        );
         assert!(text.contains(&format!(
             "context_proxy_actions_total{{kind=\"compacted\"}} {}\n",
             MAX_MODEL_LABELS + 10

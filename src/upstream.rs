@@ -39,6 +39,8 @@ pub struct Upstream {
     pub encoding: Option<crate::tokens::Encoding>,
     /// Context window of models the built-in table does not know (`context_window`).
     pub context_window: Option<usize>,
+    /// The provider's prompt-caching prices (`cache_pricing` and its overrides).
+    pub cache: crate::pricing::CacheTerms,
 }
 
 /// Every configured upstream and the routing between them.
@@ -57,6 +59,8 @@ pub enum UpstreamSetupError {
     InvalidKey { upstream: String, var: String },
     #[error("upstream {upstream}: base_url {url:?} is not a URL without query or fragment")]
     BaseUrl { upstream: String, url: String },
+    #[error("{0}")]
+    Pricing(String),
     #[error("upstream {upstream}: cannot build the HTTP client: {source}")]
     Client {
         upstream: String,
@@ -118,6 +122,9 @@ impl Upstreams {
                 client,
                 encoding: cfg.encoding,
                 context_window: cfg.context_window,
+                cache: cfg
+                    .cache_terms(&format!("upstream {}", cfg.name))
+                    .map_err(UpstreamSetupError::Pricing)?,
             }));
         }
         let default = configs.iter().position(|c| c.default).unwrap_or(0);

@@ -10,6 +10,7 @@ use context_proxy::context::engine::{
 use context_proxy::context::transforms::{collapse_repeats, minify_json};
 use context_proxy::context::units::{is_instruction, role, segment};
 use context_proxy::context::{ContextConfig, Mode, Settings};
+use context_proxy::pricing::CachePricing;
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -112,16 +113,7 @@ fn settings(mode: Mode, budget: usize, keep_recent: usize) -> Settings {
 fn run(messages: &[Value], s: &Settings, prior: Decision) -> Outcome {
     let c = counter();
     let counts: Vec<usize> = messages.iter().map(|m| c.count_message(m)).collect();
-    engine::run(
-        &Input {
-            messages,
-            counts: &counts,
-            fixed: 3,
-        },
-        s,
-        prior,
-        &c,
-    )
+    engine::run(&Input::new(messages, &counts, 3), s, prior, &c)
 }
 
 /// The stored texts of an outcome, by reference.
@@ -507,5 +499,141 @@ proptest! {
             }
             None => prop_assert!(!text.contains("[previous line")),
         }
+    }
+}
+
+/// Cache prices of any provider: a cached rate, a write premium, no minimum prefix.
+fn pricing() -> impl Strategy<Value = CachePricing> {
+    (0.05f64..1.0, prop_oneof![Just(0.0), 0.0f64..0.5]).prop_map(|(rate, premium)| CachePricing {
+        cached_read_rate: rate,
+        cache_write_premium: premium,
+        min_cacheable_prefix: 0,
+        cache_ttl_secs: 300,
+    })
+}
+
+/// A turn of moderate size: every request can be brought under its target.
+fn small_turn() -> impl Strategy<Value = Turn> {
+    let size = prop_oneof![3 => 1usize..200, 2 => 200usize..3000];
+    prop_oneof![
+        3 => size.clone().prop_map(Turn::User),
+        2 => (1usize..600).prop_map(Turn::Assistant),
+        4 => prop::collection::vec(size, 1..3).prop_map(Turn::Tools),
+    ]
+}
+
+/// Request ends: after each user message or tool result run, as an agent would send.
+fn request_ends(full: &[Value]) -> Vec<usize> {
+    (1..=full.len())
+        .filter(|&e| {
+            matches!(role(&full[e - 1]), "user" | "tool")
+                && (e == full.len() || role(&full[e]) != "tool")
+        })
+        .collect()
+}
+
+fn run_priced(messages: &[Value], s: &Settings, prior: Decision, warm: bool) -> Outcome {
+    let c = counter();
+    let counts: Vec<usize> = messages.iter().map(|m| c.count_message(m)).collect();
+    let input = Input {
+        cache_warm: warm,
+        ..Input::new(messages, &counts, 3)
+    };
+    engine::run(&input, s, prior, &c)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    /// Under budget with a warm cache, a prefix rewrite is made only when it pays over the
+    /// horizon, checked against the inequality computed here from the two outputs: the one
+    /// with the move and the one keeping the prior decision (a batch no request can reach).
+    #[test]
+    fn optional_rewrites_pay_over_the_horizon(turns in prop::collection::vec(turn(), 4..28), seed in any::<u64>(),
+                                              cache in pricing(), horizon in 0.5f64..40.0) {
+        let full = build(&turns, seed);
+        let s = Settings { cache, cache_horizon_turns: horizon, ..settings(Mode::Auto, 10_000_000, 4) };
+        let keep_prior = Settings { compact_batch_tokens: usize::MAX, ..s.clone() };
+        let c = counter();
+        let mut prior = Decision::default();
+        for end in request_ends(&full) {
+            let messages = &full[..end];
+            let moved = run_priced(messages, &s, prior, true);
+            if moved.decision != prior {
+                let kept = run_priced(messages, &keep_prior, prior, true);
+                prop_assert_eq!(kept.decision, prior);
+                let with = moved.messages.clone().unwrap_or_else(|| messages.to_vec());
+                let without = kept.messages.clone().unwrap_or_else(|| messages.to_vec());
+                // Under budget nothing is moved out: output message k is input message k.
+                prop_assert_eq!(with.len(), messages.len());
+                let first = (0..with.len()).find(|&k| with[k] != without[k]).unwrap_or(with.len());
+                let answered = messages.iter().rposition(|m| role(m) == "assistant").unwrap_or(0);
+                let rebilled: usize = with[first.min(answered)..answered].iter().map(|m| c.count_message(m)).sum();
+                let freed = kept.report.tokens_after.saturating_sub(moved.report.tokens_after);
+                // The horizon: the requests made so far (the model's answers), at most the
+                // setting (the engine's own stops earlier still, at the next forced cut: a
+                // move it takes must pay over this one too).
+                let answers = messages.iter().filter(|m| role(m) == "assistant").count();
+                let gain = freed as f64 * cache.cached_read_rate * horizon.min(answers as f64);
+                let loss = rebilled as f64 * (1.0 + cache.cache_write_premium - cache.cached_read_rate);
+                prop_assert!(gain > loss, "rewrite at {} freed {} and re-bills {}: {} <= {}", first, freed, rebilled, gain, loss);
+            }
+            prior = moved.decision;
+        }
+    }
+
+    /// With the budget forcing changes and a warm cache, each request cuts once and deep: the
+    /// number of requests that rewrite what the previous one sent is bounded by the tokens the
+    /// session adds over the batch (of compaction, and of the climb from the target back over
+    /// the budget), plus one.
+    #[test]
+    fn forced_rewrites_are_few(turns in prop::collection::vec(small_turn(), 10..40), seed in any::<u64>(),
+                               budget in 15_000usize..40_000, cache in pricing()) {
+        let warm = true;
+        let full = build(&turns, seed);
+        let s = Settings { cache, ..settings(Mode::Auto, budget, 2) };
+        let ends = request_ends(&full);
+        let mut prior = Decision::default();
+        let mut previous: Option<Vec<Value>> = None;
+        let mut rewrites = 0;
+        for &end in &ends {
+            let messages = &full[..end];
+            let outcome = run_priced(messages, &s, prior, warm);
+            let out = outcome.messages.clone().unwrap_or_else(|| messages.to_vec());
+            if let Some(prev) = &previous {
+                if out.len() < prev.len() || out[..prev.len()] != prev[..] {
+                    rewrites += 1;
+                    prop_assert!(outcome.decision != prior, "a rewrite without a boundary move");
+                }
+            }
+            prior = outcome.decision;
+            previous = Some(out);
+        }
+        let c = counter();
+        let added: usize = full.iter().map(|m| c.count_message(m)).sum();
+        let bound = 1 + added / s.compact_batch_tokens + added / (s.budget - s.target);
+        prop_assert!(rewrites <= bound, "{} rewrites for {} tokens added, bound {}", rewrites, added, bound);
+    }
+
+    /// The price model reaches decisions only as the engine's input: a request the budget
+    /// forces is decided the same under any prices, and so is one whose cache is cold (the
+    /// prices of a provider without caching).
+    #[test]
+    fn prices_change_only_optional_moves(turns in prop::collection::vec(turn(), 1..24), seed in any::<u64>(),
+                                         budget in 800usize..40_000, a in pricing(), b in pricing()) {
+        let messages = build(&turns, seed);
+        let base = settings(Mode::Auto, budget, 4);
+        let with = |cache| Settings { cache, ..base.clone() };
+        let c = counter();
+        let total: usize = 3 + messages.iter().map(|m| c.count_message(m)).sum::<usize>();
+        let same = |x: &Outcome, y: &Outcome| x.decision == y.decision && x.messages == y.messages && x.writes == y.writes;
+        if total > base.budget * 2 {
+            // Well over budget (the lossless forms cannot bring it under): forced.
+            let (x, y) = (run_priced(&messages, &with(a), Decision::default(), true), run_priced(&messages, &with(b), Decision::default(), true));
+            prop_assert!(same(&x, &y));
+        }
+        let cold = run_priced(&messages, &with(a), Decision::default(), false);
+        let none = run_priced(&messages, &with(CachePricing::NONE), Decision::default(), true);
+        prop_assert!(same(&cold, &none));
     }
 }

@@ -209,3 +209,58 @@ async fn hashed_recordings_hold_no_original_text() {
     assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "read_file");
     assert_eq!(m[3]["content"].as_str().unwrap().len(), 14_000);
 }
+
+/// The replay's own report through the proxy: it finds every forwarded call of every session
+/// at the mock (the proxy keeps its `x-context-*` headers, so sessions are named by a header
+/// it forwards), and prices each session with and without the proxy.
+#[tokio::test]
+async fn the_replay_report_finds_each_sessions_calls_behind_the_proxy() {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: context_proxy::replay::ReplayArgs,
+    }
+    let h = Harness::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("traffic.jsonl");
+    let mut lines = String::new();
+    for s in ["a", "b"] {
+        let mut messages = vec![json!({"role": "user", "content": format!("task {s}")})];
+        for k in 0..3 {
+            lines.push_str(
+                &json!({"session": s, "model": "gpt-4o", "messages": messages}).to_string(),
+            );
+            lines.push('\n');
+            messages.push(json!({"role": "assistant", "content": format!("answer {k}")}));
+            messages.push(json!({"role": "user", "content": format!("more {k}")}));
+        }
+    }
+    std::fs::write(&path, lines).unwrap();
+    let mock = format!("http://{}", h.mock.addr());
+    let cli = <Cli as clap::Parser>::try_parse_from([
+        "replay",
+        path.to_str().unwrap(),
+        "--target",
+        &h.url("/v1"),
+        "--mock",
+        &mock,
+        "--quiet",
+    ])
+    .unwrap();
+    let report = context_proxy::replay::replay(&cli.args).await.unwrap();
+    let with = report.with_proxy.as_ref().unwrap();
+    assert_eq!(with.upstream_calls, 6);
+    assert_eq!(with.per_session.len(), 2);
+    assert!(with.per_session.iter().all(|s| s.upstream_calls == 3));
+    // Unchanged by the proxy: the same bill, session by session.
+    assert_eq!(with.prefix_stability, 1.0);
+    for (a, b) in report
+        .without_proxy
+        .per_session
+        .iter()
+        .zip(&with.per_session)
+    {
+        assert_eq!(a.cost, b.cost);
+    }
+    assert_eq!(report.sessions.len(), 2);
+}

@@ -134,6 +134,9 @@ async fn json_single_read_is_answered_by_the_proxy_and_hidden() {
         resp.headers()["x-context-reload"],
         "rounds=1,calls=1,failed=0"
     );
+    // Read whole, the answer carries the upstream's cached tokens summed over both calls (the
+    // mock reports none).
+    assert_eq!(resp.headers()["x-context-upstream-cached-tokens"], "0");
     let bytes = resp.bytes().await.unwrap();
     assert_invisible(&bytes);
     let body: Value = serde_json::from_slice(&bytes).unwrap();

@@ -90,12 +90,20 @@ pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError>
 /// `usage` summed over the rounds.
 fn finish(
     status: StatusCode,
-    headers: HeaderMap,
+    mut headers: HeaderMap,
     mut body: Value,
     original: Bytes,
     usage: &Option<Usage>,
     round: &Round,
 ) -> Final {
+    // The cached prefix the upstream reported, summed over the rounds: the answer is read
+    // whole, so it can go in a header.
+    if let Some(cached) = usage.as_ref().and_then(|u| u.cached_tokens) {
+        headers.insert(
+            super::respond::UPSTREAM_CACHED_HEADER,
+            http::HeaderValue::from(cached),
+        );
+    }
     let rounds = round.stats.rounds.load(Ordering::Relaxed);
     if rounds == 0 && !original.is_empty() {
         return Final {

@@ -168,6 +168,11 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
                 },
                 budget_override: ctx.budget_override,
                 summarize: state.summarizer.is_some(),
+                cache: Some(
+                    ctx.upstream
+                        .cache
+                        .for_model(ctx.model.as_deref().unwrap_or("")),
+                ),
             },
         )
         .await;

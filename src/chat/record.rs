@@ -59,6 +59,7 @@ pub fn record(
         upstream: &ctx.upstream.name,
         tokens_before: report.tokens_before,
         tokens_after: report.tokens_after,
+        kept_prefix_tokens: report.kept_prefix_tokens,
         truncated: report.truncated,
         compacted: report.compacted,
         offloaded: report.offloaded,

@@ -12,7 +12,9 @@ use http::{HeaderValue, Response};
 use super::record::record;
 use super::{Answer, ChatCtx};
 use crate::body::ProxyBody;
-use crate::context::{Managed, ACTIONS_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER};
+use crate::context::{
+    Managed, ACTIONS_HEADER, KEPT_PREFIX_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER,
+};
 use crate::relay::{relay_observed, respond_observed, End, Observer};
 use crate::response::UsageProbe;
 use crate::state::AppState;
@@ -20,6 +22,11 @@ use crate::state::AppState;
 /// Response header: rounds and calls of the proxy's own tools answered for this request
 /// (JSON answers; a stream's headers leave before its rounds).
 pub const RELOAD_HEADER: &str = "x-context-reload";
+
+/// Response header: `usage.prompt_tokens_details.cached_tokens` the upstream reported, summed
+/// over its calls (JSON answers the proxy read whole for its tools; a stream's headers, and a
+/// relayed answer's, leave before its usage).
+pub const UPSTREAM_CACHED_HEADER: &str = "x-context-upstream-cached-tokens";
 
 /// Response header: what a summary did for this request (`hit`, `computed`, `fallback`).
 pub const SUMMARY_HEADER: &str = "x-context-summary";
@@ -149,7 +156,8 @@ impl Observer for Reader {
     }
 }
 
-/// `x-context-tokens-before`, `x-context-tokens-after` (when counted) and `x-context-actions`.
+/// `x-context-tokens-before`, `x-context-tokens-after`, `x-context-kept-prefix-tokens` (when
+/// counted) and `x-context-actions`.
 fn context_headers(managed: &Managed) -> Vec<(&'static str, HeaderValue)> {
     let report = &managed.report;
     if !managed.counted {
@@ -158,6 +166,7 @@ fn context_headers(managed: &Managed) -> Vec<(&'static str, HeaderValue)> {
     [
         (TOKENS_BEFORE_HEADER, report.tokens_before.to_string()),
         (TOKENS_AFTER_HEADER, report.tokens_after.to_string()),
+        (KEPT_PREFIX_HEADER, report.kept_prefix_tokens.to_string()),
         (ACTIONS_HEADER, report.actions()),
     ]
     .into_iter()

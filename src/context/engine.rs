@@ -11,12 +11,16 @@
 //!    head and tail stay, and the result never exceeds the cap.
 //! 2. **Compact** tool results over `tool_result_max_tokens` before the compaction boundary into
 //!    a preview and a reference. The boundary only moves forward, and only in batches: when the
-//!    results that aged out of the recent window would save `compact_batch_tokens`, or the
-//!    request is over budget; it then jumps to the start of the recent window. Between moves
-//!    the compacted prefix is byte-identical from one request to the next.
-//! 3. **Move out** (auto when compaction is not enough, compress): the oldest whole units after
-//!    the pinned head (system/developer messages and, with `pin_task`, the first user message),
-//!    up to the target, are replaced by one marker message placed after that head.
+//!    results that aged out of the recent window would save `compact_batch_tokens` and the move
+//!    pays for itself under the provider's prompt caching ([`rewrite_pays`]), when rewriting
+//!    is free (the cache is cold, or the provider gives no discount), or when the request is
+//!    over budget; it then jumps to the start of the recent window. Between moves the
+//!    compacted prefix is byte-identical from one request to the next.
+//! 3. **Move out** (auto, compress): the oldest whole units after the pinned head
+//!    (system/developer messages and, with `pin_task`, the first user message) are replaced by
+//!    one marker message placed after that head. The boundary stays where it was, goes to a
+//!    ready summary's boundary when that pays, and over budget goes once and deep: down to the
+//!    target, so the following turns extend the prefix for many turns.
 //!
 //! **What the model has not seen is untouchable**: everything after the last assistant message
 //! (the results it is about to read) is never compacted nor moved out; only the hard cap may
@@ -37,6 +41,7 @@ use super::markers;
 use super::settings::{Mode, Settings};
 use super::transforms::{self, Lossless};
 use super::units::{is_instruction, role, segment};
+use crate::pricing::CachePricing;
 use crate::store::{ContentKind, ContentRef};
 
 /// Tokens the engine reserves for a truncation marker inside the hard cap.
@@ -134,6 +139,16 @@ pub struct Report {
     pub offloaded: usize,
     /// Why the request was left alone although context management was on.
     pub skipped: Option<Skipped>,
+    /// Tokens at the start of the forwarded request that the previous request of the
+    /// conversation (everything before the model's last answer) also had, byte for byte, by
+    /// the engine's own count: the cached prefix the proxy kept.
+    pub kept_prefix_tokens: usize,
+    /// Whether this request rewrote a message the previous request had sent (a move of a
+    /// boundary): the provider bills everything after it again.
+    pub rewrote_prefix: bool,
+    /// Whether the budget forced the change (the request, as the prior decision leaves it, is
+    /// over budget); otherwise every move was optional and priced.
+    pub forced: bool,
 }
 
 /// Why a request was forwarded as it came although context management was on.
@@ -209,6 +224,73 @@ pub struct Input<'a> {
     pub counts: &'a [usize],
     /// Tokens outside the messages: reply priming, tool schemas, response format.
     pub fixed: usize,
+    /// Whether the provider may still hold this conversation's prefix in its cache (its
+    /// previous request is younger than the cache's lifetime, or unknown). A cold cache makes
+    /// rewriting the prefix free.
+    pub cache_warm: bool,
+    /// A summary is ready for the moved-out span up to this boundary: the move-out may go
+    /// there ahead of the budget, when that pays.
+    pub ready_summary: Option<ReadySummary>,
+}
+
+/// A ready summary of the span moved out up to `prefix_len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadySummary {
+    pub prefix_len: usize,
+    /// Tokens of the summary text, placed in the marker.
+    pub tokens: usize,
+}
+
+impl<'a> Input<'a> {
+    /// A conversation as counted, the cache warm and no summary ready.
+    pub fn new(messages: &'a [Value], counts: &'a [usize], fixed: usize) -> Input<'a> {
+        Input {
+            messages,
+            counts,
+            fixed,
+            cache_warm: true,
+            ready_summary: None,
+        }
+    }
+
+    /// Where what the previous request of this conversation held ends: at the model's last
+    /// answer (0 when it has not answered yet).
+    pub fn answered_end(&self) -> usize {
+        self.messages
+            .iter()
+            .rposition(|m| role(m) == "assistant")
+            .unwrap_or(0)
+    }
+
+    /// The kept prefix of this request forwarded as it came: everything before the model's
+    /// last answer, with the tools and framing.
+    pub fn unchanged_prefix_tokens(&self) -> usize {
+        match self.answered_end() {
+            0 => 0,
+            end => self.fixed + self.counts[..end].iter().sum::<usize>(),
+        }
+    }
+}
+
+/// Whether an optional rewrite of the cached prefix pays for itself over the horizon:
+///
+/// `freed × cached_read_rate × horizon_turns > rebilled × (1 + cache_write_premium − cached_read_rate)`
+///
+/// `freed`: the tokens the rewrite removes from every later request, which would otherwise be
+/// read from the cache at the cached rate on each of the next `horizon_turns` requests.
+/// `rebilled`: the tokens after the first rewritten message that the previous request already
+/// had in the cache; the next request pays them in full (plus the write premium) instead of at
+/// the cached rate, once. With no discount (`cached_read_rate` = 1, no premium) every rewrite
+/// that frees something pays.
+pub fn rewrite_pays(
+    freed: usize,
+    rebilled: usize,
+    cache: &CachePricing,
+    horizon_turns: f64,
+) -> bool {
+    freed > 0
+        && freed as f64 * cache.cached_read_rate * horizon_turns
+            > rebilled as f64 * cache.rebill_rate()
 }
 
 /// The text of a message's content: a string, or an array made only of text parts.
@@ -276,6 +358,7 @@ struct Slot {
 }
 
 /// The request being rebuilt.
+#[derive(Clone)]
 struct Work<'a> {
     input: &'a Input<'a>,
     env: &'a dyn Env,
@@ -492,6 +575,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     let mut report = Report {
         tokens_before: before,
         tokens_after: before,
+        kept_prefix_tokens: input.unchanged_prefix_tokens(),
         ..Report::default()
     };
     if settings.mode == Mode::Off || n == 0 {
@@ -532,73 +616,181 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         compact_before: prior.compact_before.min(unseen),
         offload_before: prior.offload_before.min(unseen),
     };
+    // The first input message this request shows differently from the previous one.
+    let mut first_rewritten = n;
+    let threshold = settings.tool_result_max_tokens;
     if settings.mode.compacts() {
-        let threshold = settings.tool_result_max_tokens;
-        let pending: usize = (decision.compact_before..recent_start)
-            .filter(|&i| work.compactable(i, threshold))
-            .map(|i| work.counts[i])
-            .sum();
-        let over_budget = work.total() > settings.budget;
-        if pending > 0 && (pending >= settings.compact_batch_tokens || over_budget) {
-            decision.compact_before = decision.compact_before.max(recent_start);
-        }
         for i in 0..decision.compact_before {
             if work.compactable(i, threshold) {
                 work.compact(i, settings);
             }
         }
     }
+    // Over budget as the prior decision leaves it, the prefix must change; under it, every
+    // move is optional, and priced.
+    let movable = settings
+        .mode
+        .offloads()
+        .then(|| movable(input.messages, &units, settings, recent_start))
+        .flatten();
+    let (moved_end, moved_tokens) =
+        movable.map_or((0, 0), |m| m.run_to(&work, &units, decision.offload_before));
+    // What the prior decision moves out: compacting in there changes nothing sent.
+    let prior_span = movable.map_or(0..0, |m| m.start..moved_end);
+    let forced = work.total() - moved_tokens > settings.budget;
+    let price = Price {
+        forced,
+        free: !input.cache_warm
+            || before < settings.cache.min_cacheable_prefix
+            || settings.cache.rebill_rate() <= 0.0,
+        answered_end: input.answered_end(),
+        horizon: horizon(
+            input.messages,
+            settings,
+            work.total() - moved_tokens,
+            before,
+        ),
+    };
+    if settings.mode.compacts() {
+        let from = decision.compact_before;
+        let pending: usize = (from..recent_start)
+            .filter(|&i| !prior_span.contains(&i) && work.compactable(i, threshold))
+            .map(|i| work.counts[i])
+            .sum();
+        if pending > 0 && (forced || price.free || pending >= settings.compact_batch_tokens) {
+            let mut moved = work.clone();
+            let mut first = None;
+            for i in from..recent_start {
+                if !prior_span.contains(&i) && moved.compactable(i, threshold) {
+                    first.get_or_insert(i);
+                    moved.compact(i, settings);
+                }
+            }
+            let first = first.unwrap_or(recent_start);
+            let freed = work.total().saturating_sub(moved.total());
+            if price.takes(freed, moved.rebilled(first, price.answered_end), settings) {
+                work = moved;
+                decision.compact_before = recent_start;
+                first_rewritten = first_rewritten.min(first);
+            }
+        }
+    }
 
     // 3. Move the oldest units out.
-    let span = if settings.mode.offloads() {
+    let span = movable.and_then(|m| {
         offload_span(
-            &mut work,
+            &work,
             &units,
+            m,
             settings,
-            before,
-            recent_start,
+            &price,
+            input.ready_summary,
             &mut decision,
         )
-    } else {
-        None
-    };
+    });
+    if let Some(span) = &span {
+        if decision.offload_before != prior.offload_before.min(unseen) {
+            first_rewritten = first_rewritten.min(span.start);
+        }
+    }
 
     // Last resort while still over budget: the compaction boundary moves up to what the model
     // has not seen yet, recent window included.
+    let moved_tokens = match (movable, &span) {
+        (Some(m), Some(_)) => m.run_to(&work, &units, decision.offload_before).1,
+        _ => 0,
+    };
     if settings.mode.compacts()
-        && work.total() > settings.budget
+        && work.total() - moved_tokens > settings.budget
         && unseen > decision.compact_before
     {
         decision.compact_before = unseen;
     }
     if settings.mode.compacts() {
-        let from = span.as_ref().map_or(0, |s| s.end);
-        for i in from..decision.compact_before {
-            if work.is_compacted(i) {
+        let span = span.clone().unwrap_or(0..0);
+        for i in 0..decision.compact_before {
+            if work.is_compacted(i) || span.contains(&i) {
                 continue;
             }
             if work.compactable(i, settings.tool_result_max_tokens) {
                 work.compact(i, settings);
+                first_rewritten = first_rewritten.min(i);
             }
         }
     }
 
-    assemble(work, span, decision, report, &settings.readback)
+    let kept_end = if price.answered_end == 0 {
+        0
+    } else {
+        first_rewritten.min(price.answered_end)
+    };
+    report.rewrote_prefix = first_rewritten < price.answered_end;
+    report.forced = price.forced;
+    assemble(work, span, decision, report, kept_end, &settings.readback)
 }
 
-/// Stage 3: chooses the run of whole units to move out and records it in `decision`. The run
-/// starts after the pinned head (instructions and, with `pin_task`, everything up to the first
-/// user message) and ends before the next instruction, the recent window and the latest user
-/// message.
-fn offload_span(
-    work: &mut Work<'_>,
+/// What a prefix rewrite costs this request.
+struct Price {
+    /// The request is over budget: the rewrite is not optional.
+    forced: bool,
+    /// Nothing is cached (the cache is cold, the prefix too short, or the provider gives no
+    /// discount): rewriting costs nothing more.
+    free: bool,
+    /// What the previous request held ends here ([`Input::answered_end`]).
+    answered_end: usize,
+    /// Further requests the rewrite must pay for itself over ([`horizon`]).
+    horizon: f64,
+}
+
+/// The further requests over which a rewrite now must pay: as many as the conversation has
+/// made so far (the model's answers in it), at most `cache_horizon_turns`, and no more than
+/// remain before the budget forces the next cut (the headroom left by `size`, the request as
+/// the prior decision leaves it, over the conversation's growth per request, from `raw`, its
+/// tokens as sent). A short conversation is not rewritten for savings it may never collect,
+/// and a rewrite that the next cut would repeat waits for it.
+pub fn horizon(messages: &[Value], settings: &Settings, size: usize, raw: usize) -> f64 {
+    let answered = messages.iter().filter(|m| role(m) == "assistant").count();
+    let mut h = settings.cache_horizon_turns.min(answered as f64);
+    if answered > 0 && raw > 0 {
+        let growth = raw as f64 / answered as f64;
+        h = h.min(settings.budget.saturating_sub(size) as f64 / growth);
+    }
+    h
+}
+
+impl Price {
+    /// Whether a rewrite freeing `freed` tokens and billing `rebilled` again is taken.
+    fn takes(&self, freed: usize, rebilled: usize, settings: &Settings) -> bool {
+        self.forced
+            || (freed > 0 && self.free)
+            || rewrite_pays(freed, rebilled, &settings.cache, self.horizon)
+    }
+}
+
+impl Work<'_> {
+    /// Tokens from message `first` up to `end` as they now stand: what a rewrite at `first`
+    /// bills again.
+    fn rebilled(&self, first: usize, end: usize) -> usize {
+        self.counts[first.min(end)..end].iter().sum()
+    }
+}
+
+/// Where a moved-out run may stand: from unit `first` (starting at `start`, after the pinned
+/// head: instructions and, with `pin_task`, everything up to the first user message) up to
+/// `limit` (before the next instruction, the recent window and the latest user message).
+#[derive(Debug, Clone, Copy)]
+struct Movable {
+    first: usize,
+    start: usize,
+    limit: usize,
+}
+
+fn movable(
+    messages: &[Value],
     units: &[Range<usize>],
     settings: &Settings,
-    before: usize,
     recent_start: usize,
-    decision: &mut Decision,
-) -> Option<Range<usize>> {
-    let messages = work.input.messages;
+) -> Option<Movable> {
     let pinned_end = match messages.iter().position(|m| role(m) == "user") {
         Some(task) if settings.pin_task => task + 1,
         _ => 0,
@@ -606,7 +798,6 @@ fn offload_span(
     let first = units
         .iter()
         .position(|u| u.start >= pinned_end && !is_instruction(&messages[u.start]))?;
-    let start = units[first].start;
     let last_user = messages
         .iter()
         .rposition(|m| role(m) == "user")
@@ -617,30 +808,72 @@ fn offload_span(
         .map_or(messages.len(), |u| u.start)
         .min(recent_start)
         .min(last_user);
-    // The prior boundary, kept if it is still a unit boundary within the limit.
-    let mut end = start;
-    let mut total = work.total();
-    let mut next = first;
-    while next < units.len() && units[next].end <= decision.offload_before.min(limit) {
-        total -= work.counts[units[next].clone()].iter().sum::<usize>();
-        end = units[next].end;
-        next += 1;
+    Some(Movable {
+        first,
+        start: units[first].start,
+        limit,
+    })
+}
+
+impl Movable {
+    /// The run of whole units moved out up to `boundary` (at most the limit): where it ends,
+    /// and its tokens as they now stand.
+    fn run_to(&self, work: &Work<'_>, units: &[Range<usize>], boundary: usize) -> (usize, usize) {
+        let (mut end, mut tokens) = (self.start, 0);
+        for u in &units[self.first..] {
+            if u.end > boundary.min(self.limit) {
+                break;
+            }
+            tokens += work.counts[u.clone()].iter().sum::<usize>();
+            end = u.end;
+        }
+        (end, tokens)
     }
-    let compaction_fell_short = settings.mode == Mode::Auto
-        && before > settings.budget
-        && total as f64 > settings.auto_compact_ratio * before as f64;
-    if total > settings.budget || compaction_fell_short {
-        while next < units.len() && units[next].end <= limit && total > settings.target {
-            total -= work.counts[units[next].clone()].iter().sum::<usize>();
-            end = units[next].end;
-            next += 1;
+}
+
+/// Stage 3: chooses the run of whole units to move out and records it in `decision`. It keeps
+/// the prior boundary; it goes to a ready summary's boundary when that pays; over budget, it
+/// goes once and deep, down to the target.
+fn offload_span(
+    work: &Work<'_>,
+    units: &[Range<usize>],
+    at: Movable,
+    settings: &Settings,
+    price: &Price,
+    ready: Option<ReadySummary>,
+    decision: &mut Decision,
+) -> Option<Range<usize>> {
+    let total = work.total();
+    let (mut end, mut moved) = at.run_to(work, units, decision.offload_before);
+    // A ready summary's boundary, when moving there pays. Its span was chosen as a cut down
+    // to the target (of the request that asked for it): deep enough, when it brings this
+    // request under the budget.
+    let mut deep_enough = false;
+    if let Some(ready) = ready.filter(|r| r.prefix_len > end) {
+        let (e, m) = at.run_to(work, units, ready.prefix_len);
+        let freed = (m - moved).saturating_sub(ready.tokens);
+        let rebilled = ready.tokens + work.rebilled(e, price.answered_end);
+        if e > end && price.takes(freed, rebilled, settings) {
+            (end, moved) = (e, m);
+            deep_enough = total - moved + ready.tokens <= settings.budget;
         }
     }
-    if end == start {
+    // Over budget: once and deep, so the next turns extend the prefix for many turns.
+    if price.forced && !deep_enough {
+        let kept_end = end;
+        for u in units[at.first..].iter().skip_while(|u| u.end <= kept_end) {
+            if u.end > at.limit || total - moved <= settings.target {
+                break;
+            }
+            moved += work.counts[u.clone()].iter().sum::<usize>();
+            end = u.end;
+        }
+    }
+    if end == at.start {
         return None;
     }
     decision.offload_before = end;
-    Some(start..end)
+    Some(at.start..end)
 }
 
 /// Builds the output messages and the final report.
@@ -649,9 +882,11 @@ fn assemble(
     span: Option<Range<usize>>,
     decision: Decision,
     mut report: Report,
+    kept_end: usize,
     readback: &markers::Readback,
 ) -> Outcome {
     let input = work.input;
+    let mut kept = if kept_end > 0 { input.fixed } else { 0 };
     let n = input.messages.len();
     let moved = span.clone().filter(|s| !s.is_empty());
     let span = span.unwrap_or(0..0);
@@ -671,7 +906,11 @@ fn assemble(
                 "role": "user",
                 "content": markers::offloaded(moved.len(), moved_tokens, &reference, readback),
             });
-            tokens_after += work.env.count_message(&marker);
+            let marker_tokens = work.env.count_message(&marker);
+            tokens_after += marker_tokens;
+            if i < kept_end {
+                kept += marker_tokens;
+            }
             out.push(marker);
             // The moved run holds these messages whole: their own writes are not needed.
             work.writes
@@ -688,6 +927,9 @@ fn assemble(
             continue;
         }
         tokens_after += work.counts[i];
+        if i < kept_end {
+            kept += work.counts[i];
+        }
         let slot = std::mem::take(&mut work.slots[i]);
         if slot.compacted {
             report.compacted += 1;
@@ -704,6 +946,7 @@ fn assemble(
         out.push(slot.message.unwrap_or_else(|| input.messages[i].clone()));
     }
     report.tokens_after = tokens_after;
+    report.kept_prefix_tokens = kept;
     let changed =
         report.offloaded + report.truncated + report.compacted + report.minified + report.deduped
             > 0;
@@ -738,8 +981,10 @@ mod tests {
         Counter::new(Encoding::O200kBase, CountSettings::default())
     }
 
+    /// Small budgets and batches; OpenAI's prices without the minimum prefix, so these
+    /// short conversations count as cached.
     fn settings(mode: Mode, budget: usize) -> Settings {
-        ContextConfig {
+        let s = ContextConfig {
             max_context_tokens: Some(budget),
             keep_recent_messages: 2,
             tool_result_max_tokens: 200,
@@ -747,7 +992,14 @@ mod tests {
             compact_batch_tokens: 1000,
             ..ContextConfig::default()
         }
-        .resolve("gpt-4o", mode, &Default::default())
+        .resolve("gpt-4o", mode, &Default::default());
+        Settings {
+            cache: CachePricing {
+                min_cacheable_prefix: 0,
+                ..s.cache
+            },
+            ..s
+        }
     }
 
     fn lines(n: usize) -> String {
@@ -766,16 +1018,7 @@ mod tests {
     fn run_on(messages: &[Value], s: &Settings, prior: Decision) -> Outcome {
         let c = counter();
         let counts: Vec<usize> = messages.iter().map(|m| c.count_message(m)).collect();
-        run(
-            &Input {
-                messages,
-                counts: &counts,
-                fixed: 3,
-            },
-            s,
-            prior,
-            &c,
-        )
+        run(&Input::new(messages, &counts, 3), s, prior, &c)
     }
 
     #[test]
@@ -953,6 +1196,126 @@ mod tests {
         assert!(run_on(&messages, &s, Decision::default())
             .messages
             .is_none());
+    }
+
+    #[test]
+    fn rewrite_pays_weighs_the_horizon_against_the_rebilled_prefix() {
+        let p = |rate: f64, premium: f64| CachePricing {
+            cached_read_rate: rate,
+            cache_write_premium: premium,
+            min_cacheable_prefix: 0,
+            cache_ttl_secs: 300,
+        };
+        // 50%: 1000 × 0.5 × 10 = 5000 against 9999 × 0.5 and 10001 × 0.5.
+        assert!(rewrite_pays(1000, 9_999, &p(0.5, 0.0), 10.0));
+        assert!(!rewrite_pays(1000, 10_001, &p(0.5, 0.0), 10.0));
+        // Anthropic: 1000 × 0.1 × 10 = 1000 against 869 × 1.15 = 999.35 and 870 × 1.15.
+        assert!(rewrite_pays(1000, 869, &p(0.1, 0.25), 10.0));
+        assert!(!rewrite_pays(1000, 870, &p(0.1, 0.25), 10.0));
+        // No discount: anything freed pays; nothing freed never does.
+        assert!(rewrite_pays(1, 1_000_000, &CachePricing::NONE, 1.0));
+        assert!(!rewrite_pays(0, 0, &CachePricing::NONE, 1.0));
+    }
+
+    /// Old results worth a batch, and a long recent tail the move would bill again.
+    fn batch_then_long_tail() -> Vec<Value> {
+        let mut messages = vec![json!({"role": "user", "content": "go"})];
+        for k in 0..2 {
+            messages.extend(tool_round(&format!("c{k}"), lines(90)));
+        }
+        for k in 0..20 {
+            messages.push(json!({"role": "assistant", "content": format!("step {k} {}", "word ".repeat(150))}));
+            messages.push(json!({"role": "user", "content": format!("ok {k}")}));
+        }
+        messages
+    }
+
+    #[test]
+    fn an_optional_compaction_is_priced_and_free_when_the_cache_is_cold() {
+        let messages = batch_then_long_tail();
+        let c = counter();
+        let counts: Vec<usize> = messages.iter().map(|m| c.count_message(m)).collect();
+        let priced = |cache: CachePricing, warm: bool| {
+            let s = Settings {
+                cache,
+                ..settings(Mode::Auto, 1_000_000)
+            };
+            let input = Input {
+                cache_warm: warm,
+                ..Input::new(&messages, &counts, 3)
+            };
+            run(&input, &s, Decision::default(), &c)
+        };
+        let anthropic = crate::pricing::Preset::parse("anthropic")
+            .unwrap()
+            .for_model("claude");
+        // Over a 10-turn horizon, ~1200 freed tokens at 10% do not pay for the ~3500 tokens
+        // after them billed again at 115%: the prefix stays.
+        let kept = priced(anthropic, true);
+        assert!(kept.messages.is_none(), "{:?}", kept.report);
+        assert_eq!(kept.decision, Decision::default());
+        assert!(!kept.report.rewrote_prefix);
+        // Without a discount, or with a cold cache, the same move is free: taken.
+        for out in [priced(CachePricing::NONE, true), priced(anthropic, false)] {
+            assert_eq!(out.report.compacted, 2, "{:?}", out.report);
+            assert!(out.report.rewrote_prefix);
+            // Only the task is kept: the first compacted result is message 2.
+            assert_eq!(out.report.kept_prefix_tokens, 3 + counts[0] + counts[1]);
+        }
+    }
+
+    #[test]
+    fn over_budget_cuts_once_down_to_the_target() {
+        let mut messages = vec![json!({"role": "system", "content": "sys"})];
+        for i in 0..40 {
+            messages.push(
+                json!({"role": "user", "content": format!("question {i} {}", "word ".repeat(100))}),
+            );
+            messages.extend(tool_round(&format!("c{i}"), format!("short answer {i}")));
+        }
+        messages.push(json!({"role": "user", "content": "final question"}));
+        let s = settings(Mode::Auto, 3000);
+        let out = run_on(&messages, &s, Decision::default());
+        assert!(out.report.tokens_before > s.budget);
+        // Down to the target (and the marker standing for the moved run).
+        assert!(
+            out.report.tokens_after <= s.target + 150,
+            "{:?}",
+            out.report
+        );
+        // The next turns, under budget, extend the prefix without moving anything.
+        let mut next = messages.clone();
+        let mut prior = out.decision;
+        let mut previous = out.messages.unwrap();
+        for k in 0..3 {
+            next.push(json!({"role": "assistant", "content": format!("answer {k}")}));
+            next.push(json!({"role": "user", "content": format!("more {k}")}));
+            let again = run_on(&next, &s, prior);
+            assert_eq!(again.decision, prior);
+            assert!(!again.report.rewrote_prefix);
+            let sent = again.messages.unwrap();
+            assert_eq!(&sent[..previous.len()], &previous[..]);
+            assert!(again.report.kept_prefix_tokens > 0);
+            prior = again.decision;
+            previous = sent;
+        }
+    }
+
+    #[test]
+    fn lossless_forms_are_the_same_from_first_sight() {
+        let pretty = serde_json::to_string_pretty(
+            &json!({"rows": (0..40).map(|i| json!({"i": i})).collect::<Vec<_>>()}),
+        )
+        .unwrap();
+        let mut messages = vec![json!({"role": "user", "content": "list"})];
+        messages.extend(tool_round("c1", pretty));
+        let s = settings(Mode::Auto, 1_000_000);
+        let first = run_on(&messages, &s, Decision::default()).messages.unwrap();
+        messages.push(json!({"role": "assistant", "content": "done"}));
+        messages.push(json!({"role": "user", "content": "thanks"}));
+        let out = run_on(&messages, &s, Decision::default());
+        assert!(!out.report.rewrote_prefix);
+        assert_eq!(&out.messages.unwrap()[..first.len()], &first[..]);
     }
 
     #[test]

@@ -45,11 +45,17 @@ pub use settings::{ContextConfig, Mode, RequestLimits, Settings};
 pub const TOKENS_BEFORE_HEADER: &str = "x-context-tokens-before";
 pub const TOKENS_AFTER_HEADER: &str = "x-context-tokens-after";
 pub const ACTIONS_HEADER: &str = "x-context-actions";
+/// Response header: tokens of the forwarded request the previous request of the conversation
+/// also had, byte for byte (the cached prefix the proxy kept), by the proxy's count.
+pub const KEPT_PREFIX_HEADER: &str = "x-context-kept-prefix-tokens";
 /// Request header choosing the mode for one request.
 pub const MODE_HEADER: &str = "x-context-mode";
 
 /// Content references remembered as already stored, and content hashes → references.
 const MEMORY_REFS: usize = 1_000_000;
+/// Sessions whose last request time is remembered (all forgotten at once past it: a forgotten
+/// session's cache counts as warm, the safe side).
+const LAST_SEEN_SESSIONS: usize = 100_000;
 
 /// What context management did to a request.
 #[derive(Debug, Clone)]
@@ -104,6 +110,9 @@ pub struct Route<'a> {
     pub budget_override: Option<usize>,
     /// Whether moved-out spans are summarized for this request (`[context.summarizer]`).
     pub summarize: bool,
+    /// The upstream's prompt-caching prices for this request's model; unset: OpenAI's (the
+    /// default for an unknown host).
+    pub cache: Option<crate::pricing::CachePricing>,
 }
 
 /// What the plan phase decided for one request, handed to the apply phase.
@@ -244,6 +253,9 @@ pub struct ContextManager {
     /// Tenants an upstream has accepted (answered 2xx) since this process started: what they
     /// stored is kept when a later answer refuses their key.
     accepted: DashMap<Tenant, ()>,
+    /// When each session last sent a request to this process: whether the provider's cache
+    /// may still hold its prefix (unknown: assumed warm).
+    last_seen: DashMap<Identity, Instant>,
 }
 
 /// The engine's view of counting and addressing, with caches.
@@ -301,6 +313,7 @@ impl ContextManager {
             learned: limits::LearnedLimits::new(),
             quotas: quota::Quotas::new(0, 0),
             accepted: DashMap::new(),
+            last_seen: DashMap::new(),
         }
     }
 
@@ -352,6 +365,14 @@ impl ContextManager {
             self.written.remove(&(identity.tenant.clone(), r.clone()));
         }
         Ok(erased)
+    }
+
+    /// Records that `id` sends a request now; returns when it sent the previous one.
+    fn touch(&self, id: &Identity) -> Option<Instant> {
+        if self.last_seen.len() >= LAST_SEEN_SESSIONS {
+            self.last_seen.clear();
+        }
+        self.last_seen.insert(id.clone(), Instant::now())
     }
 
     /// Learns the context limit an upstream states in an error answer (status and body as the
@@ -482,10 +503,16 @@ impl ContextManager {
             };
             return Plan::unchanged(report);
         };
+        let last_seen = self.touch(identity);
         self.learned.load(&*self.store).await;
         let limits = self.request_limits(route, model, body);
         let mut settings = self.config.resolve(model, mode, &limits);
         settings.readback = route.readback.clone();
+        if let Some(cache) = route.cache {
+            settings.cache = cache;
+        }
+        let cache_warm =
+            last_seen.is_none_or(|t| t.elapsed().as_secs() < settings.cache.cache_ttl_secs);
         if let Some(budget) = route.budget_override.filter(|&b| b < settings.budget) {
             settings.target = (budget as f64 * self.config.target_ratio) as usize;
             settings.truncate_tokens = settings
@@ -507,6 +534,9 @@ impl ContextManager {
         if !summary_ahead
             && engine::nothing_to_do(count.total, &count.per_message, messages, &settings, &env)
         {
+            let fixed = count.total - count.per_message.iter().sum::<usize>();
+            report.kept_prefix_tokens =
+                Input::new(messages, &count.per_message, fixed).unchanged_prefix_tokens();
             return Plan::unchanged(report);
         }
         // Put back the proxy's own tool calls hidden from the client. Only a conversation that
@@ -531,7 +561,7 @@ impl ContextManager {
         };
         let prefixes = Prefixes::of(messages);
         let mut store_failed = false;
-        let mut prior = match self.decisions.lookup(identity, &prefixes).await {
+        let prior = match self.decisions.lookup(identity, &prefixes).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "context store unavailable: deciding without the session's state");
@@ -546,16 +576,17 @@ impl ContextManager {
                 Ok(found) => ready = found,
                 Err(e) => tracing::warn!(error = %e, "cannot read the session's summaries"),
             }
-            // A ready summary moves the boundary to the end of the span it covers.
-            if let Some(best) = ready.first() {
-                prior.offload_before = prior.offload_before.max(best.prefix_len);
-            }
         }
         let fixed = count.total - count.per_message.iter().sum::<usize>();
+        // A ready summary may move the boundary to the end of the span it covers, when the
+        // engine finds that it pays.
         let input = Input {
-            messages,
-            counts: &count.per_message,
-            fixed,
+            cache_warm,
+            ready_summary: ready.first().map(|best| engine::ReadySummary {
+                prefix_len: best.prefix_len,
+                tokens: counter.count_text(&best.summary),
+            }),
+            ..Input::new(messages, &count.per_message, fixed)
         };
         let mut outcome = engine::run(&input, &settings, prior, &env);
         let (summary, marker) = if summarize && outcome.report.skipped.is_none() {

@@ -88,9 +88,15 @@ pub struct ContextConfig {
     /// recent window would save this many tokens (or the request is over budget), so that
     /// the compacted prefix stays byte-stable for many turns.
     pub compact_batch_tokens: usize,
-    /// In `auto`, when compaction leaves more than this fraction of an over-budget request,
-    /// the oldest units are moved out too.
+    /// Accepted for older configs and ignored: an over-budget request is now always brought
+    /// down to the target in one move (compaction first, then the oldest units).
     pub auto_compact_ratio: f64,
+    /// Most further requests a conversation is expected to make (fewer when it has made fewer
+    /// so far: `engine::horizon`): a rewrite of its cached prefix that is not forced by the
+    /// budget is made only when the tokens it frees, at the cached rate, over that many
+    /// requests, outweigh billing the rest of the prefix again (`engine::rewrite_pays`, with
+    /// the upstream's `cache_pricing`).
+    pub cache_horizon_turns: f64,
     /// Lines of a compacted tool result kept inline at its start and at its end.
     pub preview_head_lines: usize,
     pub preview_tail_lines: usize,
@@ -181,6 +187,7 @@ impl Default for ContextConfig {
             lossless: true,
             compact_batch_tokens: 8000,
             auto_compact_ratio: 0.75,
+            cache_horizon_turns: 10.0,
             preview_head_lines: 8,
             preview_tail_lines: 4,
             model_windows: HashMap::new(),
@@ -208,6 +215,12 @@ impl ContextConfig {
         ratio("target_ratio", self.target_ratio)?;
         ratio("auto_compact_ratio", self.auto_compact_ratio)?;
         ratio("truncate_share", self.truncate_share)?;
+        let h = self.cache_horizon_turns;
+        if !(h.is_finite() && h > 0.0 && h <= 1e6) {
+            return Err(format!(
+                "context.cache_horizon_turns must be above 0 and at most 1000000, not {h}"
+            ));
+        }
         if self.max_context_tokens == Some(0) {
             return Err(
                 "context.max_context_tokens must be above 0 (leave it unset to use trigger_ratio)"
@@ -271,7 +284,8 @@ impl ContextConfig {
             tool_result_max_tokens: self.tool_result_max_tokens,
             truncate_tokens,
             compact_batch_tokens: self.compact_batch_tokens,
-            auto_compact_ratio: self.auto_compact_ratio,
+            cache: crate::pricing::openai_for_model(model),
+            cache_horizon_turns: self.cache_horizon_turns,
             preview_head_lines: self.preview_head_lines,
             preview_tail_lines: self.preview_tail_lines,
             pin_task: self.pin_task,
@@ -322,7 +336,11 @@ pub struct Settings {
     /// Hard cap of one tool result or user text (from the budget, or the absolute override).
     pub truncate_tokens: usize,
     pub compact_batch_tokens: usize,
-    pub auto_compact_ratio: f64,
+    /// The upstream's prompt-caching prices for this model (the unknown-host default,
+    /// OpenAI's, until the route sets the upstream's).
+    pub cache: crate::pricing::CachePricing,
+    /// Further requests over which an optional rewrite must pay for itself.
+    pub cache_horizon_turns: f64,
     pub preview_head_lines: usize,
     pub preview_tail_lines: usize,
     /// System/developer messages and the first user message are never moved out.
@@ -457,6 +475,14 @@ mod tests {
             ..ContextConfig::default()
         };
         assert!(cfg.validate().unwrap_err().contains("truncate_share"));
+        let cfg = ContextConfig {
+            cache_horizon_turns: 0.0,
+            ..ContextConfig::default()
+        };
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .contains("context.cache_horizon_turns"));
         ContextConfig::default().validate().unwrap();
     }
 

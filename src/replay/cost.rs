@@ -5,69 +5,29 @@
 //! then the longest run of leading messages equal byte for byte) are priced at the provider's
 //! cached rate; the rest at the full rate, plus the provider's cache-write premium. A prefix
 //! shorter than the provider's minimum is not cached. Costs are in units of one full-price
-//! input token, so they compare across providers as "tokens you pay for".
-//!
-//! | provider | cached read | cache write | min prefix | source (public price pages, 2025) |
-//! |---|---|---|---|---|
-//! | `openai` | 50% | — | 1024 | GPT-4o / 4o-mini: cached input half price |
-//! | `openai-gpt5` | 10% | — | 1024 | GPT-5 family: $0.125 vs $1.25 per 1M |
-//! | `anthropic` | 10% | +25% | 1024 | cache read 0.1×, 5-minute cache write 1.25× |
-//! | `deepseek` | 10% | — | 64 | V3.2: cache hit $0.028 vs miss $0.28 per 1M |
-//! | `google` | 25% | — | 1024 | Gemini 2.5 implicit caching: 75% off (storage not counted) |
-//!
-//! Anthropic caches only up to the `cache_control` breakpoints a client sets: the figure
-//! assumes a breakpoint at the end of every request (the best case).
+//! input token, so they compare across providers as "tokens you pay for". The prices are the
+//! table of [`crate::pricing`], the one the engine decides with.
 
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::pricing::{CachePricing, PRESETS};
 use crate::tokens::Counter;
 
-/// One provider's prices relative to its full input price.
+/// One row of the report: a name and its caching terms.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Pricing {
     pub name: &'static str,
-    /// Price of a cached input token, as a share of the full price.
-    pub cached_rate: f64,
-    /// Extra paid on the tokens written to the cache (uncached ones), as a share.
-    pub write_premium: f64,
-    /// Shortest prefix the provider caches, in tokens.
-    pub min_prefix: usize,
+    pub terms: CachePricing,
 }
 
-/// The table in the module docs.
-pub const PROVIDERS: [Pricing; 5] = [
-    Pricing {
-        name: "openai",
-        cached_rate: 0.5,
-        write_premium: 0.0,
-        min_prefix: 1024,
-    },
-    Pricing {
-        name: "openai-gpt5",
-        cached_rate: 0.1,
-        write_premium: 0.0,
-        min_prefix: 1024,
-    },
-    Pricing {
-        name: "anthropic",
-        cached_rate: 0.1,
-        write_premium: 0.25,
-        min_prefix: 1024,
-    },
-    Pricing {
-        name: "deepseek",
-        cached_rate: 0.1,
-        write_premium: 0.0,
-        min_prefix: 64,
-    },
-    Pricing {
-        name: "google",
-        cached_rate: 0.25,
-        write_premium: 0.0,
-        min_prefix: 1024,
-    },
-];
+/// Every preset of [`crate::pricing::PRESETS`], in its order.
+pub fn providers() -> Vec<Pricing> {
+    PRESETS
+        .iter()
+        .map(|&(name, terms)| Pricing { name, terms })
+        .collect()
+}
 
 /// One upstream call, counted.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,18 +84,10 @@ pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
 }
 
 /// Input cost of `calls` under `pricing`, in full-price tokens.
-pub fn effective_cost(calls: &[Call], pricing: &Pricing) -> f64 {
+pub fn effective_cost(calls: &[Call], pricing: &CachePricing) -> f64 {
     calls
         .iter()
-        .map(|c| {
-            let cached = if c.shared_prefix_tokens >= pricing.min_prefix {
-                c.shared_prefix_tokens
-            } else {
-                0
-            };
-            cached as f64 * pricing.cached_rate
-                + (c.tokens - cached) as f64 * (1.0 + pricing.write_premium)
-        })
+        .map(|c| pricing.call_cost(c.tokens, c.shared_prefix_tokens))
         .sum()
 }
 
@@ -175,11 +127,11 @@ mod tests {
         assert_eq!(calls[2].shared_prefix_tokens, tools_t);
         assert!(!calls[2].extends_previous);
         // OpenAI-like: cached at 50%, no minimum.
-        let half = Pricing {
-            name: "t",
-            cached_rate: 0.5,
-            write_premium: 0.0,
-            min_prefix: 0,
+        let half = CachePricing {
+            cached_read_rate: 0.5,
+            cache_write_premium: 0.0,
+            min_cacheable_prefix: 0,
+            cache_ttl_secs: 300,
         };
         let expected = t[0] as f64
             + (t[1] - tools_t - m1_t) as f64
@@ -188,11 +140,10 @@ mod tests {
             + 0.5 * tools_t as f64;
         assert!((effective_cost(&calls, &half) - expected).abs() < 1e-9);
         // Anthropic-like: 10% reads, 25% write premium on the rest.
-        let anthropic = Pricing {
-            name: "a",
-            cached_rate: 0.1,
-            write_premium: 0.25,
-            min_prefix: 0,
+        let anthropic = CachePricing {
+            cached_read_rate: 0.1,
+            cache_write_premium: 0.25,
+            ..half
         };
         let cached = [0, tools_t + m1_t, tools_t];
         let expected: f64 = (0..3)
@@ -200,8 +151,8 @@ mod tests {
             .sum();
         assert!((effective_cost(&calls, &anthropic) - expected).abs() < 1e-9);
         // Below the minimum prefix nothing is cached.
-        let strict = Pricing {
-            min_prefix: 1_000_000,
+        let strict = CachePricing {
+            min_cacheable_prefix: 1_000_000,
             ..half
         };
         assert_eq!(

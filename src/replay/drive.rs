@@ -147,6 +147,8 @@ pub async fn drive(
 
 /// The proxy's response header with its tool rounds (`chat/respond.rs`).
 const RELOAD_HEADER: &str = "x-context-reload";
+/// Request header naming the replayed session, forwarded by the proxy to the upstream.
+pub const REPLAY_SESSION_HEADER: &str = "x-replay-session";
 
 fn header_u64(resp: &reqwest::Response, name: &str) -> Option<u64> {
     resp.headers().get(name)?.to_str().ok()?.parse().ok()
@@ -177,6 +179,12 @@ async fn send(
         .header("authorization", format!("Bearer {}", options.api_key))
         .header(
             crate::context::session::SESSION_HEADER,
+            format!("{}{session}", options.run_id),
+        )
+        // The proxy keeps its own `x-context-*` headers: this one reaches the upstream, so the
+        // replay finds each session's calls among what the mock received.
+        .header(
+            REPLAY_SESSION_HEADER,
             format!("{}{session}", options.run_id),
         )
         .body(body.clone())

@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::pricing::CachePricing;
 use crate::tokens::{CountSettings, Counter, Encoding};
-use cost::{Pricing, PROVIDERS};
+use cost::Pricing;
 use drive::{drive, DriveOptions};
 use report::{report, Report, Side};
 use source::Session;
@@ -87,7 +88,7 @@ pub struct ReplayArgs {
     )]
     pub api_key: String,
     /// The provider whose prices the per-turn chart uses.
-    #[arg(long, default_value = "openai")]
+    #[arg(long, default_value = "openai-gpt4o")]
     pub provider: String,
     /// A custom price row: cached tokens' price as a share of the full price.
     #[arg(long, value_name = "SHARE")]
@@ -130,7 +131,7 @@ pub enum ReplayError {
     },
     #[error("--compare needs --upstream URL (or --spawn)")]
     NoUpstream,
-    #[error("unknown provider {0:?} (openai, openai-gpt5, anthropic, deepseek, google)")]
+    #[error("unknown provider {0:?} (openai-gpt4o, openai-gpt4.1, openai-gpt5, anthropic, deepseek, google, none, or custom with --cached-rate)")]
     Provider(String),
 }
 
@@ -185,7 +186,7 @@ pub async fn mock_received(
         if r["path"] != "/v1/chat/completions" {
             continue;
         }
-        let Some(session) = r["headers"][crate::context::session::SESSION_HEADER]
+        let Some(session) = r["headers"][drive::REPLAY_SESSION_HEADER]
             .as_str()
             .and_then(|s| s.strip_prefix(run_id))
         else {
@@ -211,13 +212,16 @@ async fn reset_mock(client: &reqwest::Client, mock: &str) -> Result<(), ReplayEr
 }
 
 fn pricing(args: &ReplayArgs) -> Result<(Vec<Pricing>, Pricing), ReplayError> {
-    let mut providers = PROVIDERS.to_vec();
+    let mut providers = cost::providers();
     if let Some(rate) = args.cached_rate {
         providers.push(Pricing {
             name: "custom",
-            cached_rate: rate,
-            write_premium: args.write_premium,
-            min_prefix: args.min_prefix,
+            terms: CachePricing {
+                cached_read_rate: rate,
+                cache_write_premium: args.write_premium,
+                min_cacheable_prefix: args.min_prefix,
+                cache_ttl_secs: 0,
+            },
         });
     }
     let headline = providers
@@ -334,6 +338,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
         None => None,
     };
     let mut report = report(&outcomes, duration, without, with, headline.name);
+    report.sessions = sessions.iter().map(|s| s.id.clone()).collect();
     if let Some((direct, seconds)) = direct {
         report.direct_latency_ms = Some(report::Percentiles::of(
             direct.iter().map(|o| o.latency_ms).collect(),

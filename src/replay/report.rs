@@ -10,6 +10,8 @@ use serde_json::Value;
 
 use super::cost::{count_session, effective_cost, Call, Pricing};
 use super::drive::Outcome;
+#[cfg(test)]
+use crate::pricing::CachePricing;
 use crate::tokens::Counter;
 
 /// Percentiles of a set of durations, in ms.
@@ -60,6 +62,18 @@ pub struct Side {
     pub cost: BTreeMap<String, f64>,
     /// Input tokens and cost (headline provider) per turn, averaged over sessions.
     pub per_turn: Vec<TurnPoint>,
+    /// The same figures for each session, in the order of the traffic.
+    pub per_session: Vec<SessionSide>,
+}
+
+/// What the upstream received for one session.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionSide {
+    pub upstream_calls: usize,
+    pub input_tokens: usize,
+    pub cached_share: f64,
+    /// Effective input cost per provider, in full-price input tokens.
+    pub cost: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -102,7 +116,7 @@ impl Side {
                 let point = &mut per_turn[turn];
                 point.sessions += 1;
                 point.tokens += call.tokens as f64;
-                point.cost += effective_cost(std::slice::from_ref(call), headline);
+                point.cost += effective_cost(std::slice::from_ref(call), &headline.terms);
             }
         }
         for point in &mut per_turn {
@@ -117,11 +131,27 @@ impl Side {
             cost: providers
                 .iter()
                 .map(|p| {
-                    let cost = calls.iter().map(|s| effective_cost(s, p)).sum();
+                    let cost = calls.iter().map(|s| effective_cost(s, &p.terms)).sum();
                     (p.name.to_string(), cost)
                 })
                 .collect(),
             per_turn,
+            per_session: calls
+                .iter()
+                .map(|session| {
+                    let tokens: usize = session.iter().map(|c| c.tokens).sum();
+                    let shared: usize = session.iter().map(|c| c.shared_prefix_tokens).sum();
+                    SessionSide {
+                        upstream_calls: session.len(),
+                        input_tokens: tokens,
+                        cached_share: ratio(shared, tokens),
+                        cost: providers
+                            .iter()
+                            .map(|p| (p.name.to_string(), effective_cost(session, &p.terms)))
+                            .collect(),
+                    }
+                })
+                .collect(),
         }
     }
 }
@@ -169,6 +199,8 @@ pub struct Report {
     /// Upstream calls beyond one per request (the proxy's tool rounds and summaries).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub extra_upstream_calls: Option<usize>,
+    /// The sessions' ids, in the order of `without_proxy.per_session`.
+    pub sessions: Vec<String>,
 }
 
 /// Builds the report from the outcomes of the run through the target.
@@ -222,6 +254,7 @@ pub fn report(
         without_proxy,
         with_proxy,
         extra_upstream_calls: extra,
+        sessions: Vec::new(),
     }
 }
 
@@ -337,7 +370,45 @@ impl Report {
                 false,
             );
         }
+        if let Some(w) = w {
+            self.session_table(&mut out, w);
+        }
         out
+    }
+
+    /// Per session: tokens and cached share with the proxy, and its effective cost relative to
+    /// going direct under each provider's prices (1.00×: the same bill).
+    fn session_table(&self, out: &mut String, with: &Side) {
+        let wo = &self.without_proxy;
+        let names: Vec<&String> = wo.cost.keys().collect();
+        let _ = write!(
+            out,
+            "\n{:<24}{:>10}{:>10}{:>8}",
+            "session (cost ×direct)", "tokens", "via proxy", "cached"
+        );
+        for name in &names {
+            let _ = write!(out, "{:>14}", name);
+        }
+        out.push('\n');
+        for (i, (a, b)) in wo.per_session.iter().zip(&with.per_session).enumerate() {
+            let id = self.sessions.get(i).map_or("", String::as_str);
+            let id: String = id.chars().take(23).collect();
+            let _ = write!(
+                out,
+                "{id:<24}{:>10}{:>10}{:>7.1}%",
+                a.input_tokens,
+                b.input_tokens,
+                b.cached_share * 1e2
+            );
+            for name in &names {
+                let ratio = match (a.cost.get(*name), b.cost.get(*name)) {
+                    (Some(&a), Some(&b)) if a > 0.0 => format!("{:.2}×", b / a),
+                    _ => "-".into(),
+                };
+                let _ = write!(out, "{ratio:>14}");
+            }
+            out.push('\n');
+        }
     }
 }
 
@@ -363,22 +434,30 @@ mod tests {
             call(1500, 1000, true, true),
             call(1600, 200, false, true),
         ]];
+        let half = CachePricing {
+            cached_read_rate: 0.5,
+            cache_write_premium: 0.0,
+            min_cacheable_prefix: 0,
+            cache_ttl_secs: 300,
+        };
         let openai = Pricing {
             name: "openai",
-            cached_rate: 0.5,
-            write_premium: 0.0,
-            min_prefix: 0,
+            terms: half,
         };
         let anthropic = Pricing {
             name: "anthropic",
-            cached_rate: 0.1,
-            write_premium: 0.25,
-            min_prefix: 0,
+            terms: CachePricing {
+                cached_read_rate: 0.1,
+                cache_write_premium: 0.25,
+                ..half
+            },
         };
         let with_min = Pricing {
             name: "min",
-            min_prefix: 500,
-            ..openai
+            terms: CachePricing {
+                min_cacheable_prefix: 500,
+                ..half
+            },
         };
         let side = Side::from_calls(&calls, &[openai, anthropic, with_min], &openai);
         assert_eq!(side.upstream_calls, 3);
@@ -392,6 +471,9 @@ mod tests {
         // The 200-token prefix is under the minimum: 1000 + 1000 + 1600 = 3600
         assert_eq!(side.cost["min"], 3600.0);
         assert_eq!(side.per_turn[2].cost, 1500.0);
+        assert_eq!(side.per_session.len(), 1);
+        assert_eq!(side.per_session[0].cost["openai"], 3500.0);
+        assert_eq!(side.per_session[0].input_tokens, 4100);
 
         let outcomes: Vec<Outcome> = [
             (200, 10.0, Some(100), Some(60), 0),
@@ -419,7 +501,12 @@ mod tests {
         assert!((r.savings - 0.4).abs() < 1e-12);
         assert_eq!((r.requests_with_reload, r.reload_rounds), (1, 1));
         assert_eq!(r.extra_upstream_calls, Some(0));
-        assert!(r.table().contains("cost openai"));
+        let mut r = r;
+        r.sessions = vec!["s1".into()];
+        let table = r.table();
+        assert!(table.contains("cost openai"));
+        assert!(table.contains("s1"), "{table}");
+        assert!(table.contains("1.00×"), "{table}");
     }
 
     #[test]

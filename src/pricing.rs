@@ -1,0 +1,327 @@
+//! The providers' prompt-caching prices: one table, read by the engine (through the settings of
+//! each request, to price a prefix rewrite before making it) and by the replay report (to price
+//! what was sent). Pure data and arithmetic; no I/O.
+//!
+//! Providers bill the longest prefix a request shares with a recent one at a fraction of the
+//! input price. Every figure is relative to the provider's full input price, so costs compare
+//! across providers as "full-price input tokens".
+//!
+//! | preset | cached read | cache write | min prefix | lifetime | source (public price pages, 2025) |
+//! |---|---|---|---|---|---|
+//! | `openai-gpt4o` | 50% | — | 1024 | 300 s | GPT-4o $2.50 vs $1.25 cached per 1M; 4o-mini $0.15 vs $0.075; o1, o3-mini the same half |
+//! | `openai-gpt4.1` | 25% | — | 1024 | 300 s | GPT-4.1 $2.00 vs $0.50 cached; o3 $2.00 vs $0.50; o4-mini $1.10 vs $0.275 |
+//! | `openai-gpt5` | 10% | — | 1024 | 300 s | GPT-5 $1.25 vs $0.125 cached; mini and nano the same tenth |
+//! | `anthropic` | 10% | +25% | 1024 | 300 s | cache read 0.1× base input, 5-minute cache write 1.25×; 1024-token minimum (Sonnet, Opus) |
+//! | `deepseek` | 10% | — | 64 | 3600 s | V3.2: cache hit $0.028 vs miss $0.28 per 1M; cached in 64-token units, kept "hours to days" |
+//! | `google` | 25% | — | 1024 | 3600 s | Gemini 2.5 implicit caching: 75% off cached input, 1024-token minimum (Flash); 1 h default lifetime of explicit caches |
+//! | `none` | 100% | — | 0 | 0 s | self-hosted or no caching: every token billed in full |
+//!
+//! `openai` is not one preset: it stands for the row of the request's model family
+//! ([`Preset::OpenAi`]). OpenAI keeps cached prefixes for 5 to 10 minutes of inactivity (up to
+//! an hour off-peak): 300 s is the safe side. Anthropic caches only up to the `cache_control`
+//! breakpoints a client sets: the figures assume a breakpoint at the end of every request (the
+//! best case for going direct).
+
+use serde::Serialize;
+
+/// One provider's prompt-caching terms, relative to its full input price.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CachePricing {
+    /// Price of a cached input token, as a share of the full price (1.0: no discount).
+    pub cached_read_rate: f64,
+    /// Extra paid on input tokens written to the cache (the uncached ones), as a share.
+    pub cache_write_premium: f64,
+    /// Shortest prefix the provider caches, in tokens.
+    pub min_cacheable_prefix: usize,
+    /// How long a cached prefix lives without being used, in seconds.
+    pub cache_ttl_secs: u64,
+}
+
+impl CachePricing {
+    /// No caching: every input token at the full price.
+    pub const NONE: CachePricing = CachePricing {
+        cached_read_rate: 1.0,
+        cache_write_premium: 0.0,
+        min_cacheable_prefix: 0,
+        cache_ttl_secs: 0,
+    };
+
+    /// What an input token that could have been read from the cache costs more when it is
+    /// billed again in full (and written to the cache again), as a share of the full price.
+    pub fn rebill_rate(&self) -> f64 {
+        1.0 + self.cache_write_premium - self.cached_read_rate
+    }
+
+    /// Input cost of one call of `tokens` tokens whose first `shared` tokens repeat the
+    /// previous call's prefix, in full-price tokens.
+    pub fn call_cost(&self, tokens: usize, shared: usize) -> f64 {
+        let cached = if shared >= self.min_cacheable_prefix {
+            shared.min(tokens)
+        } else {
+            0
+        };
+        cached as f64 * self.cached_read_rate
+            + (tokens - cached) as f64 * (1.0 + self.cache_write_premium)
+    }
+
+    /// Checks the ranges; `key` names the config section in the message.
+    pub fn validate(&self, key: &str) -> Result<(), String> {
+        let rate = self.cached_read_rate;
+        if !(rate.is_finite() && rate > 0.0 && rate <= 1.0) {
+            return Err(format!(
+                "{key}.cached_read_rate must be above 0 and at most 1, not {rate}"
+            ));
+        }
+        let premium = self.cache_write_premium;
+        if !(premium.is_finite() && (0.0..=10.0).contains(&premium)) {
+            return Err(format!(
+                "{key}.cache_write_premium must be between 0 and 10, not {premium}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+const OPENAI_GPT4O: CachePricing = CachePricing {
+    cached_read_rate: 0.5,
+    cache_write_premium: 0.0,
+    min_cacheable_prefix: 1024,
+    cache_ttl_secs: 300,
+};
+const OPENAI_GPT41: CachePricing = CachePricing {
+    cached_read_rate: 0.25,
+    ..OPENAI_GPT4O
+};
+const OPENAI_GPT5: CachePricing = CachePricing {
+    cached_read_rate: 0.1,
+    ..OPENAI_GPT4O
+};
+const ANTHROPIC: CachePricing = CachePricing {
+    cached_read_rate: 0.1,
+    cache_write_premium: 0.25,
+    min_cacheable_prefix: 1024,
+    cache_ttl_secs: 300,
+};
+const DEEPSEEK: CachePricing = CachePricing {
+    cached_read_rate: 0.1,
+    cache_write_premium: 0.0,
+    min_cacheable_prefix: 64,
+    cache_ttl_secs: 3600,
+};
+const GOOGLE: CachePricing = CachePricing {
+    cached_read_rate: 0.25,
+    cache_write_premium: 0.0,
+    min_cacheable_prefix: 1024,
+    cache_ttl_secs: 3600,
+};
+
+/// Every fixed row of the table, by name, in the order of the module docs (the replay report
+/// prices with each of them).
+pub const PRESETS: [(&str, CachePricing); 7] = [
+    ("openai-gpt4o", OPENAI_GPT4O),
+    ("openai-gpt4.1", OPENAI_GPT41),
+    ("openai-gpt5", OPENAI_GPT5),
+    ("anthropic", ANTHROPIC),
+    ("deepseek", DEEPSEEK),
+    ("google", GOOGLE),
+    ("none", CachePricing::NONE),
+];
+
+/// A `cache_pricing` value of the config: a provider, or one fixed row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Preset {
+    /// OpenAI: the row of the request's model family ([`openai_for_model`]).
+    OpenAi,
+    /// One row of [`PRESETS`].
+    Fixed(&'static str, CachePricing),
+}
+
+/// The names `cache_pricing` accepts, for error messages.
+pub const PRESET_NAMES: &str =
+    "openai, openai-gpt4o, openai-gpt4.1, openai-gpt5, anthropic, deepseek, google, none";
+
+impl Preset {
+    /// Parses a `cache_pricing` value.
+    pub fn parse(name: &str) -> Option<Preset> {
+        if name == "openai" {
+            return Some(Preset::OpenAi);
+        }
+        PRESETS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(n, p)| Preset::Fixed(n, p))
+    }
+
+    /// The provider an upstream's host belongs to; an unknown host (a gateway, a self-hosted
+    /// server) is priced like OpenAI, so the proxy protects the cached prefix unless told
+    /// `none`.
+    pub fn for_host(host: &str) -> Preset {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let is = |domain: &str| host == domain || host.ends_with(&format!(".{domain}"));
+        let fixed = |name| Preset::parse(name).unwrap_or(Preset::OpenAi);
+        if is("anthropic.com") {
+            fixed("anthropic")
+        } else if is("deepseek.com") {
+            fixed("deepseek")
+        } else if is("generativelanguage.googleapis.com") {
+            fixed("google")
+        } else {
+            Preset::OpenAi
+        }
+    }
+
+    /// The terms for a request to `model`.
+    pub fn for_model(self, model: &str) -> CachePricing {
+        match self {
+            Preset::OpenAi => openai_for_model(model),
+            Preset::Fixed(_, p) => p,
+        }
+    }
+}
+
+/// Fields of [`CachePricing`] an upstream's config sets over its preset.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CacheOverrides {
+    pub cached_read_rate: Option<f64>,
+    pub cache_write_premium: Option<f64>,
+    pub min_cacheable_prefix: Option<usize>,
+    pub cache_ttl_secs: Option<u64>,
+}
+
+/// An upstream's caching terms: its preset, with the config's overrides on top.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheTerms {
+    pub preset: Preset,
+    pub overrides: CacheOverrides,
+}
+
+impl CacheTerms {
+    /// The terms for a request to `model`.
+    pub fn for_model(&self, model: &str) -> CachePricing {
+        let base = self.preset.for_model(model);
+        let o = &self.overrides;
+        CachePricing {
+            cached_read_rate: o.cached_read_rate.unwrap_or(base.cached_read_rate),
+            cache_write_premium: o.cache_write_premium.unwrap_or(base.cache_write_premium),
+            min_cacheable_prefix: o.min_cacheable_prefix.unwrap_or(base.min_cacheable_prefix),
+            cache_ttl_secs: o.cache_ttl_secs.unwrap_or(base.cache_ttl_secs),
+        }
+    }
+}
+
+impl Default for CacheTerms {
+    /// OpenAI's, per model family.
+    fn default() -> Self {
+        CacheTerms {
+            preset: Preset::OpenAi,
+            overrides: CacheOverrides::default(),
+        }
+    }
+}
+
+/// OpenAI's cached-input discount for `model`'s family (see the module table): GPT-5 a tenth;
+/// GPT-4.1, o3 and o4-mini a quarter; everything else (GPT-4o, 4o-mini, o1, o3-mini) half.
+pub fn openai_for_model(model: &str) -> CachePricing {
+    // An OpenAI-compatible gateway may prefix the vendor (`openai/gpt-5`).
+    let m = model.rsplit('/').next().unwrap_or(model);
+    if m.starts_with("gpt-5") {
+        OPENAI_GPT5
+    } else if m.starts_with("gpt-4.1")
+        || (m.starts_with("o3") && !m.starts_with("o3-mini"))
+        || m.starts_with("o4")
+    {
+        OPENAI_GPT41
+    } else {
+        OPENAI_GPT4O
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_parse_by_name_and_openai_follows_the_model() {
+        assert_eq!(
+            Preset::parse("none").unwrap().for_model("x"),
+            CachePricing::NONE
+        );
+        assert_eq!(
+            Preset::parse("anthropic").unwrap().for_model("gpt-5"),
+            ANTHROPIC
+        );
+        let openai = Preset::parse("openai").unwrap();
+        assert_eq!(openai.for_model("gpt-4o-mini").cached_read_rate, 0.5);
+        assert_eq!(openai.for_model("gpt-4.1-nano").cached_read_rate, 0.25);
+        assert_eq!(openai.for_model("o4-mini").cached_read_rate, 0.25);
+        assert_eq!(openai.for_model("o3-mini").cached_read_rate, 0.5);
+        assert_eq!(openai.for_model("openai/gpt-5-mini").cached_read_rate, 0.1);
+        assert!(Preset::parse("azure").is_none());
+        for (name, _) in PRESETS {
+            assert!(PRESET_NAMES.contains(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn hosts_are_recognised_and_unknown_ones_priced_like_openai() {
+        let name = |host: &str| match Preset::for_host(host) {
+            Preset::OpenAi => "openai",
+            Preset::Fixed(n, _) => n,
+        };
+        assert_eq!(name("api.openai.com"), "openai");
+        assert_eq!(name("api.anthropic.com"), "anthropic");
+        assert_eq!(name("API.DeepSeek.com"), "deepseek");
+        assert_eq!(name("generativelanguage.googleapis.com"), "google");
+        assert_eq!(name("127.0.0.1"), "openai");
+        assert_eq!(name("notanthropic.com"), "openai");
+    }
+
+    #[test]
+    fn overrides_replace_single_fields_of_the_preset() {
+        let terms = CacheTerms {
+            preset: Preset::OpenAi,
+            overrides: CacheOverrides {
+                cache_ttl_secs: Some(3600),
+                ..CacheOverrides::default()
+            },
+        };
+        let p = terms.for_model("gpt-5");
+        assert_eq!((p.cached_read_rate, p.cache_ttl_secs), (0.1, 3600));
+        assert_eq!(p.min_cacheable_prefix, 1024);
+    }
+
+    #[test]
+    fn call_cost_prices_the_cached_prefix() {
+        let p = ANTHROPIC;
+        // 1000 cached at 10%, 1000 written at 125%.
+        assert!((p.call_cost(2000, 1500) - (150.0 + 625.0)).abs() < 1e-9);
+        // Below the minimum prefix nothing is cached.
+        assert!((p.call_cost(2000, 1000) - 2500.0).abs() < 1e-9);
+        assert_eq!(CachePricing::NONE.call_cost(2000, 1500), 2000.0);
+        assert!((p.rebill_rate() - 1.15).abs() < 1e-12);
+        assert_eq!(CachePricing::NONE.rebill_rate(), 0.0);
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let bad = CachePricing {
+            cached_read_rate: 1.5,
+            ..OPENAI_GPT4O
+        };
+        assert!(bad
+            .validate("upstreams[0] (x)")
+            .unwrap_err()
+            .contains("upstreams[0] (x).cached_read_rate"));
+        let bad = CachePricing {
+            cache_write_premium: -0.1,
+            ..OPENAI_GPT4O
+        };
+        assert!(bad
+            .validate("u")
+            .unwrap_err()
+            .contains("cache_write_premium"));
+        for (_, p) in PRESETS {
+            p.validate("u").unwrap();
+        }
+    }
+}
