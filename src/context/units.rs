@@ -59,6 +59,18 @@ pub fn call_ids(message: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
+/// Whether `message` has a tool call with an id (as `!call_ids(message).is_empty()`).
+fn has_tool_calls(message: &Value) -> bool {
+    message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|calls| {
+            calls
+                .iter()
+                .any(|c| c.get("id").and_then(Value::as_str).is_some())
+        })
+}
+
 /// Cuts `messages` into units (contiguous ranges covering every message in order).
 pub fn segment(messages: &[Value]) -> Result<Vec<Range<usize>>, Malformed> {
     let mut units = Vec::with_capacity(messages.len());
@@ -70,10 +82,11 @@ pub fn segment(messages: &[Value]) -> Result<Vec<Range<usize>>, Malformed> {
         }
         match role(m) {
             "tool" => return Err(Malformed::OrphanToolResult(i)),
-            "assistant" if !call_ids(m).is_empty() => {
+            "assistant" if has_tool_calls(m) => {
                 // Calls not yet answered, by id (a hash map: linear in the number of calls).
-                let mut pending: HashMap<&str, usize> = HashMap::new();
-                for id in call_ids(m) {
+                let ids = call_ids(m);
+                let mut pending: HashMap<&str, usize> = HashMap::with_capacity(ids.len());
+                for id in ids {
                     *pending.entry(id).or_default() += 1;
                 }
                 let start = i;
