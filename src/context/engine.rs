@@ -891,6 +891,9 @@ fn assemble(
     let moved = span.clone().filter(|s| !s.is_empty());
     let span = span.unwrap_or(0..0);
     let mut out = Vec::with_capacity(n);
+    // Unchanged messages are copied only when the request changes at all.
+    let changes = moved.is_some()
+        || (work.slots.iter()).any(|s| s.compacted || s.truncated || s.lossless.is_some());
     let mut tokens_after = input.fixed;
     for i in 0..n {
         if i == span.start && !span.is_empty() {
@@ -943,7 +946,9 @@ fn assemble(
                 None => {}
             }
         }
-        out.push(slot.message.unwrap_or_else(|| input.messages[i].clone()));
+        if changes {
+            out.push(slot.message.unwrap_or_else(|| input.messages[i].clone()));
+        }
     }
     report.tokens_after = tokens_after;
     report.kept_prefix_tokens = kept;

@@ -59,6 +59,26 @@ pub fn call_ids(message: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
+/// The `tool_call_id` of a tool result (`""` when it has none).
+fn tool_call_id(message: &Value) -> &str {
+    message
+        .get("tool_call_id")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// Whether `message` has a tool call with an id (as `!call_ids(message).is_empty()`).
+fn has_tool_calls(message: &Value) -> bool {
+    message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|calls| {
+            calls
+                .iter()
+                .any(|c| c.get("id").and_then(Value::as_str).is_some())
+        })
+}
+
 /// Cuts `messages` into units (contiguous ranges covering every message in order).
 pub fn segment(messages: &[Value]) -> Result<Vec<Range<usize>>, Malformed> {
     let mut units = Vec::with_capacity(messages.len());
@@ -70,19 +90,27 @@ pub fn segment(messages: &[Value]) -> Result<Vec<Range<usize>>, Malformed> {
         }
         match role(m) {
             "tool" => return Err(Malformed::OrphanToolResult(i)),
-            "assistant" if !call_ids(m).is_empty() => {
-                // Calls not yet answered, by id (a hash map: linear in the number of calls).
-                let mut pending: HashMap<&str, usize> = HashMap::new();
-                for id in call_ids(m) {
-                    *pending.entry(id).or_default() += 1;
-                }
+            "assistant" if has_tool_calls(m) => {
+                let ids = call_ids(m);
                 let start = i;
                 i += 1;
+                // Results in the order of their calls, the usual case, need no map.
+                let mut in_order = 0;
+                while in_order < ids.len()
+                    && i < messages.len()
+                    && role(&messages[i]) == "tool"
+                    && tool_call_id(&messages[i]) == ids[in_order]
+                {
+                    in_order += 1;
+                    i += 1;
+                }
+                // Calls not yet answered, by id (a hash map: linear in the number of calls).
+                let mut pending: HashMap<&str, usize> = HashMap::new();
+                for &id in &ids[in_order..] {
+                    *pending.entry(id).or_default() += 1;
+                }
                 while i < messages.len() && role(&messages[i]) == "tool" {
-                    let id = messages[i]
-                        .get("tool_call_id")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
+                    let id = tool_call_id(&messages[i]);
                     match pending.get_mut(id) {
                         Some(1) => {
                             pending.remove(id);
@@ -121,6 +149,39 @@ mod tests {
 
     fn result(id: &str) -> Value {
         json!({"role": "tool", "tool_call_id": id, "content": "r"})
+    }
+
+    #[test]
+    fn results_in_any_order_and_repeated_ids_are_matched() {
+        let in_order = [
+            call(&["a", "b", "c"]),
+            result("a"),
+            result("b"),
+            result("c"),
+        ];
+        assert_eq!(segment(&in_order).unwrap(), vec![0..4]);
+        let shuffled = [
+            call(&["a", "b", "c"]),
+            result("a"),
+            result("c"),
+            result("b"),
+        ];
+        assert_eq!(segment(&shuffled).unwrap(), vec![0..4]);
+        let repeated = [
+            call(&["a", "a", "b"]),
+            result("b"),
+            result("a"),
+            result("a"),
+        ];
+        assert_eq!(segment(&repeated).unwrap(), vec![0..4]);
+        let one_too_many = [call(&["a", "b"]), result("a"), result("b"), result("a")];
+        assert_eq!(segment(&one_too_many), Err(Malformed::OrphanToolResult(3)));
+        let one_missing = [
+            call(&["a", "b"]),
+            result("a"),
+            json!({"role": "user", "content": "x"}),
+        ];
+        assert_eq!(segment(&one_missing), Err(Malformed::MissingToolResult(0)));
     }
 
     #[test]
