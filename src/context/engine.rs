@@ -876,11 +876,43 @@ fn offload_span(
     Some(at.start..end)
 }
 
+/// The marker standing for a moved-out run, and what it stores.
+struct MovedOut {
+    /// The run, one JSON message per line (what is stored).
+    lines: String,
+    reference: ContentRef,
+    message: Value,
+    tokens: usize,
+}
+
+fn moved_out_marker(work: &Work<'_>, span: Range<usize>, readback: &markers::Readback) -> MovedOut {
+    let input = work.input;
+    let moved = &input.messages[span.clone()];
+    let mut lines = String::new();
+    for m in moved {
+        lines.push_str(&m.to_string());
+        lines.push('\n');
+    }
+    let moved_tokens: usize = input.counts[span].iter().sum();
+    let reference = work.env.reference(&lines);
+    let message = serde_json::json!({
+        "role": "user",
+        "content": markers::offloaded(moved.len(), moved_tokens, &reference, readback),
+    });
+    let tokens = work.env.count_message(&message);
+    MovedOut {
+        lines,
+        reference,
+        message,
+        tokens,
+    }
+}
+
 /// Builds the output messages and the final report.
 fn assemble(
     mut work: Work<'_>,
     span: Option<Range<usize>>,
-    decision: Decision,
+    mut decision: Decision,
     mut report: Report,
     kept_end: usize,
     readback: &markers::Readback,
@@ -888,43 +920,54 @@ fn assemble(
     let input = work.input;
     let mut kept = if kept_end > 0 { input.fixed } else { 0 };
     let n = input.messages.len();
-    let moved = span.clone().filter(|s| !s.is_empty());
-    let span = span.unwrap_or(0..0);
+    // The marker of the moved-out run, built once; a marker no smaller than what the run would
+    // have sent saves nothing, and never makes a prompt larger: then the run stays.
+    let mut marker = span
+        .clone()
+        .filter(|s| !s.is_empty())
+        .map(|span| moved_out_marker(&work, span, readback));
+    if let (Some(m), Some(span)) = (&marker, &span) {
+        if m.tokens >= work.counts[span.clone()].iter().sum::<usize>() {
+            marker = None;
+            decision.offload_before = 0;
+        }
+    }
+    let span = if marker.is_some() {
+        span.unwrap_or(0..0)
+    } else {
+        0..0
+    };
+    let moved = (!span.is_empty()).then(|| span.clone());
     let mut out = Vec::with_capacity(n);
     // Unchanged messages are copied only when the request changes at all.
     let changes = moved.is_some()
         || (work.slots.iter()).any(|s| s.compacted || s.truncated || s.lossless.is_some());
     let mut tokens_after = input.fixed;
     for i in 0..n {
-        if i == span.start && !span.is_empty() {
-            let moved = &input.messages[span.clone()];
-            let mut lines = String::new();
-            for m in moved {
-                lines.push_str(&m.to_string());
-                lines.push('\n');
-            }
-            let moved_tokens: usize = input.counts[span.clone()].iter().sum();
-            let reference = work.env.reference(&lines);
-            let marker = serde_json::json!({
-                "role": "user",
-                "content": markers::offloaded(moved.len(), moved_tokens, &reference, readback),
-            });
-            let marker_tokens = work.env.count_message(&marker);
-            tokens_after += marker_tokens;
-            if i < kept_end {
-                kept += marker_tokens;
-            }
-            out.push(marker);
-            // The moved run holds these messages whole: their own writes are not needed.
-            work.writes
-                .retain(|w| !matches!(w.source, Source::MessageText(i) if span.contains(&i)));
-            work.write(
+        if i == span.start {
+            if let Some(MovedOut {
+                lines,
                 reference,
-                ContentKind::Messages,
-                Source::Owned(lines),
-                Action::MovedOut,
-            );
-            report.offloaded = moved.len();
+                message,
+                tokens,
+            }) = marker.take()
+            {
+                tokens_after += tokens;
+                if i < kept_end {
+                    kept += tokens;
+                }
+                out.push(message);
+                // The moved run holds these messages whole: their own writes are not needed.
+                work.writes
+                    .retain(|w| !matches!(w.source, Source::MessageText(i) if span.contains(&i)));
+                work.write(
+                    reference,
+                    ContentKind::Messages,
+                    Source::Owned(lines),
+                    Action::MovedOut,
+                );
+                report.offloaded = span.len();
+            }
         }
         if span.contains(&i) {
             continue;
@@ -1024,6 +1067,31 @@ mod tests {
         let c = counter();
         let counts: Vec<usize> = messages.iter().map(|m| c.count_message(m)).collect();
         run(&Input::new(messages, &counts, 3), s, prior, &c)
+    }
+
+    /// Over budget with only a few short messages to move: their marker would be larger than
+    /// they are, so they stay (the prompt is never made larger).
+    #[test]
+    fn a_marker_never_makes_the_prompt_larger() {
+        let c = counter();
+        let messages = [
+            json!({"role": "system", "content": "s"}),
+            json!({"role": "user", "content": "task"}),
+            json!({"role": "assistant", "content": "ok"}),
+            json!({"role": "user", "content": "more"}),
+            json!({"role": "assistant", "content": "sure"}),
+            json!({"role": "user", "content": "last"}),
+        ];
+        let total = 3 + messages.iter().map(|m| c.count_message(m)).sum::<usize>();
+        let out = run_on(
+            &messages,
+            &settings(Mode::Compress, total - 1),
+            Decision::default(),
+        );
+        assert_eq!(out.report.offloaded, 0);
+        assert!(out.report.tokens_after <= out.report.tokens_before);
+        assert_eq!(out.decision.offload_before, 0);
+        assert!(out.moved.is_none());
     }
 
     #[test]
