@@ -86,7 +86,7 @@ pub struct ContextConfig {
     pub lossless: bool,
     /// The compaction boundary moves only once the tool results that have aged out of the
     /// recent window would save this many tokens (or the request is over budget), so that
-    /// the compacted prefix stays byte-stable for many turns.
+    /// the compacted prefix stays byte-stable for many turns. Default 16 000.
     pub compact_batch_tokens: usize,
     /// Accepted for older configs and ignored: an over-budget request is now always brought
     /// down to the target in one move (compaction first, then the oldest units).
@@ -185,7 +185,7 @@ impl Default for ContextConfig {
             output_reserve_tokens: 4096,
             pin_task: true,
             lossless: true,
-            compact_batch_tokens: 8000,
+            compact_batch_tokens: 16_000,
             auto_compact_ratio: 0.75,
             cache_horizon_turns: 10.0,
             preview_head_lines: 8,
