@@ -326,19 +326,25 @@ fn compactable() -> serde_json::Value {
 
 /// The stored tool results under `dir`.
 fn stored_results(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    files_under(dir)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("tool_result-"))
+        })
+        .collect()
+}
+
+/// Every file under `dir`.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with("tool_result-")
-            {
-                found.push(path);
+            if entry.path().is_dir() {
+                stack.push(entry.path());
+            } else {
+                found.push(entry.path());
             }
         }
     }
@@ -1028,22 +1034,6 @@ async fn chat_as(h: &Harness, key: &str) -> (u16, String) {
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default();
     (resp.status().as_u16(), actions)
-}
-
-/// Every file under `dir`.
-fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            if entry.path().is_dir() {
-                stack.push(entry.path());
-            } else {
-                found.push(entry.path());
-            }
-        }
-    }
-    found
 }
 
 async fn metrics_text(h: &Harness) -> String {
