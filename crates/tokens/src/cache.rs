@@ -73,7 +73,7 @@ impl CountCache {
 
     /// The key of `value` under `salt` (everything else the count depends on).
     pub fn key(&self, salt: &[u8], value: &Value) -> u128 {
-        let mut hasher = Xxh3::with_seed(self.seed);
+        let mut hasher = Canonical::new(Xxh3::with_seed(self.seed));
         write_bytes(&mut hasher, salt);
         write_value(&mut hasher, value);
         hasher.digest128()
@@ -183,12 +183,55 @@ const TAG_OBJECT: u8 = 8;
 /// that are persisted (conversation prefixes). Not keyed: use it where a collision can only
 /// hurt the one who crafted it.
 pub fn stable_hash(value: &Value) -> u128 {
-    let mut hasher = Xxh3::new();
+    let mut hasher = Canonical::new(Xxh3::new());
     write_value(&mut hasher, value);
     hasher.digest128()
 }
 
-fn write_value(hasher: &mut Xxh3, value: &Value) {
+/// An XXH3 hasher fed through a small buffer: the canonical bytes come in many tiny pieces
+/// (tags, lengths), and each `Xxh3::update` has a cost of its own. The hash is the same as
+/// feeding the bytes one by one (XXH3's streaming form equals its one-shot form).
+struct Canonical {
+    hasher: Xxh3,
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl Canonical {
+    fn new(hasher: Xxh3) -> Canonical {
+        Canonical {
+            hasher,
+            buf: [0; 512],
+            len: 0,
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        if self.len + bytes.len() > self.buf.len() {
+            self.flush();
+            if bytes.len() > self.buf.len() {
+                self.hasher.update(bytes);
+                return;
+            }
+        }
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    fn flush(&mut self) {
+        if self.len > 0 {
+            self.hasher.update(&self.buf[..self.len]);
+            self.len = 0;
+        }
+    }
+
+    fn digest128(mut self) -> u128 {
+        self.flush();
+        self.hasher.digest128()
+    }
+}
+
+fn write_value(hasher: &mut Canonical, value: &Value) {
     match value {
         Value::Null => hasher.update(&[TAG_NULL]),
         Value::Bool(false) => hasher.update(&[TAG_FALSE]),
@@ -228,7 +271,7 @@ fn write_value(hasher: &mut Xxh3, value: &Value) {
     }
 }
 
-fn write_bytes(hasher: &mut Xxh3, bytes: &[u8]) {
+fn write_bytes(hasher: &mut Canonical, bytes: &[u8]) {
     hasher.update(&(bytes.len() as u64).to_le_bytes());
     hasher.update(bytes);
 }
@@ -238,6 +281,79 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// The canonical bytes of `value`, written out (the definition the hashes must follow).
+    fn canonical_bytes(value: &Value, out: &mut Vec<u8>) {
+        let bytes = |out: &mut Vec<u8>, b: &[u8]| {
+            out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+            out.extend_from_slice(b);
+        };
+        match value {
+            Value::Null => out.push(TAG_NULL),
+            Value::Bool(false) => out.push(TAG_FALSE),
+            Value::Bool(true) => out.push(TAG_TRUE),
+            Value::Number(n) => {
+                if let Some(u) = n.as_u64() {
+                    out.push(TAG_U64);
+                    out.extend_from_slice(&u.to_le_bytes());
+                } else if let Some(i) = n.as_i64() {
+                    out.push(TAG_I64);
+                    out.extend_from_slice(&i.to_le_bytes());
+                } else {
+                    out.push(TAG_F64);
+                    out.extend_from_slice(&n.as_f64().unwrap_or(f64::NAN).to_bits().to_le_bytes());
+                }
+            }
+            Value::String(s) => {
+                out.push(TAG_STRING);
+                bytes(out, s.as_bytes());
+            }
+            Value::Array(items) => {
+                out.push(TAG_ARRAY);
+                out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+                for item in items {
+                    canonical_bytes(item, out);
+                }
+            }
+            Value::Object(fields) => {
+                out.push(TAG_OBJECT);
+                out.extend_from_slice(&(fields.len() as u64).to_le_bytes());
+                for (key, item) in fields {
+                    bytes(out, key.as_bytes());
+                    canonical_bytes(item, out);
+                }
+            }
+        }
+    }
+
+    /// Buffering changes no hash: prefix hashes are persisted, so a stored decision must still
+    /// be found after an upgrade. Values small and large, with strings around the buffer's size.
+    #[test]
+    fn hashes_are_xxh3_of_the_canonical_bytes() {
+        let long = |n: usize| "é".repeat(n);
+        let values = [
+            json!(null),
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": long(255)}),
+            json!({"role": "tool", "content": long(256)}),
+            json!({"role": "tool", "content": long(100_000), "x": [1, -2, 2.5, true, {"k": long(300)}]}),
+            json!([long(500), long(10), long(513), 18446744073709551615u64]),
+        ];
+        let cache = CountCache::new(4);
+        for v in &values {
+            let mut canonical = Vec::new();
+            canonical_bytes(v, &mut canonical);
+            assert_eq!(stable_hash(v), xxhash_rust::xxh3::xxh3_128(&canonical));
+            let mut salted = Vec::new();
+            salted.extend_from_slice(&2u64.to_le_bytes());
+            salted.extend_from_slice(b"ab");
+            salted.extend_from_slice(&canonical);
+            assert_eq!(
+                cache.key(b"ab", v),
+                xxhash_rust::xxh3::xxh3_128_with_seed(&salted, cache.seed)
+            );
+        }
+    }
 
     #[test]
     fn keys_tell_values_apart() {
