@@ -27,7 +27,7 @@ use crate::store::{ContentRef, SessionId, Store, StoreError, Tenant};
 /// Why an inspection request cannot be answered. Mapped to the OpenAI shape by `ProxyError`.
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
-    #[error("no {what} {id:?} for this API key")]
+    #[error("no {what} {id:?} for this tenant (the API key's own, or the one an admin named with ?tenant=)")]
     NotFound { what: &'static str, id: String },
     #[error("no session {0:?} in the store")]
     NotInStore(String),
