@@ -129,65 +129,76 @@ pub struct Metrics {
     models: Mutex<HashSet<String>>,
 }
 
+/// Registers `metric` under `name` and gives it back: a metric is a handle, so the one kept and
+/// the one registered count together.
+fn registered<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::default();
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
+        let requests = registered(
+            &mut registry,
             "context_proxy_requests",
             "Requests answered, by route (chat, passthrough, context, health, metrics, other), status class and upstream (none when no upstream was called).",
-            requests.clone(),
+            Family::<RequestLabels, Counter>::default(),
         );
-        let request_seconds: HistogramFamily<RouteLabels> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
+        let request_seconds: HistogramFamily<RouteLabels> = registered(
+            &mut registry,
             "context_proxy_request_duration_seconds",
             "Time from the request's arrival to its response headers, by route.",
-            request_seconds.clone(),
+            Family::new_with_constructor(latency_histogram),
         );
-        let in_flight_requests = Gauge::default();
-        registry.register(
+        let in_flight_requests = registered(
+            &mut registry,
             "context_proxy_in_flight_requests",
             "Requests received whose response headers are not sent yet.",
-            in_flight_requests.clone(),
+            Gauge::default(),
         );
-        let open_responses = Gauge::default();
-        registry.register(
+        let open_responses = registered(
+            &mut registry,
             "context_proxy_in_flight_chat_responses",
             "Chat responses (JSON or streams) being relayed: headers sent, body not ended.",
-            open_responses.clone(),
+            Gauge::default(),
         );
-        let proxy_seconds = latency_histogram();
-        registry.register(
+        let proxy_seconds = registered(
+            &mut registry,
             "context_proxy_chat_proxy_seconds",
             "The proxy's own time before forwarding a chat request (parse, identify, plan, apply).",
-            proxy_seconds.clone(),
+            latency_histogram(),
         );
-        let upstream_seconds: HistogramFamily<UpstreamLabels> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
+        let upstream_seconds: HistogramFamily<UpstreamLabels> = registered(
+            &mut registry,
             "context_proxy_chat_upstream_seconds",
             "Time from forwarding a chat request to the upstream's response headers (first call).",
-            upstream_seconds.clone(),
+            Family::new_with_constructor(latency_histogram),
         );
-        let first_byte_seconds: HistogramFamily<UpstreamLabels> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
+        let first_byte_seconds: HistogramFamily<UpstreamLabels> = registered(
+            &mut registry,
             "context_proxy_chat_first_byte_seconds",
             "Time from a chat request's arrival to the first body byte sent to the client (time to first token for streams).",
-            first_byte_seconds.clone(),
+            Family::new_with_constructor(latency_histogram),
         );
-        let response_seconds: HistogramFamily<UpstreamLabels> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
+        let response_seconds: HistogramFamily<UpstreamLabels> = registered(
+            &mut registry,
             "context_proxy_chat_response_seconds",
             "Time from a chat request's arrival to the end of its response body.",
-            response_seconds.clone(),
+            Family::new_with_constructor(latency_histogram),
         );
         let model_counter = |registry: &mut Registry, name: &str, help: &str| {
-            let family = Family::<ModelLabels, Counter>::default();
-            registry.register(name, help, family.clone());
-            family
+            registered(
+                registry,
+                name,
+                help,
+                Family::<ModelLabels, Counter>::default(),
+            )
         };
         let model_tokens_before = model_counter(
             &mut registry,
@@ -224,29 +235,29 @@ impl Default for Metrics {
             "context_proxy_upstream_completion_tokens",
             "usage.completion_tokens reported by the upstream, by model.",
         );
-        let actions = Family::<KindLabels, Counter>::default();
-        registry.register(
+        let actions = registered(
+            &mut registry,
             "context_proxy_actions",
             "What context management did, by kind: truncated, compacted and offloaded messages, reloaded (calls of the proxy's own tools answered).",
-            actions.clone(),
+            Family::<KindLabels, Counter>::default(),
         );
-        let store_errors = Family::<BackendLabels, Counter>::default();
-        registry.register(
+        let store_errors = registered(
+            &mut registry,
             "context_proxy_store_errors",
             "Chat requests served without context management because the store failed, by backend.",
-            store_errors.clone(),
+            Family::<BackendLabels, Counter>::default(),
         );
-        let quota_exceeded = Family::<ScopeLabels, Counter>::default();
-        registry.register(
+        let quota_exceeded = registered(
+            &mut registry,
             "context_proxy_store_quota_exceeded",
             "Chat requests forwarded unmanaged because storing what they remove would go over a daily write quota, by scope (tenant, store).",
-            quota_exceeded.clone(),
+            Family::<ScopeLabels, Counter>::default(),
         );
-        let rejected_erased = Counter::default();
-        registry.register(
+        let rejected_erased = registered(
+            &mut registry,
             "context_proxy_rejected_key_items_erased",
             "Store items erased because the upstream refused (401/403) the key of a tenant it had not accepted before.",
-            rejected_erased.clone(),
+            Counter::default(),
         );
         registry.register(
             "context_proxy_build",

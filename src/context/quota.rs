@@ -7,9 +7,8 @@
 //! points to is free. With several replicas each counts its own writes, so the store as a whole
 //! takes at most replicas × the quota per day, and at most retention × that in all.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
-
-use dashmap::DashMap;
 
 use crate::store::Tenant;
 
@@ -41,9 +40,16 @@ pub struct Quotas {
     per_tenant: u64,
     /// Bytes for all tenants per day; 0 = no quota.
     total: u64,
-    /// The day the counts are for, and the total.
-    today: Mutex<(u64, u64)>,
-    used: DashMap<Tenant, u64>,
+    /// One lock for the day's counts, so two requests cannot both take the last bytes.
+    today: Mutex<Today>,
+}
+
+/// What was stored on `day`.
+#[derive(Debug, Default)]
+struct Today {
+    day: u64,
+    total: u64,
+    used: HashMap<Tenant, u64>,
 }
 
 impl Quotas {
@@ -51,8 +57,7 @@ impl Quotas {
         Quotas {
             per_tenant,
             total,
-            today: Mutex::new((0, 0)),
-            used: DashMap::new(),
+            today: Mutex::new(Today::default()),
         }
     }
 
@@ -62,26 +67,27 @@ impl Quotas {
         if bytes == 0 {
             return Ok(());
         }
-        // One lock for the day and the total, held while the tenant's entry is updated, so two
-        // requests cannot both take the last bytes.
         let mut today = self.today.lock().unwrap_or_else(|e| e.into_inner());
-        if today.0 != day {
-            *today = (day, 0);
-            self.used.clear();
+        if today.day != day {
+            *today = Today {
+                day,
+                ..Today::default()
+            };
         }
-        if self.total > 0 && today.1.saturating_add(bytes) > self.total {
+        if self.total > 0 && today.total.saturating_add(bytes) > self.total {
             return Err(Exceeded::Store);
         }
-        let used = self.used.get(tenant).map_or(0, |u| *u);
+        let used = today.used.get(tenant).copied().unwrap_or(0);
         if self.per_tenant > 0 && used.saturating_add(bytes) > self.per_tenant {
             return Err(Exceeded::Tenant);
         }
-        if self.used.len() >= MAX_TENANTS && !self.used.contains_key(tenant) {
-            self.used.clear();
+        if today.used.len() >= MAX_TENANTS && !today.used.contains_key(tenant) {
+            today.used.clear();
         }
-        let mut entry = self.used.entry(tenant.clone()).or_insert(0);
-        *entry = entry.saturating_add(bytes);
-        today.1 = today.1.saturating_add(bytes);
+        today
+            .used
+            .insert(tenant.clone(), used.saturating_add(bytes));
+        today.total = today.total.saturating_add(bytes);
         Ok(())
     }
 }
