@@ -23,6 +23,7 @@
 //! Each phase is a plain function with one job; this function is the list.
 
 mod ctx;
+mod dom;
 mod loop_json;
 mod loop_stream;
 mod overflow;

@@ -30,7 +30,11 @@ impl ChatRequest {
     /// string can: such a body is only peeked at ([`ChatRequest::peek`]) and forwarded as it
     /// came, unmanaged, rather than refused.
     pub fn parse(raw: Bytes) -> Result<ChatRequest, ProxyError> {
-        let body: Value = match serde_json::from_slice(&raw) {
+        let parsed = match super::dom::parse(&raw) {
+            Some(body) => Ok(body),
+            None => serde_json::from_slice(&raw),
+        };
+        let body: Value = match parsed {
             Ok(body) => body,
             Err(e) if is_lone_surrogate(&e) => {
                 return ChatRequest::peek(raw.clone())

@@ -43,6 +43,7 @@ use super::transforms::{self, Lossless};
 use super::units::{is_instruction, role, segment};
 use crate::pricing::CachePricing;
 use crate::store::{ContentKind, ContentRef};
+use crate::tokens::{field, str_field};
 
 /// Tokens the engine reserves for a truncation marker inside the hard cap.
 const TRUNCATION_MARKER_TOKENS: usize = 120;
@@ -295,13 +296,13 @@ pub fn rewrite_pays(
 
 /// The text of a message's content: a string, or an array made only of text parts.
 pub fn content_text(message: &Value) -> Option<Cow<'_, str>> {
-    match message.get("content")? {
+    match field(message, "content")? {
         Value::String(s) => Some(Cow::Borrowed(s)),
         Value::Array(parts) if !parts.is_empty() => {
             let texts: Option<Vec<&str>> = parts
                 .iter()
-                .map(|p| match p.get("type").and_then(Value::as_str) {
-                    Some("text") => p.get("text").and_then(Value::as_str),
+                .map(|p| match str_field(p, "type") {
+                    Some("text") => str_field(p, "text"),
                     _ => None,
                 })
                 .collect();
@@ -313,14 +314,13 @@ pub fn content_text(message: &Value) -> Option<Cow<'_, str>> {
 
 /// Whether [`content_text`] has something for `message`, without building it.
 fn has_text_content(message: &Value) -> bool {
-    match message.get("content") {
+    match field(message, "content") {
         Some(Value::String(_)) => true,
         Some(Value::Array(parts)) => {
             !parts.is_empty()
-                && parts.iter().all(|p| {
-                    p.get("type").and_then(Value::as_str) == Some("text")
-                        && p.get("text").is_some_and(Value::is_string)
-                })
+                && parts
+                    .iter()
+                    .all(|p| str_field(p, "type") == Some("text") && str_field(p, "text").is_some())
         }
         _ => false,
     }
@@ -331,9 +331,7 @@ fn has_text_content(message: &Value) -> bool {
 pub fn has_pending_transform(messages: &[Value], env: &dyn Env) -> bool {
     messages.iter().any(|m| {
         role(m) == "tool"
-            && m.get("content")
-                .and_then(Value::as_str)
-                .is_some_and(|text| env.lossless(text).is_some())
+            && str_field(m, "content").is_some_and(|text| env.lossless(text).is_some())
     })
 }
 
@@ -400,7 +398,7 @@ impl Work<'_> {
         if role(message) != "tool" {
             return;
         }
-        let Some(Value::String(text)) = message.get("content") else {
+        let Some(Value::String(text)) = field(message, "content") else {
             return;
         };
         let Some(lossless) = self.env.lossless(text) else {

@@ -63,13 +63,19 @@ pub struct Prefixes {
 
 impl Prefixes {
     pub fn of(messages: &[Value]) -> Prefixes {
-        let mut hashes = Vec::with_capacity(messages.len() + 1);
+        Prefixes::from_hashes(messages.iter().map(stable_hash))
+    }
+
+    /// The prefixes of the messages whose [`stable_hash`]es are `message_hashes` (as counting
+    /// found them: `RequestCount::message_hashes`).
+    pub fn from_hashes(message_hashes: impl ExactSizeIterator<Item = u128>) -> Prefixes {
+        let mut hashes = Vec::with_capacity(message_hashes.len() + 1);
         let mut current = 0u128;
         hashes.push(current);
-        for m in messages {
+        for hash in message_hashes {
             let mut hasher = Xxh3::new();
             hasher.update(&current.to_le_bytes());
-            hasher.update(&stable_hash(m).to_le_bytes());
+            hasher.update(&hash.to_le_bytes());
             current = hasher.digest128();
             hashes.push(current);
         }

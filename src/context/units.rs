@@ -8,6 +8,8 @@ use std::ops::Range;
 
 use serde_json::Value;
 
+use crate::tokens::{field, str_field};
+
 /// Why a conversation cannot be cut into units.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Malformed {
@@ -37,7 +39,7 @@ impl std::fmt::Display for Malformed {
 
 /// The role of a message, or `""` when it has none.
 pub fn role(message: &Value) -> &str {
-    message.get("role").and_then(Value::as_str).unwrap_or("")
+    str_field(message, "role").unwrap_or("")
 }
 
 /// Whether a message is part of the fixed instructions (never moved out).
@@ -47,36 +49,22 @@ pub fn is_instruction(message: &Value) -> bool {
 
 /// The ids of the tool calls of an assistant message, in order.
 pub fn call_ids(message: &Value) -> Vec<&str> {
-    message
-        .get("tool_calls")
+    field(message, "tool_calls")
         .and_then(Value::as_array)
-        .map(|calls| {
-            calls
-                .iter()
-                .filter_map(|c| c.get("id").and_then(Value::as_str))
-                .collect()
-        })
+        .map(|calls| calls.iter().filter_map(|c| str_field(c, "id")).collect())
         .unwrap_or_default()
 }
 
 /// The `tool_call_id` of a tool result (`""` when it has none).
 fn tool_call_id(message: &Value) -> &str {
-    message
-        .get("tool_call_id")
-        .and_then(Value::as_str)
-        .unwrap_or("")
+    str_field(message, "tool_call_id").unwrap_or("")
 }
 
 /// Whether `message` has a tool call with an id (as `!call_ids(message).is_empty()`).
 fn has_tool_calls(message: &Value) -> bool {
-    message
-        .get("tool_calls")
+    field(message, "tool_calls")
         .and_then(Value::as_array)
-        .is_some_and(|calls| {
-            calls
-                .iter()
-                .any(|c| c.get("id").and_then(Value::as_str).is_some())
-        })
+        .is_some_and(|calls| calls.iter().any(|c| str_field(c, "id").is_some()))
 }
 
 /// Cuts `messages` into units (contiguous ranges covering every message in order).
@@ -85,7 +73,7 @@ pub fn segment(messages: &[Value]) -> Result<Vec<Range<usize>>, Malformed> {
     let mut i = 0;
     while i < messages.len() {
         let m = &messages[i];
-        if !m.is_object() || m.get("role").and_then(Value::as_str).is_none() {
+        if !m.is_object() || str_field(m, "role").is_none() {
             return Err(Malformed::NotMessages(i));
         }
         match role(m) {

@@ -19,6 +19,7 @@
 //! Under concurrent insertions the size may briefly pass capacity by about one entry per
 //! inserting thread. An entry costs about 40 bytes.
 
+use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -73,10 +74,13 @@ impl CountCache {
 
     /// The key of `value` under `salt` (everything else the count depends on).
     pub fn key(&self, salt: &[u8], value: &Value) -> u128 {
-        let mut hasher = Canonical::new(Xxh3::with_seed(self.seed));
-        write_bytes(&mut hasher, salt);
-        write_value(&mut hasher, value);
-        hasher.digest128()
+        hash_canonical(Some((self.seed, salt)), false, value).0
+    }
+
+    /// `(self.key(salt, value), stable_hash(value))` from one walk of `value`: a request's
+    /// messages need both, the count's key and the hash that identifies its prefix.
+    pub fn key_and_stable_hash(&self, salt: &[u8], value: &Value) -> (u128, u128) {
+        hash_canonical(Some((self.seed, salt)), true, value)
     }
 
     /// The cached count for `key`, marking it as recently used.
@@ -183,55 +187,131 @@ const TAG_OBJECT: u8 = 8;
 /// that are persisted (conversation prefixes). Not keyed: use it where a collision can only
 /// hurt the one who crafted it.
 pub fn stable_hash(value: &Value) -> u128 {
-    let mut hasher = Canonical::new(Xxh3::new());
-    write_value(&mut hasher, value);
-    hasher.digest128()
+    hash_canonical(None, true, value).1
 }
 
-/// An XXH3 hasher fed through a small buffer: the canonical bytes come in many tiny pieces
-/// (tags, lengths), and each `Xxh3::update` has a cost of its own. The hash is the same as
-/// feeding the bytes one by one (XXH3's streaming form equals its one-shot form).
-struct Canonical {
-    hasher: Xxh3,
-    buf: [u8; 512],
-    len: usize,
+/// Canonical bytes gathered before they are hashed in one go (a later piece streams through
+/// [`Streams`]); the buffer is kept per thread, so hashing a message allocates nothing.
+const GATHERED: usize = 64 * 1024;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-impl Canonical {
-    fn new(hasher: Xxh3) -> Canonical {
-        Canonical {
-            hasher,
-            buf: [0; 512],
-            len: 0,
+/// Hashes the canonical bytes of `value`: keyed (`(seed, salt)`, the salt's canonical bytes
+/// first) and, when `stable`, unkeyed. Returns `(keyed, stable)`, 0 for a hash not asked for.
+///
+/// The canonical bytes come in many tiny pieces (tags, lengths): they are gathered in a
+/// buffer and hashed at once, which for a message of a few hundred bytes costs a fraction of
+/// feeding a streaming hasher. Past [`GATHERED`] bytes they go on through streaming hashers.
+/// Either way the hash is XXH3-128 of the whole canonical bytes (XXH3's streaming form equals
+/// its one-shot form).
+fn hash_canonical(keyed: Option<(u64, &[u8])>, stable: bool, value: &Value) -> (u128, u128) {
+    SCRATCH.with(|scratch| {
+        let mut own = Vec::new();
+        let mut borrowed = scratch.try_borrow_mut().ok();
+        let buf = borrowed.as_deref_mut().unwrap_or(&mut own);
+        buf.clear();
+        let mut sink = Sink {
+            buf,
+            salted: 0,
+            seed: keyed.map(|(seed, _)| seed),
+            stable,
+            streams: None,
+        };
+        if let Some((_, salt)) = keyed {
+            write_bytes(&mut sink, salt);
+            sink.salted = sink.buf.len();
         }
-    }
+        write_value(&mut sink, value);
+        let hashes = sink.finish();
+        if buf.capacity() > GATHERED * 2 {
+            *buf = Vec::new();
+        }
+        hashes
+    })
+}
 
+/// Where canonical bytes go: `buf` (its first `salted` bytes are the salt, read only by the
+/// keyed hash), and once it is full, the streaming hashers.
+struct Sink<'a> {
+    buf: &'a mut Vec<u8>,
+    salted: usize,
+    seed: Option<u64>,
+    stable: bool,
+    streams: Option<Box<Streams>>,
+}
+
+/// The streaming form of the hashes, for canonical bytes longer than [`GATHERED`].
+struct Streams {
+    keyed: Option<Xxh3>,
+    stable: Option<Xxh3>,
+}
+
+impl Sink<'_> {
     fn update(&mut self, bytes: &[u8]) {
-        if self.len + bytes.len() > self.buf.len() {
-            self.flush();
-            if bytes.len() > self.buf.len() {
-                self.hasher.update(bytes);
-                return;
-            }
+        if bytes.len() > GATHERED {
+            // A long string goes to the streaming hashers without a copy.
+            self.spill();
+            self.stream(bytes, 0);
+            return;
         }
-        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-        self.len += bytes.len();
-    }
-
-    fn flush(&mut self) {
-        if self.len > 0 {
-            self.hasher.update(&self.buf[..self.len]);
-            self.len = 0;
+        self.buf.extend_from_slice(bytes);
+        if self.buf.len() > GATHERED {
+            self.spill();
         }
     }
 
-    fn digest128(mut self) -> u128 {
-        self.flush();
-        self.hasher.digest128()
+    /// Moves what `buf` holds into the streaming hashers.
+    fn spill(&mut self) {
+        let buf = std::mem::take(self.buf);
+        self.stream(&buf, self.salted);
+        *self.buf = buf;
+        self.buf.clear();
+        self.salted = 0;
+    }
+
+    /// Feeds `bytes` to the streaming hashers, the first `salted` to the keyed one only.
+    fn stream(&mut self, bytes: &[u8], salted: usize) {
+        let (seed, stable) = (self.seed, self.stable);
+        let streams = self.streams.get_or_insert_with(|| {
+            Box::new(Streams {
+                keyed: seed.map(Xxh3::with_seed),
+                stable: stable.then(Xxh3::new),
+            })
+        });
+        if let Some(keyed) = &mut streams.keyed {
+            keyed.update(bytes);
+        }
+        if let Some(unkeyed) = &mut streams.stable {
+            unkeyed.update(&bytes[salted..]);
+        }
+    }
+
+    fn finish(mut self) -> (u128, u128) {
+        use xxhash_rust::xxh3::{xxh3_128, xxh3_128_with_seed};
+        if self.streams.is_some() {
+            self.spill();
+        }
+        match &self.streams {
+            None => (
+                self.seed
+                    .map_or(0, |seed| xxh3_128_with_seed(self.buf, seed)),
+                if self.stable {
+                    xxh3_128(&self.buf[self.salted..])
+                } else {
+                    0
+                },
+            ),
+            Some(streams) => (
+                streams.keyed.as_ref().map_or(0, Xxh3::digest128),
+                streams.stable.as_ref().map_or(0, Xxh3::digest128),
+            ),
+        }
     }
 }
 
-fn write_value(hasher: &mut Canonical, value: &Value) {
+fn write_value(hasher: &mut Sink<'_>, value: &Value) {
     match value {
         Value::Null => hasher.update(&[TAG_NULL]),
         Value::Bool(false) => hasher.update(&[TAG_FALSE]),
@@ -271,7 +351,7 @@ fn write_value(hasher: &mut Canonical, value: &Value) {
     }
 }
 
-fn write_bytes(hasher: &mut Canonical, bytes: &[u8]) {
+fn write_bytes(hasher: &mut Sink<'_>, bytes: &[u8]) {
     hasher.update(&(bytes.len() as u64).to_le_bytes());
     hasher.update(bytes);
 }
@@ -338,6 +418,15 @@ mod tests {
             json!({"role": "tool", "content": long(256)}),
             json!({"role": "tool", "content": long(100_000), "x": [1, -2, 2.5, true, {"k": long(300)}]}),
             json!([long(500), long(10), long(513), 18446744073709551615u64]),
+            // Around the gathered size: spilled part way, a string streamed through.
+            json!({"role": "tool", "content": long(GATHERED / 2 - 20)}),
+            json!([
+                long(GATHERED / 2 - 8),
+                long(GATHERED / 2),
+                "x",
+                long(GATHERED),
+                long(GATHERED / 2 + 1)
+            ]),
         ];
         let cache = CountCache::new(4);
         for v in &values {
@@ -351,6 +440,10 @@ mod tests {
             assert_eq!(
                 cache.key(b"ab", v),
                 xxhash_rust::xxh3::xxh3_128_with_seed(&salted, cache.seed)
+            );
+            assert_eq!(
+                cache.key_and_stable_hash(b"ab", v),
+                (cache.key(b"ab", v), stable_hash(v))
             );
         }
     }

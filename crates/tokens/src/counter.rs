@@ -57,6 +57,9 @@ pub struct RequestCount {
     pub total: usize,
     /// One count per element of `messages`, each with its framing overhead.
     pub per_message: Vec<usize>,
+    /// The [`crate::stable_hash`] of each element of `messages`, found in the same walk of
+    /// the message as its count's cache key.
+    pub message_hashes: Vec<u128>,
     /// The `tools` definitions (and legacy `functions`), 0 when there are none.
     pub tools: usize,
     /// A `response_format` JSON schema, 0 when there is none.
@@ -127,11 +130,14 @@ impl Counter {
     /// Tokens the upstream bills for a whole request body. A body without a `messages` array
     /// counts no messages; the reply priming is always counted.
     pub fn count_request(&self, body: &Value) -> RequestCount {
-        let per_message: Vec<usize> = body
+        let messages = body
             .get("messages")
             .and_then(Value::as_array)
-            .map(|messages| messages.iter().map(|m| self.count_message(m)).collect())
-            .unwrap_or_default();
+            .map_or(&[][..], Vec::as_slice);
+        let (per_message, message_hashes): (Vec<usize>, Vec<u128>) = messages
+            .iter()
+            .map(|m| self.count_and_hash_message(m))
+            .unzip();
         let tools = ["tools", "functions"]
             .into_iter()
             .filter_map(|key| body.get(key))
@@ -154,9 +160,28 @@ impl Counter {
         RequestCount {
             total,
             per_message,
+            message_hashes,
             tools,
             response_format,
         }
+    }
+
+    /// `(self.count_message(message), stable_hash(message))`, walking the message once when
+    /// its count is cached.
+    fn count_and_hash_message(&self, message: &Value) -> (usize, u128) {
+        let count = |m: &Value| message::message_tokens(m, self.encoding, &self.settings);
+        if !self.cache.enabled() {
+            return (count(message), crate::stable_hash(message));
+        }
+        let (key, hash) = self
+            .cache
+            .key_and_stable_hash(&self.salt(Domain::Message), message);
+        if let Some(n) = self.cache.get(key) {
+            return (n, hash);
+        }
+        let n = count(message);
+        self.cache.insert(key, n);
+        (n, hash)
     }
 
     /// `count(value)`, remembered under the value's content hash.
@@ -299,6 +324,37 @@ mod tests {
         );
         assert_eq!(r.tools, tools::tools_tokens(&body["tools"], c.encoding()));
         assert_eq!(r.response_format, 0);
+    }
+
+    #[test]
+    fn message_hashes_are_the_stable_hashes_cached_or_not() {
+        let body = weather();
+        let expected: Vec<u128> = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(crate::stable_hash)
+            .collect();
+        for entries in [0, 100] {
+            let c = Counter::new(
+                Encoding::O200kBase,
+                CountSettings {
+                    cache_entries: entries,
+                    ..CountSettings::default()
+                },
+            );
+            // Twice: a miss, then a hit.
+            for _ in 0..2 {
+                let r = c.count_request(&body);
+                assert_eq!(r.message_hashes, expected, "cache_entries {entries}");
+                assert_eq!(
+                    r.per_message,
+                    counter(Encoding::O200kBase)
+                        .count_request(&body)
+                        .per_message
+                );
+            }
+        }
     }
 
     #[test]

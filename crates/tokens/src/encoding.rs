@@ -48,6 +48,9 @@ impl Encoding {
         if text.is_empty() {
             return 0;
         }
+        if text.len() <= short::LEN {
+            return short::count(self, text);
+        }
         self.tokenizer().count(text)
     }
 
@@ -67,6 +70,71 @@ impl Encoding {
             Encoding::O200kBase => bpe_openai::o200k_base(),
             Encoding::Cl100kBase => bpe_openai::cl100k_base(),
         }
+    }
+}
+
+/// Counts of short strings, remembered per thread. Roles, tool names, call ids and short
+/// values come back in message after message, and tokenizing a few bytes (its pre-split regex,
+/// then the encoder) costs several times more than finding the count again.
+mod short {
+    use std::cell::RefCell;
+
+    use super::Encoding;
+
+    /// Longest string remembered, in bytes.
+    pub const LEN: usize = 22;
+    /// Slots in each thread's table; a string's hash picks its slot, a newer string evicts.
+    const SLOTS: usize = 1024;
+
+    #[derive(Clone, Copy)]
+    struct Slot {
+        /// 0 for an empty slot, else 1 + the encoding's index.
+        encoding: u8,
+        len: u8,
+        tokens: u8,
+        bytes: [u8; LEN],
+    }
+
+    const EMPTY: Slot = Slot {
+        encoding: 0,
+        len: 0,
+        tokens: 0,
+        bytes: [0; LEN],
+    };
+
+    thread_local! {
+        static TABLE: RefCell<Vec<Slot>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// `encoding.tokenizer().count(text)` for a `text` of at most [`LEN`] bytes.
+    pub fn count(encoding: Encoding, text: &str) -> usize {
+        let tag = match encoding {
+            Encoding::O200kBase => 1,
+            Encoding::Cl100kBase => 2,
+        };
+        let bytes = text.as_bytes();
+        let at = xxhash_rust::xxh3::xxh3_64(bytes) as usize % SLOTS;
+        TABLE.with(|table| {
+            let mut table = table.borrow_mut();
+            if table.is_empty() {
+                table.resize(SLOTS, EMPTY);
+            }
+            let slot = &mut table[at];
+            if slot.encoding == tag && &slot.bytes[..usize::from(slot.len)] == bytes {
+                return usize::from(slot.tokens);
+            }
+            // At most one token per byte: a short string's count fits in a byte.
+            let tokens = encoding.tokenizer().count(text);
+            let mut remembered = Slot {
+                encoding: tag,
+                len: bytes.len() as u8,
+                tokens: tokens as u8,
+                bytes: [0; LEN],
+            };
+            remembered.bytes[..bytes.len()].copy_from_slice(bytes);
+            *slot = remembered;
+            tokens
+        })
     }
 }
 
@@ -109,6 +177,31 @@ mod tests {
     }
 
     const BOTH: [Encoding; 2] = [Encoding::O200kBase, Encoding::Cl100kBase];
+
+    /// Remembered short counts are the tokenizer's, under both encodings, after slots were
+    /// overwritten many times over, and for strings one byte short of, at and past the limit.
+    #[test]
+    fn short_strings_are_remembered_exactly() {
+        let mut texts: Vec<String> = (0..5000)
+            .map(|i| format!("call_{i:x} {}", "é".repeat(i % 7)))
+            .filter(|t| t.len() <= short::LEN)
+            .collect();
+        texts.extend(["tool", "user", "  "].map(String::from));
+        texts.extend(["x".repeat(short::LEN - 1), "😀".repeat(5)]);
+        texts.push("ab".repeat(short::LEN / 2));
+        texts.push("ab".repeat(short::LEN / 2 + 1));
+        for round in 0..2 {
+            for text in &texts {
+                for encoding in BOTH {
+                    assert_eq!(
+                        encoding.count(text),
+                        encoding.tokenizer().count(text),
+                        "{encoding} {text:?} round {round}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Strings where pre-tokenization regexes and byte merging tend to disagree.
     fn tricky() -> Vec<String> {

@@ -4,6 +4,7 @@
 //! - `encoding.rs` — the encodings, which one a model uses, the raw count of a string;
 //! - `message.rs` — the billing rules for one message (OpenAI's published formula + estimates);
 //! - `tools.rs` — the rules for tool definitions and `response_format` schemas;
+//! - `json.rs` — reading fields of small JSON objects cheaply;
 //! - `cache.rs` — the bounded concurrent cache of counts keyed by content hash;
 //! - `counter.rs` — [`Counter`], which ties them together for a whole request.
 //!
@@ -19,10 +20,12 @@
 mod cache;
 mod counter;
 mod encoding;
+mod json;
 mod message;
 mod tools;
 
 pub use cache::stable_hash;
 pub use counter::{CountSettings, Counter, RequestCount};
 pub use encoding::{Encoding, UnknownEncoding};
+pub use json::{field, str_field};
 pub use message::{REPLY_PRIMING, TOKENS_PER_MESSAGE, TOKENS_PER_NAME, TOKENS_PER_TOOL_CALL};

@@ -25,6 +25,7 @@ use serde_json::{Map, Value};
 
 use super::counter::CountSettings;
 use super::encoding::Encoding;
+use super::json::{field, str_field};
 
 /// Framing tokens of every message (`<|start|>{role}<|message|>…<|end|>`).
 pub const TOKENS_PER_MESSAGE: usize = 3;
@@ -46,7 +47,7 @@ pub fn message_tokens(message: &Value, encoding: Encoding, settings: &CountSetti
     let Some(fields) = message.as_object() else {
         return TOKENS_PER_MESSAGE.saturating_add(leaf_tokens(message, encoding));
     };
-    let is_tool = fields.get("role").and_then(Value::as_str) == Some("tool");
+    let is_tool = str_field(message, "role") == Some("tool");
     let mut total = TOKENS_PER_MESSAGE;
     for (key, value) in fields {
         let n = match key.as_str() {
@@ -94,16 +95,11 @@ fn part_tokens(part: &Value, encoding: Encoding, settings: &CountSettings) -> us
     let Value::Object(fields) = part else {
         return leaf_tokens(part, encoding);
     };
-    match fields.get("type").and_then(Value::as_str) {
-        Some("text") => fields.get("text").map_or(0, |t| leaf_tokens(t, encoding)),
-        Some("refusal") => fields
-            .get("refusal")
-            .map_or(0, |t| leaf_tokens(t, encoding)),
+    match str_field(part, "type") {
+        Some("text") => field(part, "text").map_or(0, |t| leaf_tokens(t, encoding)),
+        Some("refusal") => field(part, "refusal").map_or(0, |t| leaf_tokens(t, encoding)),
         Some("image_url") => {
-            let detail = fields
-                .get("image_url")
-                .and_then(|image| image.get("detail"))
-                .and_then(Value::as_str);
+            let detail = field(part, "image_url").and_then(|image| str_field(image, "detail"));
             if detail == Some("low") {
                 settings.image_low_detail_tokens
             } else {
