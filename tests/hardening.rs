@@ -1088,6 +1088,41 @@ async fn a_key_the_upstream_refuses_leaves_nothing_stored() {
 }
 
 #[tokio::test]
+async fn after_a_restart_a_refusal_keeps_what_an_accepted_key_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        let data = dir.path().to_path_buf();
+        Harness::start_with(MockConfig::default(), move |c| {
+            c.store.backend = context_proxy::store::Backend::Fs;
+            c.store.path = data;
+            c.store.fsync = false;
+            c.context.keep_recent_messages = 2;
+            c.context.compact_batch_tokens = 1000;
+        })
+    };
+    let h = start().await;
+    let (status, actions) = chat_as(&h, "sk-good").await;
+    assert_eq!((status, actions.as_str()), (200, "compacted=2"));
+    let stored = files_under(dir.path());
+    assert_eq!(stored_results(dir.path()).len(), 2);
+    drop(h);
+    // A new process on the same store has not seen this key accepted. Its first answer is a
+    // 403 (a model the key may not use, say): the session was served before, so what it
+    // stored stays, state and journal included.
+    let h = start().await;
+    h.mock.push(context_proxy::mock::Reply::error(
+        403,
+        serde_json::json!({"error": {"message": "not allowed", "type": "invalid_request_error", "param": null, "code": null}}),
+    ));
+    let (status, actions) = chat_as(&h, "sk-good").await;
+    assert_eq!((status, actions.as_str()), (403, "compacted=2"));
+    let after = files_under(dir.path());
+    for file in &stored {
+        assert!(after.contains(file), "{} was erased", file.display());
+    }
+}
+
+#[tokio::test]
 async fn a_daily_write_quota_forwards_the_request_unmanaged_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_path_buf();
@@ -1132,6 +1167,43 @@ async fn a_daily_write_quota_forwards_the_request_unmanaged_and_says_so() {
         text.contains(r#"context_proxy_store_quota_exceeded_total{scope="store"} 1"#),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn a_request_whose_store_write_fails_costs_no_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let one: u64 = compactable()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap().len() as u64)
+        .sum();
+    let data_for_config = data.clone();
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.store.backend = context_proxy::store::Backend::Fs;
+        c.store.path = data_for_config;
+        c.store.fsync = false;
+        // Room for one request's content a day, not two.
+        c.store.tenant_quota_bytes_per_day = one * 3 / 2;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    // A file where the store's root was: nothing can be written (nor the root made again).
+    std::fs::remove_dir_all(&data).unwrap();
+    std::fs::write(&data, "not a directory").unwrap();
+    let (status, actions) = chat_as(&h, "sk-a").await;
+    assert_eq!(
+        (status, actions.as_str()),
+        (200, "skipped (store unavailable)")
+    );
+    // The store is back: the failed request took none of the day's quota.
+    std::fs::remove_file(&data).unwrap();
+    let (status, actions) = chat_as(&h, "sk-a").await;
+    assert_eq!((status, actions.as_str()), (200, "compacted=2"));
+    assert_eq!(stored_results(&data).len(), 2);
 }
 
 #[tokio::test]

@@ -291,7 +291,11 @@ async fn vet_key(state: &AppState, ctx: &ChatCtx, status: http::StatusCode) {
     if status != http::StatusCode::UNAUTHORIZED && status != http::StatusCode::FORBIDDEN {
         return;
     }
-    match state.context.rejected(identity, &ctx.managed.refs).await {
+    match state
+        .context
+        .rejected(identity, &ctx.managed.refs, ctx.request_id())
+        .await
+    {
         Ok(0) => {}
         Ok(items) => {
             state.metrics.record_rejected_erased(items);

@@ -334,16 +334,23 @@ impl ContextManager {
         self.accepted.insert(tenant.clone(), ());
     }
 
-    /// The upstream refused the key of `identity`'s request (401 or 403). When no upstream has
-    /// accepted this tenant since the process started, nothing it stored can be legitimate:
-    /// the session's state, journal and stored content are erased, `refs` (what this request
-    /// forwarded) included, so a rejected key leaves nothing behind for weeks. Returns how many
-    /// items were erased (0 for a tenant accepted before: its content may serve its other
-    /// sessions).
+    /// The upstream refused the key of `identity`'s request `request_id` (401 or 403). When no
+    /// upstream has accepted this tenant since the process started and the session holds
+    /// nothing from an earlier request, nothing it stored can be legitimate: the session's
+    /// state, journal and stored content are erased, `refs` (what this request forwarded)
+    /// included, so a rejected key leaves nothing behind for weeks. Returns how many items were
+    /// erased (0 for a tenant accepted before: its content may serve its other sessions).
+    ///
+    /// A journal line of an earlier request means the session was served before (a refused
+    /// request leaves no line): its key was accepted then, before a restart say, and this
+    /// refusal is about something else (a 403 for a model the key may not use). Its state,
+    /// the proxy's hidden tool exchanges included, cannot be rebuilt from the client's history,
+    /// so it stays.
     pub async fn rejected(
         &self,
         identity: &Identity,
         refs: &[ContentRef],
+        request_id: &str,
     ) -> Result<usize, StoreError> {
         if self.accepted.contains_key(&identity.tenant) {
             return Ok(0);
@@ -352,6 +359,14 @@ impl ContextManager {
             .store
             .read_log(&identity.tenant, &identity.session)
             .await?;
+        let served_before = journal.iter().any(|line| {
+            line.get("request_id")
+                .and_then(Value::as_str)
+                .is_some_and(|id| id != request_id)
+        });
+        if served_before {
+            return Ok(0);
+        }
         let mut all = crate::inspect::journal_refs(&journal);
         all.extend(refs.iter().cloned());
         all.sort();
@@ -777,26 +792,31 @@ impl ContextManager {
         };
         // Reversible: everything removed is stored before the smaller request goes out.
         if decided.outcome.messages.is_some() {
-            if let Err(scope) = self.charge_quota(identity, messages, &decided.outcome.writes) {
-                tracing::warn!(
-                    scope = scope.as_str(),
-                    tenant = %identity.tenant,
-                    "daily store quota reached: forwarding the request unmanaged"
-                );
-                let report = Report {
-                    tokens_before: report.tokens_before,
-                    tokens_after: report.tokens_before,
-                    skipped: Some(Skipped::QuotaExceeded(scope)),
-                    ..Report::default()
-                };
-                return Managed {
-                    body: None,
-                    report,
-                    fail_open: false,
-                    counted: true,
-                    refs: Vec::new(),
-                };
-            }
+            let day = quota::day_of(std::time::SystemTime::now());
+            let charged = match self.charge_quota(identity, messages, &decided.outcome.writes, day)
+            {
+                Ok(bytes) => bytes,
+                Err(scope) => {
+                    tracing::warn!(
+                        scope = scope.as_str(),
+                        tenant = %identity.tenant,
+                        "daily store quota reached: forwarding the request unmanaged"
+                    );
+                    let report = Report {
+                        tokens_before: report.tokens_before,
+                        tokens_after: report.tokens_before,
+                        skipped: Some(Skipped::QuotaExceeded(scope)),
+                        ..Report::default()
+                    };
+                    return Managed {
+                        body: None,
+                        report,
+                        fail_open: false,
+                        counted: true,
+                        refs: Vec::new(),
+                    };
+                }
+            };
             match self
                 .write_all(identity, messages, &decided.outcome.writes)
                 .await
@@ -807,6 +827,8 @@ impl ContextManager {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "context store write failed: forwarding the request unchanged");
+                    // The request stored nothing it can point to: its bytes are given back.
+                    self.quotas.refund(&identity.tenant, charged, day);
                     let report = Report {
                         tokens_before: report.tokens_before,
                         tokens_after: report.tokens_before,
@@ -863,16 +885,15 @@ impl ContextManager {
         self.apply(identity.as_ref(), plan, body, "").await
     }
 
-    /// Writes every piece of content the new request refers to, unless this process stored it
-    /// less than `refresh` ago: so content is refreshed while requests point to it, and
-    /// written back within `refresh` if it was lost.
-    /// Charges the bytes of the writes this process has not stored before to the daily quotas.
+    /// Charges the bytes of the writes this process has not stored before to the daily quotas
+    /// of `day`, and returns them (to refund if the writes fail).
     fn charge_quota(
         &self,
         id: &Identity,
         messages: &[Value],
         writes: &[engine::Write],
-    ) -> Result<(), quota::Exceeded> {
+        day: u64,
+    ) -> Result<u64, quota::Exceeded> {
         let bytes: usize = writes
             .iter()
             .filter(|w| {
@@ -888,13 +909,13 @@ impl ContextManager {
                     .map_or(0, |t| t.len()),
             })
             .sum();
-        self.quotas.charge(
-            &id.tenant,
-            bytes as u64,
-            quota::day_of(std::time::SystemTime::now()),
-        )
+        self.quotas.charge(&id.tenant, bytes as u64, day)?;
+        Ok(bytes as u64)
     }
 
+    /// Writes every piece of content the new request refers to, unless this process stored it
+    /// less than `refresh` ago: so content is refreshed while requests point to it, and
+    /// written back within `refresh` if it was lost.
     async fn write_all(
         &self,
         id: &Identity,

@@ -4,7 +4,7 @@
 //! the next UTC day starts from zero.
 //!
 //! Only content this process had not stored before counts: refreshing what a marker already
-//! points to is free. With several replicas each counts its own writes, so the store as a whole
+//! points to is free, and a request whose store write fails is refunded. With several replicas each counts its own writes, so the store as a whole
 //! takes at most replicas × the quota per day, and at most retention × that in all.
 
 use std::collections::HashMap;
@@ -90,6 +90,20 @@ impl Quotas {
         today.total = today.total.saturating_add(bytes);
         Ok(())
     }
+
+    /// Gives back `bytes` charged to `tenant` on `day` that were not stored after all (the
+    /// store write failed): a failed request costs no quota. A refund for another day than
+    /// the current one is dropped (its day's counts are gone).
+    pub fn refund(&self, tenant: &Tenant, bytes: u64, day: u64) {
+        let mut today = self.today.lock().unwrap_or_else(|e| e.into_inner());
+        if today.day != day || bytes == 0 {
+            return;
+        }
+        if let Some(used) = today.used.get_mut(tenant) {
+            *used = used.saturating_sub(bytes);
+        }
+        today.total = today.total.saturating_sub(bytes);
+    }
 }
 
 /// Days since the Unix epoch, UTC, of `now`.
@@ -119,6 +133,27 @@ mod tests {
         assert_eq!(q.charge(&b, 100, 1), Ok(()));
         // A new day starts from zero.
         assert_eq!(q.charge(&a, 100, 2), Ok(()));
+    }
+
+    #[test]
+    fn a_refund_gives_back_what_was_not_stored_on_the_same_day() {
+        let q = Quotas::new(100, 150);
+        let (a, b) = (tenant("a"), tenant("b"));
+        assert_eq!(q.charge(&a, 100, 3), Ok(()));
+        assert_eq!(q.charge(&a, 1, 3), Err(Exceeded::Tenant));
+        q.refund(&a, 60, 3);
+        assert_eq!(q.charge(&a, 60, 3), Ok(()));
+        assert_eq!(q.charge(&a, 1, 3), Err(Exceeded::Tenant));
+        // The total is refunded too.
+        assert_eq!(q.charge(&b, 50, 3), Ok(()));
+        assert_eq!(q.charge(&b, 1, 3), Err(Exceeded::Store));
+        q.refund(&b, 50, 3);
+        assert_eq!(q.charge(&b, 50, 3), Ok(()));
+        // Yesterday's refund, or more than was charged, takes nothing below zero.
+        q.refund(&a, 100, 2);
+        assert_eq!(q.charge(&a, 1, 3), Err(Exceeded::Tenant));
+        q.refund(&b, u64::MAX, 3);
+        assert_eq!(q.charge(&b, 100, 3), Ok(()));
     }
 
     #[test]
