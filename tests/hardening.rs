@@ -1122,19 +1122,24 @@ async fn after_a_restart_a_refusal_keeps_what_an_accepted_key_stored() {
     }
 }
 
-#[tokio::test]
-async fn a_daily_write_quota_forwards_the_request_unmanaged_and_says_so() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().to_path_buf();
-    // What one request stores: the two results it compacts. A tenant may store 1.5 times
-    // that per day, all tenants together 2.5 times.
-    let one: u64 = compactable()["messages"]
+/// What one request of `compactable()` stores: the two results it compacts.
+fn compacted_bytes() -> u64 {
+    compactable()["messages"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|m| m["role"] == "tool")
         .map(|m| m["content"].as_str().unwrap().len() as u64)
-        .sum();
+        .sum()
+}
+
+#[tokio::test]
+async fn a_daily_write_quota_forwards_the_request_unmanaged_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_path_buf();
+    // A tenant may store 1.5 times what one request stores per day, all tenants together 2.5
+    // times.
+    let one = compacted_bytes();
     let h = Harness::start_with(MockConfig::default(), |c| {
         c.store.backend = context_proxy::store::Backend::Fs;
         c.store.path = data;
@@ -1173,13 +1178,7 @@ async fn a_daily_write_quota_forwards_the_request_unmanaged_and_says_so() {
 async fn a_request_whose_store_write_fails_costs_no_quota() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let one: u64 = compactable()["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap().len() as u64)
-        .sum();
+    let one = compacted_bytes();
     let data_for_config = data.clone();
     let h = Harness::start_with(MockConfig::default(), |c| {
         c.store.backend = context_proxy::store::Backend::Fs;

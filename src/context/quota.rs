@@ -144,16 +144,18 @@ mod tests {
         q.refund(&a, 60, 3);
         assert_eq!(q.charge(&a, 60, 3), Ok(()));
         assert_eq!(q.charge(&a, 1, 3), Err(Exceeded::Tenant));
+        // Yesterday's refund gives nothing back today.
+        q.refund(&a, 100, 2);
+        assert_eq!(q.charge(&a, 1, 3), Err(Exceeded::Tenant));
         // The total is refunded too.
         assert_eq!(q.charge(&b, 50, 3), Ok(()));
         assert_eq!(q.charge(&b, 1, 3), Err(Exceeded::Store));
         q.refund(&b, 50, 3);
         assert_eq!(q.charge(&b, 50, 3), Ok(()));
-        // Yesterday's refund, or more than was charged, takes nothing below zero.
-        q.refund(&a, 100, 2);
-        assert_eq!(q.charge(&a, 1, 3), Err(Exceeded::Tenant));
+        // More than was charged takes nothing below zero.
         q.refund(&b, u64::MAX, 3);
-        assert_eq!(q.charge(&b, 100, 3), Ok(()));
+        assert_eq!(q.charge(&b, 1, 3), Ok(()));
+        assert_eq!(q.charge(&b, 100, 3), Err(Exceeded::Tenant));
     }
 
     #[test]
