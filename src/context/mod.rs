@@ -92,6 +92,19 @@ impl Managed {
             refs: Vec::new(),
         }
     }
+
+    /// Forwarded as it came, counted as `planned` counted it, for the reason `why`.
+    fn skipped(planned: &Report, why: Skipped, fail_open: bool) -> Managed {
+        Managed {
+            fail_open,
+            ..Managed::unchanged(Report {
+                tokens_before: planned.tokens_before,
+                tokens_after: planned.tokens_before,
+                skipped: Some(why),
+                ..Report::default()
+            })
+        }
+    }
 }
 
 /// Where a request goes, as far as its budget is concerned.
@@ -802,19 +815,7 @@ impl ContextManager {
                         tenant = %identity.tenant,
                         "daily store quota reached: forwarding the request unmanaged"
                     );
-                    let report = Report {
-                        tokens_before: report.tokens_before,
-                        tokens_after: report.tokens_before,
-                        skipped: Some(Skipped::QuotaExceeded(scope)),
-                        ..Report::default()
-                    };
-                    return Managed {
-                        body: None,
-                        report,
-                        fail_open: false,
-                        counted: true,
-                        refs: Vec::new(),
-                    };
+                    return Managed::skipped(&report, Skipped::QuotaExceeded(scope), false);
                 }
             };
             match self
@@ -829,19 +830,7 @@ impl ContextManager {
                     tracing::warn!(error = %e, "context store write failed: forwarding the request unchanged");
                     // The request stored nothing it can point to: its bytes are given back.
                     self.quotas.refund(&identity.tenant, charged, day);
-                    let report = Report {
-                        tokens_before: report.tokens_before,
-                        tokens_after: report.tokens_before,
-                        skipped: Some(Skipped::StoreUnavailable),
-                        ..Report::default()
-                    };
-                    return Managed {
-                        body: None,
-                        report,
-                        fail_open: true,
-                        counted: true,
-                        refs: Vec::new(),
-                    };
+                    return Managed::skipped(&report, Skipped::StoreUnavailable, true);
                 }
             }
         }
