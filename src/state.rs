@@ -95,6 +95,7 @@ impl AppState {
                 .map_err(StateError::SummarizerUpstream)?;
         let context = ContextManager::new(config.context.clone(), counter, store.clone())
             .with_content_refresh(config.store.content_refresh())
+            .with_shared_sessions(config.store.backend == crate::store::Backend::Redis)
             .with_quotas(
                 config.store.tenant_quota_bytes_per_day,
                 config.store.quota_bytes_per_day,

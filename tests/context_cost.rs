@@ -140,3 +140,32 @@ async fn a_cache_known_to_have_expired_makes_the_rewrite_free() {
     assert_eq!(second.status(), 200);
     assert_eq!(header(&second, "x-context-actions"), "compacted=1");
 }
+
+/// With replicas on one Redis, a session's previous request may have gone to another replica a
+/// moment ago: the time this replica last saw the session says nothing about the provider's
+/// cache, so the rewrite that an expired cache made free above must pay for itself again.
+#[tokio::test]
+async fn replicas_sharing_redis_never_judge_a_cache_expired() {
+    let redis = tokio::task::spawn_blocking(common::redis::TestRedis::start)
+        .await
+        .unwrap();
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.store.backend = context_proxy::store::Backend::Redis;
+        c.store.redis_url = redis.url.clone();
+        c.store.redis_key_prefix = redis.prefix.clone();
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+        c.upstreams[0].cache_pricing = Some("anthropic".into());
+        c.upstreams[0].cache_ttl_secs = Some(0);
+    })
+    .await;
+    let mut body = conversation("claude-sonnet-4");
+    let first = h.chat(&body).await;
+    assert_eq!(header(&first, "x-context-actions"), "none");
+    let messages = body["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": "Done."}));
+    messages.push(json!({"role": "user", "content": "And now?"}));
+    let second = h.chat(&body).await;
+    assert_eq!(second.status(), 200);
+    assert_eq!(header(&second, "x-context-actions"), "none");
+}

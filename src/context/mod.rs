@@ -269,6 +269,9 @@ pub struct ContextManager {
     /// When each session last sent a request to this process: whether the provider's cache
     /// may still hold its prefix (unknown: assumed warm).
     last_seen: DashMap<Identity, Instant>,
+    /// Whether other processes serve the same sessions (a shared store): then this process
+    /// sees only some of a session's requests, and never judges its cache expired.
+    shared: bool,
 }
 
 /// The engine's view of counting and addressing, with caches.
@@ -327,7 +330,17 @@ impl ContextManager {
             quotas: quota::Quotas::new(0, 0),
             accepted: DashMap::new(),
             last_seen: DashMap::new(),
+            shared: false,
         }
+    }
+
+    /// Serving sessions that other processes serve too (replicas on one Redis): a session's
+    /// previous request may have gone to another replica moments ago, so the time this process
+    /// last saw it says nothing about the provider's cache, which is then always assumed warm
+    /// (a rewrite must pay for itself).
+    pub fn with_shared_sessions(mut self, shared: bool) -> ContextManager {
+        self.shared = shared;
+        self
     }
 
     /// With daily write quotas: bytes per tenant and for all tenants (0: none).
@@ -539,8 +552,8 @@ impl ContextManager {
         if let Some(cache) = route.cache {
             settings.cache = cache;
         }
-        let cache_warm =
-            last_seen.is_none_or(|t| t.elapsed().as_secs() < settings.cache.cache_ttl_secs);
+        let cache_warm = self.shared
+            || last_seen.is_none_or(|t| t.elapsed().as_secs() < settings.cache.cache_ttl_secs);
         if let Some(budget) = route.budget_override.filter(|&b| b < settings.budget) {
             settings.target = (budget as f64 * self.config.target_ratio) as usize;
             settings.truncate_tokens = settings
