@@ -355,6 +355,13 @@ struct Slot {
     compacted: bool,
 }
 
+impl Slot {
+    /// Whether the message is sent in another form than it came.
+    fn changed(&self) -> bool {
+        self.compacted || self.truncated || self.lossless.is_some()
+    }
+}
+
 /// The request being rebuilt.
 #[derive(Clone)]
 struct Work<'a> {
@@ -938,8 +945,7 @@ fn assemble(
     let moved = (!span.is_empty()).then(|| span.clone());
     let mut out = Vec::with_capacity(n);
     // Unchanged messages are copied only when the request changes at all.
-    let changes = moved.is_some()
-        || (work.slots.iter()).any(|s| s.compacted || s.truncated || s.lossless.is_some());
+    let changes = moved.is_some() || work.slots.iter().any(Slot::changed);
     let mut tokens_after = input.fixed;
     for i in 0..n {
         if i == span.start {
@@ -955,9 +961,18 @@ fn assemble(
                     kept += tokens;
                 }
                 out.push(message);
-                // The moved run holds these messages whole: their own writes are not needed.
-                work.writes
-                    .retain(|w| !matches!(w.source, Source::MessageText(i) if span.contains(&i)));
+                // The moved run holds these messages whole: their own writes are not needed,
+                // unless a message left in place was changed with the same text (a content is
+                // written once, for the first message that had it).
+                let needed: std::collections::HashSet<ContentRef> = (0..n)
+                    .filter(|j| !span.contains(j) && work.slots[*j].changed())
+                    .filter_map(|j| content_text(&input.messages[j]))
+                    .map(|text| work.env.reference(&text))
+                    .collect();
+                work.writes.retain(|w| {
+                    !matches!(w.source, Source::MessageText(i) if span.contains(&i))
+                        || needed.contains(&w.reference)
+                });
                 work.write(
                     reference,
                     ContentKind::Messages,
