@@ -158,13 +158,12 @@ impl Preset {
     pub fn for_host(host: &str) -> Preset {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         let is = |domain: &str| host == domain || host.ends_with(&format!(".{domain}"));
-        let fixed = |name| Preset::parse(name).unwrap_or(Preset::OpenAi);
         if is("anthropic.com") {
-            fixed("anthropic")
+            Preset::Fixed("anthropic", ANTHROPIC)
         } else if is("deepseek.com") {
-            fixed("deepseek")
+            Preset::Fixed("deepseek", DEEPSEEK)
         } else if is("generativelanguage.googleapis.com") {
-            fixed("google")
+            Preset::Fixed("google", GOOGLE)
         } else {
             Preset::OpenAi
         }

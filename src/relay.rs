@@ -54,15 +54,25 @@ pub fn relay_observed(
 ) -> http::Response<ProxyBody> {
     let status = incoming.status;
     let headers = std::mem::take(&mut incoming.headers);
-    let is_event_stream = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_event_stream = is_event_stream(&headers);
     let body = relay_body(incoming.into_stream(), is_event_stream, observer);
     let mut response = http::Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
+}
+
+/// Whether `headers` say the body is an event stream (`text/event-stream`).
+pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// Whether a chunk of an event stream ends where an event ends (a blank line).
+pub fn ends_event(chunk: &[u8]) -> bool {
+    chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n")
 }
 
 /// A response built by the proxy (`status`, end-to-end `headers`, the body as `chunks`),
@@ -73,10 +83,7 @@ pub fn respond_observed(
     chunks: impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
     observer: impl Observer,
 ) -> http::Response<ProxyBody> {
-    let is_event_stream = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_event_stream = is_event_stream(&headers);
     let mut response = http::Response::new(relay_body(chunks, is_event_stream, observer));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -138,7 +145,7 @@ fn relay_body(
     let frames = observed.map(move |item| match item {
         Ok(bytes) => {
             if !bytes.is_empty() {
-                at_event_boundary = bytes.ends_with(b"\n\n") || bytes.ends_with(b"\r\n\r\n");
+                at_event_boundary = ends_event(&bytes);
             }
             Ok(Frame::data(bytes))
         }

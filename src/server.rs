@@ -155,11 +155,7 @@ impl Server {
                 let grace_over = grace_over.clone();
                 async move {
                     let response = router::handle(state, req).await;
-                    let is_event_stream = response
-                        .headers()
-                        .get(http::header::CONTENT_TYPE)
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(|v| v.starts_with("text/event-stream"));
+                    let is_event_stream = crate::relay::is_event_stream(response.headers());
                     Ok::<_, Infallible>(response.map(|body| Tracked {
                         body,
                         _in_flight: in_flight,
@@ -438,13 +434,12 @@ const CUT_FLUSH: Duration = Duration::from_millis(200);
 
 /// The last event of a stream cut at shutdown, in the OpenAI error shape.
 fn shutdown_event() -> Bytes {
-    let value = serde_json::json!({"error": {
+    crate::response::sse::data_event(&serde_json::json!({"error": {
         "message": "the proxy is shutting down and its grace period is over; send the request again",
         "type": "server_error",
         "param": null,
         "code": "server_shutting_down"
-    }});
-    Bytes::from(format!("data: {value}\n\n"))
+    }}))
 }
 
 impl http_body::Body for Tracked {
@@ -474,7 +469,7 @@ impl http_body::Body for Tracked {
         let polled = Pin::new(&mut this.body).poll_frame(cx);
         if let (Some(cut), Poll::Ready(Some(Ok(frame)))) = (&mut this.cut, &polled) {
             if let Some(data) = frame.data_ref().filter(|d| !d.is_empty()) {
-                cut.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+                cut.at_boundary = crate::relay::ends_event(data);
             }
         }
         polled
@@ -528,7 +523,13 @@ async fn watchdog(
         sleep.as_mut().reset(wake);
         tokio::select! {
             () = &mut sleep => {}
-            () = &mut evicted => return "closed to make room: server.max_connections reached",
+            () = &mut evicted => {
+                // Chosen while idle; a request may have begun since: then it stays open.
+                if activity.idle_since().is_some() {
+                    return "closed to make room: server.max_connections reached";
+                }
+                evicted.set(activity.evicted.notified());
+            }
         }
     }
 }

@@ -116,15 +116,18 @@ async fn the_same_conversation_is_decided_by_each_upstreams_cache_prices() {
     assert_eq!(content(1), numbered_lines("a.rs", 300));
 }
 
-#[tokio::test]
-async fn a_cache_known_to_have_expired_makes_the_rewrite_free() {
+/// The actions on the second request of a session whose first request was left as it came,
+/// on an upstream priced like Anthropic's whose cached prefix lives 0 s (`configure` sets the
+/// rest of the proxy).
+async fn after_the_cache_lifetime(
+    configure: impl FnOnce(&mut context_proxy::config::Config),
+) -> String {
     let h = Harness::start_with(MockConfig::default(), |c| {
         c.context.keep_recent_messages = 2;
         c.context.compact_batch_tokens = 1000;
-        // Anthropic's prices, but a cached prefix that lives 0 s: every later request of a
-        // session finds the cache cold.
         c.upstreams[0].cache_pricing = Some("anthropic".into());
         c.upstreams[0].cache_ttl_secs = Some(0);
+        configure(c);
     })
     .await;
     // The session's first request: its cache's age is unknown, so it counts as warm and the
@@ -132,13 +135,18 @@ async fn a_cache_known_to_have_expired_makes_the_rewrite_free() {
     let mut body = conversation("claude-sonnet-4");
     let first = h.chat(&body).await;
     assert_eq!(header(&first, "x-context-actions"), "none");
-    // The next request of the same session comes after the cache's lifetime: free.
     let messages = body["messages"].as_array_mut().unwrap();
     messages.push(json!({"role": "assistant", "content": "Done."}));
     messages.push(json!({"role": "user", "content": "And now?"}));
     let second = h.chat(&body).await;
     assert_eq!(second.status(), 200);
-    assert_eq!(header(&second, "x-context-actions"), "compacted=1");
+    header(&second, "x-context-actions")
+}
+
+#[tokio::test]
+async fn a_cache_known_to_have_expired_makes_the_rewrite_free() {
+    // The next request of the same session comes after the cache's lifetime: free.
+    assert_eq!(after_the_cache_lifetime(|_| {}).await, "compacted=1");
 }
 
 /// With replicas on one Redis, a session's previous request may have gone to another replica a
@@ -149,23 +157,11 @@ async fn replicas_sharing_redis_never_judge_a_cache_expired() {
     let redis = tokio::task::spawn_blocking(common::redis::TestRedis::start)
         .await
         .unwrap();
-    let h = Harness::start_with(MockConfig::default(), |c| {
+    let actions = after_the_cache_lifetime(|c| {
         c.store.backend = context_proxy::store::Backend::Redis;
         c.store.redis_url = redis.url.clone();
         c.store.redis_key_prefix = redis.prefix.clone();
-        c.context.keep_recent_messages = 2;
-        c.context.compact_batch_tokens = 1000;
-        c.upstreams[0].cache_pricing = Some("anthropic".into());
-        c.upstreams[0].cache_ttl_secs = Some(0);
     })
     .await;
-    let mut body = conversation("claude-sonnet-4");
-    let first = h.chat(&body).await;
-    assert_eq!(header(&first, "x-context-actions"), "none");
-    let messages = body["messages"].as_array_mut().unwrap();
-    messages.push(json!({"role": "assistant", "content": "Done."}));
-    messages.push(json!({"role": "user", "content": "And now?"}));
-    let second = h.chat(&body).await;
-    assert_eq!(second.status(), 200);
-    assert_eq!(header(&second, "x-context-actions"), "none");
+    assert_eq!(actions, "none");
 }

@@ -16,41 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::{rss_mib, small_request, spawn_self, ChildGuard};
-
-/// The proxy (and mock) under test, started as children of this process.
-struct Target {
-    _mock: ChildGuard,
-    proxy: ChildGuard,
-    proxy_addr: SocketAddr,
-}
-
-async fn start(
-    proxy_exe: Option<&std::path::Path>,
-    mock_args: &[&str],
-    proxy_config: &str,
-) -> std::io::Result<Target> {
-    let mut args = vec!["mock-upstream", "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(mock_args);
-    let (mock, mock_addr) = spawn_self(&args)?;
-    let upstream = format!("http://{mock_addr}/v1");
-    let (proxy, proxy_addr) = super::spawn_proxy(
-        proxy_exe,
-        &[
-            "--config",
-            proxy_config,
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &upstream,
-        ],
-    )?;
-    Ok(Target {
-        _mock: mock,
-        proxy,
-        proxy_addr,
-    })
-}
+use super::{rss_mib, small_request, start};
 
 /// Raises this process's soft limit on open files to its hard limit; returns the new limit.
 fn raise_fd_limit() -> std::io::Result<u64> {
@@ -257,11 +223,10 @@ pub async fn streams(
             .send()
             .await
             .map_err(std::io::Error::other)?;
-        let headers_at = sent.elapsed();
         let ok = resp.status().is_success();
         let text = resp.bytes().await.map_err(std::io::Error::other)?;
         let complete = ok && text.ends_with(b"data: [DONE]\n\n");
-        Ok::<_, std::io::Error>((sent, headers_at, sent.elapsed(), complete))
+        Ok::<_, std::io::Error>((sent, sent.elapsed(), complete))
     };
     one(client.clone(), url.clone(), body.clone()).await?;
     let (_, warm_hwm) = rss_mib(pid);
@@ -275,7 +240,7 @@ pub async fn streams(
     let mut failed = 0;
     while let Some(joined) = tasks.join_next().await {
         match joined.map_err(std::io::Error::other)? {
-            Ok((sent, _headers, total, ok)) => {
+            Ok((sent, total, ok)) => {
                 complete += usize::from(ok);
                 let from = sent.duration_since(started);
                 spans.push((from, from + total));

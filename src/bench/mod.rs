@@ -122,6 +122,44 @@ fn spawn(exe: &std::path::Path, args: &[&str]) -> std::io::Result<(ChildGuard, S
     Ok((guard, addr))
 }
 
+/// The proxy and the mock under test, started as children of this process.
+struct Target {
+    mock: ChildGuard,
+    mock_addr: SocketAddr,
+    proxy: ChildGuard,
+    proxy_addr: SocketAddr,
+}
+
+/// Starts the mock upstream (with `mock_args`) and the proxy in front of it (`proxy_exe`, or
+/// this executable, with the config file `proxy_config`).
+async fn start(
+    proxy_exe: Option<&std::path::Path>,
+    mock_args: &[&str],
+    proxy_config: &str,
+) -> std::io::Result<Target> {
+    let mut args = vec!["mock-upstream", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(mock_args);
+    let (mock, mock_addr) = spawn_self(&args)?;
+    let upstream = format!("http://{mock_addr}/v1");
+    let (proxy, proxy_addr) = spawn_proxy(
+        proxy_exe,
+        &[
+            "--config",
+            proxy_config,
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+        ],
+    )?;
+    Ok(Target {
+        mock,
+        mock_addr,
+        proxy,
+        proxy_addr,
+    })
+}
+
 /// Starts the proxy: `exe` with `args`, or this executable when `exe` is `None`.
 pub(crate) fn spawn_proxy(
     exe: Option<&std::path::Path>,
@@ -280,19 +318,12 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
     if let Some(n) = args.streams {
         return hostile::streams(n, args.stream_interval_ms, proxy_exe, &proxy_config).await;
     }
-    let (mock, mock_addr) = spawn_self(&["mock-upstream", "--listen", "127.0.0.1:0"])?;
-    let upstream = format!("http://{mock_addr}/v1");
-    let (proxy, proxy_addr) = spawn_proxy(
-        proxy_exe,
-        &[
-            "--config",
-            &proxy_config,
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &upstream,
-        ],
-    )?;
+    let Target {
+        mock,
+        mock_addr,
+        proxy,
+        proxy_addr,
+    } = start(proxy_exe, &[], &proxy_config).await?;
     let pid = proxy.0.id();
     // Before any request: the process, its runtime and its clients, no tokenizer tables yet.
     let (start_rss, _) = rss_mib(pid);

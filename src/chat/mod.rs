@@ -356,11 +356,7 @@ async fn tool_loop(
         stats: ctx.stats.clone(),
         request_id: ctx.request_id().to_string(),
     };
-    let is_stream = answer
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_stream = crate::relay::is_event_stream(&answer.headers);
     if is_stream {
         let status = answer.status;
         let mut headers = answer.headers.clone();

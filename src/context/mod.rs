@@ -600,12 +600,9 @@ impl ContextManager {
         let Some(messages) = body.get("messages").and_then(Value::as_array) else {
             return Plan::unchanged(report);
         };
-        // Counted from this very body (after any restore), so the hashes are its messages'.
-        let prefixes = if count.message_hashes.len() == messages.len() {
-            Prefixes::from_hashes(count.message_hashes.iter().copied())
-        } else {
-            Prefixes::of(messages)
-        };
+        // Counted from this very body (after any restore): the hashes are its messages'.
+        debug_assert_eq!(count.message_hashes.len(), messages.len());
+        let prefixes = Prefixes::from_hashes(count.message_hashes.iter().copied());
         let mut store_failed = false;
         let prior = match self.decisions.lookup(identity, &prefixes).await {
             Ok(d) => d,

@@ -88,8 +88,10 @@ pub struct ContextConfig {
     /// recent window would save this many tokens (or the request is over budget), so that
     /// the compacted prefix stays byte-stable for many turns. Default 16 000.
     pub compact_batch_tokens: usize,
-    /// Accepted for older configs and ignored: an over-budget request is now always brought
-    /// down to the target in one move (compaction first, then the oldest units).
+    /// Accepted for older configs and ignored (not in `config.toml`, not printed by
+    /// `check-config`): an over-budget request is now always brought down to the target in one
+    /// move (compaction first, then the oldest units).
+    #[serde(skip_serializing)]
     pub auto_compact_ratio: f64,
     /// Most further requests a conversation is expected to make (fewer when it has made fewer
     /// so far: `engine::horizon`): a rewrite of its cached prefix that is not forced by the

@@ -60,13 +60,6 @@ fn tool_call_id(message: &Value) -> &str {
     str_field(message, "tool_call_id").unwrap_or("")
 }
 
-/// Whether `message` has a tool call with an id (as `!call_ids(message).is_empty()`).
-fn has_tool_calls(message: &Value) -> bool {
-    field(message, "tool_calls")
-        .and_then(Value::as_array)
-        .is_some_and(|calls| calls.iter().any(|c| str_field(c, "id").is_some()))
-}
-
 /// Cuts `messages` into units (contiguous ranges covering every message in order).
 pub fn segment(messages: &[Value]) -> Result<Vec<Range<usize>>, Malformed> {
     let mut units = Vec::with_capacity(messages.len());
@@ -76,10 +69,11 @@ pub fn segment(messages: &[Value]) -> Result<Vec<Range<usize>>, Malformed> {
         if !m.is_object() || str_field(m, "role").is_none() {
             return Err(Malformed::NotMessages(i));
         }
+        // Empty (no allocation) for a message without calls.
+        let ids = call_ids(m);
         match role(m) {
             "tool" => return Err(Malformed::OrphanToolResult(i)),
-            "assistant" if has_tool_calls(m) => {
-                let ids = call_ids(m);
+            "assistant" if !ids.is_empty() => {
                 let start = i;
                 i += 1;
                 // Results in the order of their calls, the usual case, need no map.

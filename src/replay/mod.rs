@@ -131,7 +131,7 @@ pub enum ReplayError {
     },
     #[error("--compare needs --upstream URL (or --spawn)")]
     NoUpstream,
-    #[error("unknown provider {0:?} (openai-gpt4o, openai-gpt4.1, openai-gpt5, anthropic, deepseek, google, none, or custom with --cached-rate)")]
+    #[error("unknown provider {0:?} ({names}, or custom with --cached-rate)", names = crate::pricing::PRESET_NAMES)]
     Provider(String),
 }
 
@@ -173,11 +173,13 @@ pub async fn mock_received(
     run_id: &str,
 ) -> Result<HashMap<String, Vec<Value>>, ReplayError> {
     let url = format!("{}/_mock/received", mock.trim_end_matches('/'));
-    let list: Value = client
+    let response = client
         .get(&url)
         .send()
         .await
-        .map_err(|e| ReplayError::Mock(e.to_string()))?
+        .map_err(|e| ReplayError::Mock(e.to_string()))?;
+    whole_log(response.headers())?;
+    let list: Value = response
         .json()
         .await
         .map_err(|e| ReplayError::Mock(e.to_string()))?;
@@ -202,6 +204,22 @@ pub async fn mock_received(
     Ok(by_session)
 }
 
+/// Refuses a mock log that dropped older requests: figures from part of the traffic would look
+/// better or worse than the traffic is.
+fn whole_log(headers: &http::HeaderMap) -> Result<(), ReplayError> {
+    let dropped = headers
+        .get(crate::mock::DROPPED_HEADER)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .unwrap_or(0);
+    if dropped > 0 {
+        return Err(ReplayError::Mock(format!(
+            "the mock's log dropped the {dropped} oldest requests of this run (it keeps at most \
+             10 000 requests and 256 MiB of bodies): replay fewer sessions (--sessions N)"
+        )));
+    }
+    Ok(())
+}
+
 async fn reset_mock(client: &reqwest::Client, mock: &str) -> Result<(), ReplayError> {
     client
         .post(format!("{}/_mock/reset", mock.trim_end_matches('/')))
@@ -224,12 +242,22 @@ fn pricing(args: &ReplayArgs) -> Result<(Vec<Pricing>, Pricing), ReplayError> {
             },
         });
     }
-    let headline = providers
-        .iter()
-        .find(|p| p.name == args.provider)
-        .copied()
-        .ok_or_else(|| ReplayError::Provider(args.provider.clone()))?;
+    let headline = headline(&providers, &args.provider)?;
     Ok((providers, headline))
+}
+
+/// The row named `name` (`--provider`); `openai`, as in `cache_pricing`, is gpt-4o's row, the
+/// sample traffic's model.
+fn headline(providers: &[Pricing], name: &str) -> Result<Pricing, ReplayError> {
+    let wanted = match name {
+        "openai" => "openai-gpt4o",
+        name => name,
+    };
+    providers
+        .iter()
+        .find(|p| p.name == wanted)
+        .copied()
+        .ok_or_else(|| ReplayError::Provider(name.to_string()))
 }
 
 /// Runs the replay, prints the table and writes the JSON and the chart when asked.
@@ -394,4 +422,46 @@ fn spawn(args: &ReplayArgs) -> Result<Spawned, ReplayError> {
         mock_url,
         proxy_url: format!("http://{proxy_addr}/v1"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn providers_are_named_as_in_cache_pricing() {
+        let providers = cost::providers();
+        assert_eq!(headline(&providers, "openai").unwrap().name, "openai-gpt4o");
+        assert_eq!(headline(&providers, "anthropic").unwrap().name, "anthropic");
+        let err = headline(&providers, "opneai").unwrap_err().to_string();
+        assert!(
+            err.contains("openai-gpt5") && err.contains("--cached-rate"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_log_that_dropped_requests_is_refused() {
+        let mock = crate::mock::MockUpstream::start(crate::mock::MockConfig::default())
+            .await
+            .unwrap();
+        let client = reqwest::Client::new();
+        let url = mock.base_url();
+        let root = url.trim_end_matches("/v1");
+        let response = client
+            .get(format!("{root}/_mock/received"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.headers()[crate::mock::DROPPED_HEADER], "0");
+        assert!(whole_log(response.headers()).is_ok());
+        assert!(mock_received(&client, root, "run")
+            .await
+            .unwrap()
+            .is_empty());
+        let mut dropped = http::HeaderMap::new();
+        dropped.insert(crate::mock::DROPPED_HEADER, http::HeaderValue::from(3));
+        let err = whole_log(&dropped).unwrap_err().to_string();
+        assert!(err.contains("dropped the 3 oldest requests"), "{err}");
+    }
 }

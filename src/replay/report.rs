@@ -123,35 +123,40 @@ impl Side {
             point.tokens /= point.sessions as f64;
             point.cost /= point.sessions as f64;
         }
+        let per_session: Vec<SessionSide> = calls
+            .iter()
+            .map(|session| {
+                let tokens: usize = session.iter().map(|c| c.tokens).sum();
+                let shared: usize = session.iter().map(|c| c.shared_prefix_tokens).sum();
+                SessionSide {
+                    upstream_calls: session.len(),
+                    input_tokens: tokens,
+                    cached_share: ratio(shared, tokens),
+                    cost: providers
+                        .iter()
+                        .map(|p| (p.name.to_string(), effective_cost(session, &p.terms)))
+                        .collect(),
+                }
+            })
+            .collect();
+        // The totals are the sessions' sums (a session's cost depends only on its own calls).
+        let mut cost: BTreeMap<String, f64> = providers
+            .iter()
+            .map(|p| (p.name.to_string(), 0.0))
+            .collect();
+        for session in &per_session {
+            for (name, c) in &session.cost {
+                *cost.entry(name.clone()).or_default() += c;
+            }
+        }
         Side {
             upstream_calls: flat.len(),
             input_tokens,
             prefix_stability: ratio(stable, pairs),
             cached_share: ratio(shared, input_tokens),
-            cost: providers
-                .iter()
-                .map(|p| {
-                    let cost = calls.iter().map(|s| effective_cost(s, &p.terms)).sum();
-                    (p.name.to_string(), cost)
-                })
-                .collect(),
+            cost,
             per_turn,
-            per_session: calls
-                .iter()
-                .map(|session| {
-                    let tokens: usize = session.iter().map(|c| c.tokens).sum();
-                    let shared: usize = session.iter().map(|c| c.shared_prefix_tokens).sum();
-                    SessionSide {
-                        upstream_calls: session.len(),
-                        input_tokens: tokens,
-                        cached_share: ratio(shared, tokens),
-                        cost: providers
-                            .iter()
-                            .map(|p| (p.name.to_string(), effective_cost(session, &p.terms)))
-                            .collect(),
-                    }
-                })
-                .collect(),
+            per_session,
         }
     }
 }

@@ -38,6 +38,10 @@ pub use cli::{run, MockArgs};
 pub use script::{Completion, Gate, InvalidReply, Reply, ReplySpec, ToolCall};
 pub use state::Received;
 
+/// Response header of `GET /_mock/received`: how many older requests the log's bounds (10 000
+/// requests, 256 MiB of bodies) dropped since the last reset; 0 when the log is whole.
+pub const DROPPED_HEADER: &str = "x-mock-received-dropped";
+
 /// How a mock behaves besides its scripted replies. The default answers at once, without limit.
 #[derive(Debug, Clone, Default)]
 pub struct MockConfig {

@@ -24,6 +24,7 @@ use super::server::Ctx;
 use super::state::Received;
 use super::wire;
 use crate::body::MockBody;
+use crate::DROPPED_HEADER;
 
 /// Answers one request.
 pub(crate) async fn handle(ctx: Ctx, request: Request<Incoming>) -> Response<MockBody> {
@@ -96,8 +97,14 @@ fn control(ctx: &Ctx, method: &Method, route: &str, body: &Bytes) -> Response<Mo
             }
         },
         (&Method::GET, "received") => {
-            let received: Vec<Value> = ctx.state.received().iter().map(Received::to_json).collect();
-            json_response(StatusCode::OK, &Value::Array(received))
+            let (received, dropped) = ctx.state.received_and_dropped();
+            let received: Vec<Value> = received.iter().map(Received::to_json).collect();
+            let mut response = json_response(StatusCode::OK, &Value::Array(received));
+            // Whoever reads the log as a whole (replay) must know when it is not whole.
+            response
+                .headers_mut()
+                .insert(DROPPED_HEADER, HeaderValue::from(dropped));
+            response
         }
         (&Method::POST, "reset") => {
             ctx.state.reset();

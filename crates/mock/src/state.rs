@@ -99,6 +99,8 @@ struct Log {
     bytes: usize,
     max: usize,
     max_bytes: usize,
+    /// Requests dropped to stay within the bounds since the log was last cleared.
+    dropped: usize,
 }
 
 impl Log {
@@ -108,6 +110,7 @@ impl Log {
             bytes: 0,
             max,
             max_bytes,
+            dropped: 0,
         }
     }
 
@@ -121,12 +124,14 @@ impl Log {
                 break;
             };
             self.bytes -= oldest.body.len();
+            self.dropped += 1;
         }
     }
 
     fn clear(&mut self) {
         self.requests.clear();
         self.bytes = 0;
+        self.dropped = 0;
     }
 }
 
@@ -178,7 +183,14 @@ impl State {
 
     /// The most recent requests (all of them until the log's bounds are reached).
     pub(crate) fn received(&self) -> Vec<Received> {
-        lock(&self.received).requests.iter().cloned().collect()
+        self.received_and_dropped().0
+    }
+
+    /// The most recent requests, and how many older ones the log's bounds dropped since the
+    /// last reset (read together).
+    pub(crate) fn received_and_dropped(&self) -> (Vec<Received>, usize) {
+        let log = lock(&self.received);
+        (log.requests.iter().cloned().collect(), log.dropped)
     }
 
     pub(crate) async fn wait_received(&self, n: usize, timeout: Duration) -> bool {
@@ -308,5 +320,8 @@ mod tests {
         }
         assert_eq!(state.received().len(), 2);
         assert_eq!(*state.received_count.0.borrow(), 5);
+        assert_eq!(state.received_and_dropped().1, 3);
+        state.reset();
+        assert_eq!(state.received_and_dropped().1, 0);
     }
 }
