@@ -30,6 +30,7 @@ fn one_request(m: &Metrics, upstream: &UpstreamName, usage: &Usage, model: &str)
         compacted: 2,
         offloaded: 0,
         reloaded: 0,
+        upstream_calls: 1,
         usage: Some(usage),
         store_error: None,
         proxy: Some(Duration::from_micros(120)),

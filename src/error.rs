@@ -41,6 +41,10 @@ pub enum ProxyError {
     },
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
+    /// The model kept calling the proxy's own tools after `[context.reload] max_rounds` rounds,
+    /// when they were no longer offered, and its answer holds nothing else.
+    #[error("the model kept calling the proxy's context tools after {rounds} rounds of them ([context.reload] max_rounds) and its last answer holds no text and no call of the client's tools; the proxy does not ask the upstream again. Retry, or raise max_rounds")]
+    ToolLoopExhausted { rounds: usize },
     #[error("the context store is unavailable ({0}) and store.on_error = \"closed\": the request was not forwarded; retry later")]
     StoreUnavailable(String),
     /// The caller's key is missing, unknown, not allowed this model, or over its budget.
@@ -112,6 +116,11 @@ impl ProxyError {
                 "upstream_error",
                 Some("upstream_unreachable"),
             ),
+            ToolLoopExhausted { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                Some("tool_loop_exhausted"),
+            ),
             StoreUnavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
@@ -135,18 +144,23 @@ impl ProxyError {
         }
     }
 
-    /// The JSON body in the OpenAI error shape.
-    pub fn body(&self) -> Bytes {
+    /// The error in the OpenAI shape, `{"error":{"message","type","param","code"}}` (also the
+    /// data of a final SSE event when a stream had already begun).
+    pub fn to_json(&self) -> serde_json::Value {
         let (_, kind, code) = self.classify();
-        let value = json!({
+        json!({
             "error": {
                 "message": self.to_string(),
                 "type": kind,
                 "param": self.param(),
                 "code": code,
             }
-        });
-        Bytes::from(value.to_string())
+        })
+    }
+
+    /// The JSON body in the OpenAI error shape.
+    pub fn body(&self) -> Bytes {
+        Bytes::from(self.to_json().to_string())
     }
 
     /// The whole HTTP response.

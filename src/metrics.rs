@@ -112,6 +112,7 @@ pub struct Metrics {
     in_flight_requests: Gauge,
     open_responses: Gauge,
     proxy_seconds: Histogram,
+    upstream_calls: Histogram,
     upstream_seconds: HistogramFamily<UpstreamLabels>,
     first_byte_seconds: HistogramFamily<UpstreamLabels>,
     response_seconds: HistogramFamily<UpstreamLabels>,
@@ -173,6 +174,12 @@ impl Default for Metrics {
             "context_proxy_chat_proxy_seconds",
             "The proxy's own time before forwarding a chat request (parse, identify, plan, apply).",
             latency_histogram(),
+        );
+        let upstream_calls = registered(
+            &mut registry,
+            "context_proxy_chat_upstream_calls",
+            "Upstream calls made for one chat request: 1, plus each round of the proxy's own tools and an overflow retry (at most [context.reload] max_rounds + 3).",
+            Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 24.0, 36.0]),
         );
         let upstream_seconds: HistogramFamily<UpstreamLabels> = registered(
             &mut registry,
@@ -287,6 +294,7 @@ impl Default for Metrics {
             in_flight_requests,
             open_responses,
             proxy_seconds,
+            upstream_calls,
             upstream_seconds,
             first_byte_seconds,
             response_seconds,
@@ -355,6 +363,8 @@ pub struct ChatSample<'a> {
     pub offloaded: usize,
     /// Calls of the proxy's own tools answered.
     pub reloaded: u32,
+    /// Upstream calls made for the request (the first, the tool loop's, an overflow retry).
+    pub upstream_calls: u32,
     pub usage: Option<&'a Usage>,
     /// The store failed and the request went out unmanaged; the backend's name.
     pub store_error: Option<&'static str>,
@@ -423,6 +433,9 @@ impl Metrics {
         };
         if let Some(d) = s.proxy {
             self.proxy_seconds.observe(d.as_secs_f64());
+        }
+        if s.upstream_calls > 0 {
+            self.upstream_calls.observe(f64::from(s.upstream_calls));
         }
         for (family, d) in [
             (&self.upstream_seconds, s.upstream_wait),
@@ -641,6 +654,7 @@ mod tests {
                 compacted: 1,
                 offloaded: 0,
                 reloaded: 0,
+                upstream_calls: 1,
                 usage: None,
                 store_error: None,
                 proxy: Some(Duration::from_micros(300)),

@@ -584,3 +584,109 @@ async fn a_client_that_leaves_during_a_round_stops_the_loop() {
     );
     gate.open();
 }
+
+/// A model that keeps calling the proxy's tools after they were withdrawn: the bound of the
+/// loop holds whatever it does. Ten such answers are queued; with `max_rounds = 2` the proxy
+/// makes exactly three upstream calls (the first, then one per round) and never runs a call
+/// made after the tools were taken away.
+async fn relentless(stream: bool, text: Option<&str>) -> (Harness, reqwest::Response) {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        managed(c);
+        c.context.reload.max_rounds = 2;
+    })
+    .await;
+    for n in 1..=10 {
+        let call = vec![read(&ref_a(), n, 1)];
+        h.mock.push(match text {
+            Some(text) => Reply::text_and_tool_calls(text, call),
+            None => Reply::tool_calls(call),
+        });
+    }
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation(), "stream": stream}))
+        .await;
+    (h, resp)
+}
+
+/// The `context_proxy_chat_upstream_calls` histogram's sum and count.
+async fn upstream_calls_metric(h: &Harness) -> (f64, u64) {
+    let text = h
+        .client
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+            .to_string()
+    };
+    (
+        value("context_proxy_chat_upstream_calls_sum")
+            .parse()
+            .unwrap(),
+        value("context_proxy_chat_upstream_calls_count")
+            .parse()
+            .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_model_calling_withdrawn_tools_gets_an_error_not_another_round_json() {
+    let (h, resp) = relentless(false, None).await;
+    assert_eq!(resp.status(), 502);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let error = common::assert_openai_error(&bytes);
+    assert_eq!(error["code"], "tool_loop_exhausted");
+    assert!(error["message"].as_str().unwrap().contains("max_rounds"));
+    assert_eq!(h.mock.received().len(), 3);
+    assert_eq!(h.mock.pending_replies(), 7);
+    assert_eq!(upstream_calls_metric(&h).await, (3.0, 1));
+}
+
+#[tokio::test]
+async fn a_model_calling_withdrawn_tools_gets_an_error_not_another_round_stream() {
+    let (h, resp) = relentless(true, None).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let data = sse_data(&text);
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "tool_loop_exhausted", "{text}");
+    assert_eq!(h.mock.received().len(), 3);
+    assert_eq!(h.mock.pending_replies(), 7);
+}
+
+#[tokio::test]
+async fn after_the_tools_are_withdrawn_the_client_gets_the_answers_text() {
+    for stream in [false, true] {
+        let (h, resp) = relentless(stream, Some("From what I read: value_7.")).await;
+        assert_eq!(resp.status(), 200);
+        let bytes = resp.bytes().await.unwrap();
+        assert_invisible(&bytes);
+        assert!(answer_text(&bytes, stream).ends_with("From what I read: value_7."));
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        if stream {
+            let data = sse_data(&text);
+            assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+            let finishes: Vec<Value> = data[..data.len() - 1]
+                .iter()
+                .map(|d| serde_json::from_str::<Value>(d).unwrap())
+                .filter_map(|c| c["choices"][0].get("finish_reason").cloned())
+                .filter(|f| !f.is_null())
+                .collect();
+            assert_eq!(finishes, [json!("stop")]);
+        } else {
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["choices"][0]["finish_reason"], "stop");
+            assert!(v["choices"][0]["message"].get("tool_calls").is_none());
+        }
+        assert_eq!(h.mock.received().len(), 3);
+    }
+}

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use http::{header, HeaderMap, StatusCode};
 use serde_json::Value;
 
-use super::tool_loop::{assistant_message, Round};
+use super::tool_loop::{assistant_message, without_withdrawn_calls, Round};
 use crate::error::ProxyError;
 use crate::response::{Completion, Usage};
 use crate::upstream::{Incoming, UpstreamError};
@@ -65,6 +65,9 @@ pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError>
         if !proxy {
             return Ok(finish(status, headers, body, bytes, &usage, &round));
         }
+        if round.tools_withdrawn() {
+            return Ok(withdrawn(status, headers, body, client, &usage, &round));
+        }
         let results = round.run_calls(&choice.tool_calls).await;
         if client {
             // Mixed: the client gets its own calls; the proxy's wait in the session.
@@ -84,6 +87,50 @@ pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError>
         answer = round.upstream.send(&request).await?;
         round.stats.upstream_calls.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// The model called the proxy's tools after they were withdrawn: the calls are not run and the
+/// upstream is not asked again. The client gets the answer without them (its text, its own
+/// calls), or a 502 saying why when nothing is left.
+fn withdrawn(
+    status: StatusCode,
+    headers: HeaderMap,
+    mut body: Value,
+    client: bool,
+    usage: &Option<Usage>,
+    round: &Round,
+) -> Final {
+    let rounds = round.stats.rounds.load(Ordering::Relaxed) as usize;
+    tracing::warn!(
+        rounds,
+        "the model called the proxy's tools after they were withdrawn: not run"
+    );
+    let message = body
+        .pointer("/choices/0/message")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let Some(visible) = without_withdrawn_calls(round, &message) else {
+        let error = ProxyError::ToolLoopExhausted { rounds };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        return Final {
+            status: error.classify().0,
+            headers,
+            body: error.body(),
+        };
+    };
+    if let Some(slot) = body.pointer_mut("/choices/0/message") {
+        *slot = visible;
+    }
+    if !client {
+        if let Some(reason) = body.pointer_mut("/choices/0/finish_reason") {
+            *reason = Value::from("stop");
+        }
+    }
+    finish(status, headers, body, Bytes::new(), usage, round)
 }
 
 /// The client's answer: the upstream's bytes when nothing needs changing, else the body with

@@ -162,6 +162,8 @@ async fn relay_round(
     usage_chunk: &mut Option<Value>,
 ) -> RoundEnd {
     let later_round = round.stats.rounds.load(Ordering::Relaxed) > 0;
+    // After the last round the proxy's tools are gone: a call of them is hidden, never run.
+    let withdrawn = round.tools_withdrawn();
     let mut reader = SseReader::default();
     let mut acc = ChatAccumulator::new();
     let mut filter = ToolCallFilter::new();
@@ -220,6 +222,7 @@ async fn relay_round(
                 return RoundEnd::Stop;
             }
             let mut usage_stripped = false;
+            let mut finish_rewritten = false;
             let deltas = acc.push(&chunk).unwrap_or_default();
             for d in deltas.iter().filter(|d| d.new || d.named) {
                 if let Some(call) = acc.tool_call(d.choice, d.call) {
@@ -260,7 +263,21 @@ async fn relay_round(
                         .any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null()))
                 });
             if finishing && proxy_calls && !client_calls {
-                continuing = true;
+                if withdrawn {
+                    if !finish_without_calls(&acc, &mut chunk) {
+                        let rounds = round.stats.rounds.load(Ordering::Relaxed) as usize;
+                        tracing::warn!(rounds, "the model called the proxy's tools after they were withdrawn: not run, and nothing else was answered");
+                        let error = crate::error::ProxyError::ToolLoopExhausted { rounds };
+                        out.send(data_event(&error.to_json())).await;
+                        return RoundEnd::Stop;
+                    }
+                    tracing::warn!(
+                        "the model called the proxy's tools after they were withdrawn: not run"
+                    );
+                    finish_rewritten = true;
+                } else {
+                    continuing = true;
+                }
             }
             if continuing {
                 continue;
@@ -272,7 +289,9 @@ async fn relay_round(
             let renamed = later_round && header.apply(&mut chunk);
             let bytes = match filtered {
                 Filtered::Emptied => continue,
-                Filtered::Unchanged if !renamed && !usage_stripped => event.raw.clone(),
+                Filtered::Unchanged if !renamed && !usage_stripped && !finish_rewritten => {
+                    event.raw.clone()
+                }
                 _ => data_event(&chunk),
             };
             if !out.send(bytes).await {
@@ -288,7 +307,7 @@ async fn relay_round(
         let assistant = assistant_message(choice.content.as_deref(), &choice.tool_calls);
         return RoundEnd::Continue(assistant, choice.tool_calls.clone());
     }
-    if proxy_calls && client_calls {
+    if proxy_calls && client_calls && !withdrawn {
         // Mixed: the client got its own calls; the proxy answers its own and keeps them.
         let completion = acc.completion();
         if let Some(choice) = completion.choices.first() {
@@ -309,6 +328,31 @@ async fn relay_round(
         out.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
     }
     RoundEnd::Stop
+}
+
+/// The finish chunk of an answer whose only calls were the proxy's withdrawn tools, which the
+/// client never saw: it ends with `stop`, as a text answer does. False when the answer holds no
+/// text either (nothing at all reached the client).
+fn finish_without_calls(acc: &ChatAccumulator, chunk: &mut Value) -> bool {
+    let completion = acc.completion();
+    let has_text = completion
+        .choices
+        .first()
+        .and_then(|c| c.content.as_deref())
+        .is_some_and(|t| !t.trim().is_empty());
+    if !has_text {
+        return false;
+    }
+    if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
+        for choice in choices {
+            if let Some(reason) = choice.get_mut("finish_reason") {
+                if reason.as_str() == Some("tool_calls") {
+                    *reason = Value::from("stop");
+                }
+            }
+        }
+    }
+    true
 }
 
 /// The (small) body of an upstream error, bounded.

@@ -64,6 +64,7 @@ pub fn record(
         compacted: report.compacted,
         offloaded: report.offloaded,
         reloaded: ctx.stats.calls.load(Ordering::Relaxed),
+        upstream_calls,
         usage,
         store_error: managed
             .fail_open

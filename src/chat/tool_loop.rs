@@ -61,8 +61,17 @@ pub struct Round {
 }
 
 impl Round {
-    fn is_proxy(&self, name: &str) -> bool {
+    pub fn is_proxy(&self, name: &str) -> bool {
         self.reload.names.tool(name).is_some()
+    }
+
+    /// Whether the proxy's tools were taken away: `max_rounds` rounds were answered and the
+    /// upstream was asked once more without them. From then on a call of the proxy's tools is
+    /// never run, whatever the model does, so one client request makes at most
+    /// `max_rounds + 1` upstream calls in the loop.
+    pub fn tools_withdrawn(&self) -> bool {
+        self.stats.rounds.load(Ordering::Relaxed) as usize
+            >= self.state.context.reload_config().max_rounds
     }
 
     /// Whether `calls` holds calls of the proxy's tools, and of the client's.
@@ -129,7 +138,7 @@ impl Round {
     /// the next request. Once `max_rounds` rounds were answered, the proxy's tools are taken
     /// away so the model answers with what it has.
     pub fn next_request(&mut self, assistant: Value, results: Vec<Value>) -> UpstreamRequest {
-        let round = self.stats.rounds.fetch_add(1, Ordering::Relaxed) + 1;
+        self.stats.rounds.fetch_add(1, Ordering::Relaxed);
         self.state
             .metrics
             .reload_rounds
@@ -138,7 +147,7 @@ impl Round {
             messages.push(assistant);
             messages.extend(results);
         }
-        if round as usize >= self.state.context.reload_config().max_rounds {
+        if self.tools_withdrawn() {
             reload::remove(
                 &mut self.body,
                 &self.reload.names,
@@ -175,6 +184,32 @@ impl Round {
         }
         visible
     }
+}
+
+/// The answer the client gets when the model called the proxy's tools after they were withdrawn
+/// ([`Round::tools_withdrawn`]): those calls are dropped, not run. `None` when nothing would be
+/// left for the client (no text, no call of its own): the caller answers with
+/// [`ProxyError::ToolLoopExhausted`](crate::error::ProxyError::ToolLoopExhausted) instead.
+pub fn without_withdrawn_calls(round: &Round, message: &Value) -> Option<Value> {
+    let (mut visible, _) = hidden::split(message, |name| round.is_proxy(name));
+    let client_calls = visible
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|c| !c.is_empty());
+    let has_text = visible
+        .get("content")
+        .and_then(Value::as_str)
+        .is_some_and(|t| !t.trim().is_empty());
+    if !client_calls {
+        if !has_text {
+            return None;
+        }
+        // An empty `tool_calls` array is refused by the API when the client sends it back.
+        if let Value::Object(map) = &mut visible {
+            map.remove("tool_calls");
+        }
+    }
+    Some(visible)
 }
 
 /// The assistant message of a round, as the conversation continues with it.
