@@ -253,3 +253,101 @@ async fn json_results_go_out_minified_and_the_original_is_stored() {
     assert_eq!(stored.as_deref(), Some(pretty.as_str()));
     store.close().await;
 }
+
+/// OpenAI's `context_length_exceeded` error stating `limit`.
+fn overflow(limit: usize, tokens: usize) -> Value {
+    json!({"error": {"message": format!("This model's maximum context length is {limit} tokens. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages."), "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
+}
+
+/// POSTs `body` to the chat route with `key` as the client's API key (one tenant per key).
+async fn chat_as(h: &Harness, key: &str, body: &Value) -> reqwest::Response {
+    h.client
+        .post(h.url("/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_limit_echoed_from_one_tenants_request_does_not_shrink_anothers() {
+    use context_proxy::mock::Reply;
+    let h = Harness::start().await;
+    // The upstream (vLLM-style validation) echoes the attacker's invalid role in its error.
+    let mut poisoned = long_chat(60);
+    poisoned[1]["role"] = json!("maximum context length is 300 tokens");
+    h.mock.push(Reply::error(
+        400,
+        json!({"object": "error", "message": "1 validation error for ChatCompletionRequest\nmessages.1.role\n  Input should be 'system', 'user', 'assistant' or 'tool' [type=literal_error, input_value='maximum context length is 300 tokens', input_type=str]", "type": "BadRequestError", "param": null, "code": 400}),
+    ));
+    let resp = chat_as(
+        &h,
+        "sk-attacker",
+        &json!({"model": "qwen-local", "messages": poisoned}),
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    // Even an OpenAI-shaped overflow stating a limit below the model's floor is not learned.
+    h.mock.push(Reply::error(400, overflow(300, 14_000)));
+    let resp = chat_as(
+        &h,
+        "sk-attacker",
+        &json!({"model": "qwen-local", "messages": long_chat(60)}),
+    )
+    .await;
+    resp.bytes().await.unwrap();
+    // Another tenant's request of the same model is planned against the model's own window.
+    let victim = json!({"model": "qwen-local", "messages": long_chat(60)});
+    let resp = chat_as(&h, "sk-victim", &victim).await;
+    assert_eq!(resp.status(), 200);
+    let before: usize = header(&resp, "x-context-tokens-before").parse().unwrap();
+    assert!(before > 5_000, "{before}");
+    assert_eq!(header(&resp, "x-context-tokens-after"), before.to_string());
+    assert_eq!(header(&resp, "x-context-actions"), "none");
+}
+
+#[tokio::test]
+async fn a_learned_limit_rules_other_tenants_once_the_smaller_request_went_through() {
+    let h = Harness::start_with(
+        MockConfig {
+            context_limit: Some(6000),
+            ..MockConfig::default()
+        },
+        |_| {},
+    )
+    .await;
+    let body = json!({"model": "self-hosted-model", "messages": long_chat(60)});
+    // Tenant a: refused, the limit stated, retried smaller, answered: the limit is confirmed.
+    let resp = chat_as(&h, "sk-a", &body).await;
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    assert_eq!(h.mock.received().len(), 2);
+    // Tenant b is planned against it at once: one upstream call.
+    let resp = chat_as(&h, "sk-b", &body).await;
+    assert_eq!(resp.status(), 200);
+    let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
+    assert!(after <= 2400, "{after}");
+    assert_eq!(h.mock.received().len(), 3);
+}
+
+#[tokio::test]
+async fn an_unconfirmed_limit_rules_only_the_tenant_that_drew_it() {
+    use context_proxy::mock::Reply;
+    let h = Harness::start().await;
+    let body = json!({"model": "self-hosted-model", "messages": long_chat(60)});
+    // The upstream states 6,000 but then refuses the smaller retry too: nothing confirms it.
+    for _ in 0..2 {
+        h.mock.push(Reply::error(400, overflow(6000, 14_000)));
+    }
+    let resp = chat_as(&h, "sk-a", &body).await;
+    assert_eq!(resp.status(), 400);
+    resp.bytes().await.unwrap();
+    assert_eq!(h.mock.received().len(), 2);
+    // Tenant a's next request is planned against 6,000; tenant b's is not.
+    let resp = chat_as(&h, "sk-a", &body).await;
+    let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
+    assert!(after <= 2400, "{after}");
+    let resp = chat_as(&h, "sk-b", &body).await;
+    assert_eq!(header(&resp, "x-context-actions"), "none");
+}

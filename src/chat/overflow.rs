@@ -49,10 +49,26 @@ pub async fn learn_limit(
         }
     }
     let model = ctx.request.model().unwrap_or("");
-    let limit = state
-        .context
-        .learn_from_upstream_error(&ctx.upstream.name, model, status.as_u16(), &body)
-        .await;
+    let limit = match &ctx.identity {
+        Some(identity) => {
+            state
+                .context
+                .learn_from_upstream_error(
+                    &ctx.upstream.name,
+                    model,
+                    status.as_u16(),
+                    &body,
+                    &crate::context::limits::Drawn {
+                        tenant: &identity.tenant,
+                        sent: &ctx.request.body,
+                        sent_tokens: ctx.managed.report.tokens_after,
+                        default_window: ctx.upstream.context_window,
+                    },
+                )
+                .await
+        }
+        None => None,
+    };
     Ok((
         Answer::Json(Final {
             status,
@@ -103,6 +119,14 @@ pub async fn retry(state: &AppState, ctx: &mut ChatCtx, limit: usize) -> Option<
     ctx.stats
         .upstream_calls
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if answer.status.is_success() {
+        // The request planned for `limit` went through: the limit holds for every tenant.
+        let model = ctx.request.model().unwrap_or("");
+        state
+            .context
+            .confirm_limit(&ctx.upstream.name, model, limit)
+            .await;
+    }
     ctx.outgoing = Some(request);
     ctx.headers = http::HeaderMap::new();
     Some(answer)

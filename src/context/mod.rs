@@ -416,29 +416,67 @@ impl ContextManager {
         self.last_seen.insert(id.clone(), Instant::now())
     }
 
-    /// Learns the context limit an upstream states in an error answer (status and body as the
-    /// upstream sent them), for the next requests of `model` on `upstream`.
+    /// The context limit an upstream states in an error answer (status and body as the
+    /// upstream sent them), for a retry of the request that drew it. The limit is also learned
+    /// for the next requests of `model` on `upstream` when the request's own size supports it
+    /// (`limits::Evidence`): at first for its tenant only, for every tenant once confirmed.
     pub async fn learn_from_upstream_error(
         &self,
         upstream: &str,
         model: &str,
         status: u16,
         body: &[u8],
+        drawn: &limits::Drawn<'_>,
     ) -> Option<usize> {
         let limit = limits::stated_limit(status, body)?;
+        let request = RequestLimits {
+            upstream_default_window: drawn.default_window,
+            ..RequestLimits::default()
+        };
+        let evidence = limits::Evidence {
+            tenant: drawn.tenant,
+            sent_tokens: drawn.sent_tokens,
+            requested_output: RequestLimits::requested_output_of(drawn.sent),
+            window: self.config.limits_of(model, &request).window,
+        };
         if self
             .learned
-            .learn(&*self.store, upstream, model, limit)
+            .learn(&*self.store, upstream, model, limit, &evidence)
             .await
         {
             tracing::info!(
                 upstream,
                 model,
                 limit,
-                "learned the context limit from the upstream"
+                "learned the context limit from the upstream (for this tenant until confirmed)"
+            );
+        } else if !evidence.supports(limit) {
+            tracing::info!(
+                upstream,
+                model,
+                limit,
+                sent_tokens = drawn.sent_tokens,
+                "the upstream states a context limit the request does not support: not learned"
             );
         }
         Some(limit)
+    }
+
+    /// The upstream answered the request retried against `limit`: the limit holds for every
+    /// tenant's requests of `model` on `upstream`.
+    pub async fn confirm_limit(&self, upstream: &str, model: &str, limit: usize) {
+        if self
+            .learned
+            .confirm(&*self.store, upstream, model, limit)
+            .await
+        {
+            tracing::info!(
+                upstream,
+                model,
+                limit,
+                "confirmed the learned context limit for every tenant"
+            );
+        }
     }
 
     /// The budget of a second attempt after the upstream stated its `limit`: well below the
@@ -454,11 +492,17 @@ impl ContextManager {
     /// What this request adds to the config's budget: its `max_completion_tokens` /
     /// `max_tokens`, the upstream's default window, and the limit learned for its model on that
     /// upstream.
-    fn request_limits(&self, route: &Route<'_>, model: &str, body: &Value) -> RequestLimits {
+    fn request_limits(
+        &self,
+        route: &Route<'_>,
+        model: &str,
+        body: &Value,
+        tenant: &Tenant,
+    ) -> RequestLimits {
         RequestLimits {
             requested_output: RequestLimits::requested_output_of(body),
             upstream_default_window: route.default_window,
-            learned_window: self.learned.get(route.upstream, model),
+            learned_window: self.learned.get(route.upstream, model, tenant),
         }
     }
 
@@ -546,7 +590,7 @@ impl ContextManager {
         };
         let last_seen = self.touch(identity);
         self.learned.load(&*self.store).await;
-        let limits = self.request_limits(route, model, body);
+        let limits = self.request_limits(route, model, body, &identity.tenant);
         let mut settings = self.config.resolve(model, mode, &limits);
         settings.readback = route.readback.clone();
         if let Some(cache) = route.cache {
