@@ -29,7 +29,7 @@ pub enum ProxyError {
     BodyTimeout { timeout_ms: u64, min_rate: u64 },
     #[error("could not read the request body: {0}")]
     BodyRead(String),
-    #[error("the path {path:?} leaves /v1/ once its dot segments are resolved: this proxy only forwards /v1/* paths")]
+    #[error("the path {path:?} leaves /v1/ once its dot segments are resolved, or hides a '/', a '\\' or a dot segment behind percent-encoding (%2F, %5C, %2E%2E, or these encoded again): this proxy only forwards plain /v1/* paths")]
     InvalidPath { path: String },
     #[error("no route for {method} {path}: this proxy serves /v1/* (OpenAI-compatible API), /healthz and /readyz")]
     NotFound { method: String, path: String },

@@ -137,6 +137,11 @@ async fn route(
 /// one. A path inside `/v1/` is replaced by its resolved form.
 fn confine_path(req: &mut Request<Incoming>) -> Result<(), ProxyError> {
     let path = req.uri().path();
+    if hides_a_separator(path) {
+        return Err(ProxyError::InvalidPath {
+            path: path.to_string(),
+        });
+    }
     let Some(resolved) = resolve_dot_segments(path) else {
         return Ok(());
     };
@@ -159,6 +164,60 @@ fn confine_path(req: &mut Request<Incoming>) -> Result<(), ProxyError> {
         path: path.to_string(),
     })?;
     Ok(())
+}
+
+/// Percent-decoding passes looked through: a path escaped more deeply than this is refused.
+const DECODING_DEPTH: usize = 4;
+
+/// Whether `path` hides a separator or a dot segment behind percent-encoding, at any depth an
+/// intermediary might decode it to (`%2F`, `%5C`, `%2e%2e`, and double encodings such as
+/// `%252F`), or holds a backslash at all. An nginx in front of the upstream decodes and
+/// resolves such a path, which then reaches other locations of that host carrying the proxy's
+/// upstream key; Envoy's `path_with_escaped_slashes_action: REJECT_REQUEST` refuses them the
+/// same way. Literal dot segments are not this function's business ([`resolve_dot_segments`]).
+fn hides_a_separator(path: &str) -> bool {
+    if path.contains('\\') {
+        return true;
+    }
+    let slashes = path.bytes().filter(|&b| b == b'/').count();
+    let mut current = std::borrow::Cow::Borrowed(path);
+    for _ in 0..DECODING_DEPTH {
+        let decoded = percent_decode(&current);
+        if decoded == current {
+            return false;
+        }
+        let is_dot = |s: &str| s == "." || s == "..";
+        if decoded.contains('\\')
+            || decoded.bytes().filter(|&b| b == b'/').count() > slashes
+            || decoded.split('/').any(is_dot)
+        {
+            return true;
+        }
+        current = std::borrow::Cow::Owned(decoded);
+    }
+    // Still encoded after that many passes: nothing legitimate is.
+    current.contains('%')
+}
+
+/// `text` with every `%XX` escape decoded once (bytes that do not form UTF-8 are replaced;
+/// a `%` not followed by two hex digits stays).
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `path` with its dot segments resolved (RFC 3986 §5.2.4, with `%2e` as a dot and `\` as a
@@ -300,6 +359,81 @@ mod tests {
                 "" => assert!(!url.path().starts_with("/v1/"), "{path}"),
                 ours => assert_eq!(url.path(), ours, "{path}"),
             }
+        }
+    }
+
+    #[test]
+    fn escaped_separators_and_dot_segments_are_found_at_any_depth() {
+        for path in [
+            "/v1/models/..%2F..%2F..%2Fadmin",
+            "/v1/models/..%2f..%2fadmin",
+            "/v1/models/%2e%2e/admin",
+            "/v1/files/%2E%2e/models",
+            "/v1/models/..%5Cadmin",
+            "/v1/models/%5c",
+            "/v1/models/..%252F..%252Fadmin",
+            "/v1/models/%252e%252e/admin",
+            "/v1/models/%25252e%25252e/admin",
+            "/v1/models/%2525252525252e",
+            "/v1/a\\b",
+            "/v1/models/%2e",
+        ] {
+            assert!(hides_a_separator(path), "{path}");
+        }
+        for path in [
+            "/v1/models",
+            "/v1/files/file%20name.txt",
+            "/v1/files/a%2eb",
+            "/v1/models/ft%3Agpt-4o%3Aacme",
+            "/v1/files/100%",
+            "/v1/files/%zz",
+            "/v1/files/../models",
+        ] {
+            assert!(!hides_a_separator(path), "{path}");
+        }
+    }
+
+    /// Decodes `path` until it no longer changes (bounded), as a chain of intermediaries might.
+    fn decoded_fully(path: &str) -> String {
+        let mut current = path.to_string();
+        for _ in 0..16 {
+            let next = percent_decode(&current);
+            if next == current {
+                break;
+            }
+            current = next;
+        }
+        current
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(20_000))]
+
+        /// Whatever path a client sends, what the proxy accepts stays inside `/v1/` for the
+        /// upstream's URL parser and for an intermediary that decodes it entirely and then
+        /// resolves its dot segments (with `\` as a separator too).
+        #[test]
+        fn an_accepted_path_stays_inside_v1_however_it_is_decoded(
+            pieces in proptest::collection::vec(proptest::sample::select(vec![
+                "/", "v1", "models", "..", ".", "%2e", "%2E", "%2f", "%2F", "%5c", "%5C",
+                "%25", "2e", "2f", "5c", "%", "\\", "a", "%20", "%2", "e",
+            ]), 0..14)
+        ) {
+            let path = format!("/v1/{}", pieces.concat());
+            let Ok(uri) = path.parse::<http::Uri>() else { return Ok(()); };
+            let path = uri.path();
+            if hides_a_separator(path) {
+                return Ok(());
+            }
+            let resolved = resolve_dot_segments(path).unwrap_or_else(|| path.to_string());
+            if !resolved.starts_with("/v1/") {
+                return Ok(());
+            }
+            let url = reqwest::Url::parse(&format!("http://h{resolved}")).unwrap();
+            proptest::prop_assert!(url.path().starts_with("/v1/"), "{} -> {}", path, url.path());
+            let decoded = decoded_fully(&resolved);
+            let again = resolve_dot_segments(&decoded).unwrap_or(decoded.clone());
+            proptest::prop_assert!(again.starts_with("/v1/"), "{} -> {} -> {}", path, decoded, again);
         }
     }
 

@@ -50,6 +50,13 @@ async fn paths_leaving_v1_are_refused_before_any_upstream_call() {
         "/v1/..\\..\\x",
         "/v1/..",
         "/v1/%2e%2e",
+        // Encoded separators: an nginx in front of the upstream would decode and resolve them.
+        "/v1/models/..%2F..%2F..%2Fadmin",
+        "/v1/models/..%2f..%2fadmin",
+        "/v1/models/..%5Cadmin",
+        "/v1/models/..%252F..%252Fadmin",
+        "/v1/models/%252e%252e/%252e%252e/admin",
+        "/v1/files/%2e%2e/models",
     ] {
         let request = format!(
             "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-client\r\nConnection: close\r\n\r\n"

@@ -473,6 +473,33 @@ messages.0.role
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(5_000))]
+
+        /// Any bytes: an answer or none, never a panic.
+        #[test]
+        fn any_body_is_read_without_panicking(body in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = stated_limit(400, &body);
+        }
+
+        /// Whatever text a client slips into its request, an upstream's non-overflow error that
+        /// quotes it (at any place, under any envelope but the overflow forms) states no limit.
+        #[test]
+        fn client_text_quoted_in_another_error_states_no_limit(
+            quoted in "(This model's |prompt is too long: |'max_tokens' or 'max_completion_tokens' is too large: 9\\. )?(maximum context length is |[0-9]{1,6} tokens > )[0-9]{3,7}( tokens| maximum)?[ -~]{0,40}",
+            envelope in 0usize..4,
+        ) {
+            let text = serde_json::Value::from(format!("Invalid value for 'messages[0].role': {quoted}"));
+            let body = match envelope {
+                0 => format!(r#"{{"error":{{"message":{text},"type":"invalid_request_error","param":"messages[0].role","code":"invalid_value"}}}}"#),
+                1 => format!(r#"{{"object":"error","message":{text},"type":"BadRequestError","param":null,"code":400}}"#),
+                2 => format!(r#"{{"type":"error","error":{{"type":"invalid_request_error","message":{text}}}}}"#),
+                _ => format!(r#"{{"error":{{"message":{text},"type":"BadRequestError","code":400}}}}"#),
+            };
+            proptest::prop_assert_eq!(stated_limit(400, body.as_bytes()), None, "{}", body);
+        }
+    }
+
     fn evidence(tenant: &Tenant, sent_tokens: usize) -> Evidence<'_> {
         Evidence {
             tenant,
