@@ -690,3 +690,66 @@ async fn after_the_tools_are_withdrawn_the_client_gets_the_answers_text() {
         assert_eq!(h.mock.received().len(), 3);
     }
 }
+
+#[tokio::test]
+async fn one_answer_runs_a_bounded_number_of_the_proxys_calls() {
+    let h = harness().await;
+    let calls: Vec<(String, Value)> = (1..=40).map(|n| read(&ref_a(), n, 1)).collect();
+    h.mock.push(Reply::tool_calls(calls));
+    h.mock.push(Reply::text("Done."));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation()}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-context-reload"],
+        "rounds=1,calls=16,failed=24"
+    );
+    let next = h.mock.received()[1].json();
+    let results: Vec<&str> = next["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .skip(2)
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(results.len(), 40);
+    assert!(results[..16].iter().all(|r| r.contains("a.rs line")));
+    assert!(results[16..]
+        .iter()
+        .all(|r| r.starts_with("error: not run: at most 16 calls")));
+}
+
+#[tokio::test]
+async fn a_huge_pattern_or_ref_is_not_echoed_into_the_next_request() {
+    let h = harness().await;
+    let huge = "x".repeat(1_000_000);
+    h.mock.push(Reply::tool_calls(vec![
+        ("context_search".into(), json!({"pattern": huge})),
+        ("context_read".into(), json!({"ref": huge})),
+        (
+            "context_search".into(),
+            json!({"pattern": format!("/{}(/", "y".repeat(900))}),
+        ),
+    ]));
+    h.mock.push(Reply::text("Done."));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation()}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let next = h.mock.received()[1].json();
+    let results: Vec<&str> = next["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .skip(2)
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(results.len(), 3);
+    for r in results {
+        assert!(r.starts_with("error: "), "{r}");
+        assert!(r.len() < 600, "{} bytes: {}", r.len(), &r[..200]);
+    }
+}

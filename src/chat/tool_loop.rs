@@ -95,11 +95,24 @@ impl Round {
             config: context.reload_config(),
             count: &count,
         };
+        let max_calls = context.reload_config().max_calls_per_round;
         let mut results = Vec::new();
+        let mut run = 0;
         for call in calls {
             let Some(tool) = self.reload.names.tool(&call.name) else {
                 continue;
             };
+            if run == max_calls {
+                // Every call needs its result, but one answer runs only so many: the next
+                // request must not grow by thousands of reads.
+                results.push(json!({"role": "tool", "tool_call_id": call.id, "content": format!(
+                    "error: not run: at most {max_calls} calls of {} and {} are answered per turn; call again for more",
+                    self.reload.names.read, self.reload.names.search
+                )}));
+                self.stats.failed_calls.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            run += 1;
             let outcome = exec.run(tool, &call.arguments).await;
             self.stats.calls.fetch_add(1, Ordering::Relaxed);
             let metrics = &self.state.metrics;

@@ -15,6 +15,11 @@ use crate::store::{ContentRef, Store, Tenant};
 const SEARCH_LINE_CHARS: usize = 300;
 /// Longest regular expression program (bytes of compiled automaton) accepted.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
+/// Longest search pattern accepted, in characters (a longer one is a tool error).
+const MAX_PATTERN_CHARS: usize = 1_000;
+/// Longest piece of a model-supplied value (a pattern, a bad ref) repeated in a tool result:
+/// the model's own text is never echoed whole into the next request.
+const ECHO_CHARS: usize = 120;
 
 /// What a call needs: whose store, which content is in scope, the limits, and a token counter.
 pub struct Exec<'a> {
@@ -80,12 +85,14 @@ impl Exec<'_> {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => ContentRef::parse(s.trim()).map(Some).map_err(|_| {
                 Outcome::error(format!(
-                    "{s:?} is not a reference: references look like ctx_ followed by 24 letters \
-                     and digits, as written in the markers"
+                    "{:?} is not a reference: references look like ctx_ followed by 24 letters \
+                     and digits, as written in the markers",
+                    clip(s, ECHO_CHARS)
                 ))
             }),
             Some(other) => Err(Outcome::error(format!(
-                "\"ref\" must be a string like \"ctx_…\", not {other}"
+                "\"ref\" must be a string like \"ctx_…\", not {}",
+                clip(&other.to_string(), ECHO_CHARS)
             ))),
         }
     }
@@ -192,6 +199,12 @@ impl Exec<'_> {
 
     async fn search(&self, args: &Value) -> Outcome {
         let pattern = match args.get("pattern") {
+            Some(Value::String(p)) if p.chars().count() > MAX_PATTERN_CHARS => {
+                return Outcome::error(format!(
+                    "\"pattern\" is longer than {MAX_PATTERN_CHARS} characters: search for a \
+                     shorter piece of it"
+                ))
+            }
             Some(Value::String(p)) if !p.is_empty() => p.as_str(),
             _ => {
                 return Outcome::error(format!(
@@ -265,8 +278,9 @@ impl Exec<'_> {
             "text"
         };
         let mut header = format!(
-            "[{}: {found} matching lines for {kind} {pattern:?} in {} stored item{}",
+            "[{}: {found} matching lines for {kind} {:?} in {} stored item{}",
             self.names.search,
+            clip(pattern, ECHO_CHARS),
             scope.len(),
             if scope.len() == 1 { "" } else { "s" }
         );
@@ -310,9 +324,10 @@ impl<'a> Matcher<'a> {
                 .map(Matcher::Regex)
                 .map_err(|e| {
                     Outcome::error(format!(
-                        "/{expr}/ is not a valid regular expression: {}. Without the slashes the \
+                        "/{}/ is not a valid regular expression: {}. Without the slashes the \
                          pattern is searched as exact text",
-                        first_line(&e.to_string())
+                        clip(expr, ECHO_CHARS),
+                        clip(&first_line(&e.to_string()), ECHO_CHARS)
                     ))
                 }),
         }

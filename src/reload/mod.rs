@@ -32,6 +32,9 @@ pub struct ReloadConfig {
     pub read_default_lines: usize,
     /// Most matches one `context_search` returns.
     pub search_max_matches: usize,
+    /// Calls of the proxy's tools run from one answer of the model; each further call gets a
+    /// short tool error instead (every call still needs its result).
+    pub max_calls_per_round: usize,
 }
 
 impl Default for ReloadConfig {
@@ -42,6 +45,7 @@ impl Default for ReloadConfig {
             read_max_tokens: 4_000,
             read_default_lines: 200,
             search_max_matches: 50,
+            max_calls_per_round: 16,
         }
     }
 }
@@ -53,6 +57,7 @@ impl ReloadConfig {
             ("read_max_tokens", self.read_max_tokens),
             ("read_default_lines", self.read_default_lines),
             ("search_max_matches", self.search_max_matches),
+            ("max_calls_per_round", self.max_calls_per_round),
         ];
         for (key, value) in positive {
             if value == 0 {
