@@ -57,6 +57,25 @@ pub enum ServerError {
     State(#[from] StateError),
 }
 
+/// A write past the process's `RLIMIT_FSIZE` (the traffic recorder, the fs store) raises
+/// `SIGXFSZ`, whose default action ends the process. Its handler is replaced once, for the
+/// process's life (tokio never removes a signal handler it installed), so such a write fails
+/// with `EFBIG` like any full disk, and is handled as one: fail open, with a warning.
+fn survive_file_size_limit() {
+    #[cfg(target_os = "linux")]
+    {
+        /// `SIGXFSZ` on Linux.
+        const SIGXFSZ: i32 = 25;
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let kind = tokio::signal::unix::SignalKind::from_raw(SIGXFSZ);
+            if let Err(e) = tokio::signal::unix::signal(kind) {
+                tracing::warn!(error = %e, "cannot catch SIGXFSZ: a write past the file size limit would end the process");
+            }
+        });
+    }
+}
+
 /// A bound, not yet serving, proxy.
 pub struct Server {
     listener: TcpListener,
@@ -66,6 +85,7 @@ pub struct Server {
 impl Server {
     /// Binds `config.server.listen` and builds the application state.
     pub async fn bind(config: ValidConfig) -> Result<Server, ServerError> {
+        survive_file_size_limit();
         let addr = config.server.listen;
         let listener = TcpListener::bind(addr)
             .await

@@ -1285,3 +1285,67 @@ async fn a_lone_surrogate_escape_is_legal_json_and_forwarded_as_it_came() {
     assert_eq!(resp.status(), 200);
     assert_eq!(&h.mock.received()[0].body[..], &body[..]);
 }
+
+#[tokio::test]
+async fn a_write_past_the_file_size_limit_does_not_end_the_process() {
+    use serde_json::{json, Value};
+    use std::io::BufRead;
+    let mock = context_proxy::mock::MockUpstream::start(MockConfig::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"fs\"\npath = \"{}\"\n[upstream]\nbase_url = \"{}\"\n",
+            dir.path().join("data").display(),
+            mock.base_url()
+        ),
+    )
+    .unwrap();
+    // Files may grow to 64 KiB: storing a larger tool result raises SIGXFSZ (not trapped here).
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -f 64; exec \"$0\" --config \"$1\" --listen 127.0.0.1:0")
+        .arg(env!("CARGO_BIN_EXE_context-proxy"))
+        .arg(&config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first.trim().rsplit("http://").next().unwrap().to_string();
+    // A pretty-printed JSON result goes out minified; its 300 KB original must be stored.
+    let items: Vec<Value> = (0..3000)
+        .map(|i| json!({"id": i, "name": format!("item number {i}"), "tags": ["a", "b"]}))
+        .collect();
+    let body = json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "List the items."},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "api", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": serde_json::to_string_pretty(&items).unwrap()}
+    ]});
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .header("authorization", "Bearer sk-test-client")
+        .json(&body)
+        .send()
+        .await;
+    let health = client.get(format!("http://{addr}/healthz")).send().await;
+    let exited = child.try_wait().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(exited.is_none(), "the proxy ended: {exited:?}");
+    // Served unmanaged (the store write failed: fail open), and still serving.
+    let resp = resp.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["x-context-actions"]
+        .to_str()
+        .unwrap()
+        .contains("store unavailable"));
+    assert_eq!(health.unwrap().status(), 200);
+}
