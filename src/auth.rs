@@ -154,6 +154,14 @@ pub enum AuthError {
         limit: u32,
         retry_after: u64,
     },
+    /// Without proxy keys, every client with no key (or the same placeholder) is one tenant:
+    /// the `/v1/context/…` routes would show each of them the others' sessions.
+    #[error("{}", if *.configured {
+        "without proxy keys ([[keys]]), the /v1/context/ routes answer only the admin token ([auth] admin_token_env): clients without a key, or with the same placeholder, would share one tenant"
+    } else {
+        "the /v1/context/ routes are off: without proxy keys ([[keys]]) they need an admin token; set [auth] admin_token_env"
+    })]
+    AdminTokenRequired { configured: bool },
 }
 
 impl AuthError {
@@ -174,6 +182,11 @@ impl AuthError {
                 StatusCode::TOO_MANY_REQUESTS,
                 what,
                 Some("rate_limit_exceeded"),
+            ),
+            AuthError::AdminTokenRequired { .. } => (
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                Some("admin_token_required"),
             ),
         }
     }
@@ -224,12 +237,18 @@ impl Bucket {
         state.1 = now;
     }
 
+    /// The deepest debt: refilled to zero within one minute, so a debt never locks a key out
+    /// longer than one window.
+    fn floor(&self) -> f64 {
+        -f64::from(self.per_minute)
+    }
+
     /// Takes `take` units when at least `need` are there; else the seconds until they are.
     fn admit(&self, need: f64, take: f64, now: Instant) -> Result<(), u64> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.refill(&mut state, now);
         if state.0 >= need {
-            state.0 -= take;
+            state.0 = (state.0 - take).max(self.floor());
             Ok(())
         } else {
             let rate = f64::from(self.per_minute) / 60.0;
@@ -237,10 +256,11 @@ impl Bucket {
         }
     }
 
-    fn charge(&self, units: u64, now: Instant) {
+    /// Takes `units` (negative: gives them back), down to the floor.
+    fn charge(&self, units: f64, now: Instant) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.refill(&mut state, now);
-        state.0 -= units as f64;
+        state.0 = (state.0 - units).max(self.floor());
     }
 }
 
@@ -295,6 +315,18 @@ impl Caller {
             return Ok(());
         };
         let model_name = model.unwrap_or("");
+        let admit_request = || match &key.requests {
+            // Counted only once the request is allowed: a refused model costs nothing.
+            Some(bucket) => bucket
+                .admit(1.0, 1.0, Instant::now())
+                .map_err(|retry_after| AuthError::RateLimited {
+                    key: key.name.clone(),
+                    what: "requests",
+                    limit: bucket.per_minute,
+                    retry_after,
+                }),
+            None => Ok(()),
+        };
         if let (false, Some(model)) = (key.models.is_empty(), model) {
             if !key.models.iter().any(|p| glob_match(p, model)) {
                 return Err(AuthError::ModelNotAllowed {
@@ -310,13 +342,35 @@ impl Caller {
                 model: model_name.to_string(),
             });
         }
-        Ok(())
+        admit_request()
     }
 
-    /// Counts `tokens` against the key's tokens-per-minute budget, once the answer is known.
-    pub fn charge_tokens(&self, tokens: u64) {
+    /// Reserves a request's estimated tokens against the key's tokens-per-minute budget before
+    /// it is forwarded: admitted while the budget is not spent (one request may take it into
+    /// debt), so concurrent requests cannot all pass on the same balance. Settled by
+    /// [`Caller::settle_tokens`] once the answer is known.
+    pub fn reserve_tokens(&self, estimate: u64) -> Result<(), AuthError> {
+        let Some(key) = &self.key else {
+            return Ok(());
+        };
+        let Some(bucket) = &key.tokens else {
+            return Ok(());
+        };
+        bucket
+            .admit(0.0, estimate as f64, Instant::now())
+            .map_err(|retry_after| AuthError::RateLimited {
+                key: key.name.clone(),
+                what: "tokens",
+                limit: bucket.per_minute,
+                retry_after,
+            })
+    }
+
+    /// Counts the `tokens` a request used against the key's tokens-per-minute budget, once the
+    /// answer is known; `reserved` (what [`Caller::reserve_tokens`] took) is given back.
+    pub fn settle_tokens(&self, tokens: u64, reserved: u64) {
         if let Some(bucket) = self.key.as_ref().and_then(|k| k.tokens.as_ref()) {
-            bucket.charge(tokens, Instant::now());
+            bucket.charge(tokens as f64 - reserved as f64, Instant::now());
         }
     }
 
@@ -444,6 +498,11 @@ impl Auth {
             }
         }
         if !self.required {
+            if admin_route {
+                return Err(AuthError::AdminTokenRequired {
+                    configured: self.admin.is_some(),
+                });
+            }
             return Ok(Caller {
                 tenant: Tenant::from_api_key(presented),
                 key: None,
@@ -466,8 +525,9 @@ impl Auth {
                 })?;
         }
         if let Some(bucket) = &key.requests {
+            // Only looked at here; taken by `Caller::authorize` once the request is allowed.
             bucket
-                .admit(1.0, 1.0, now)
+                .admit(1.0, 0.0, now)
                 .map_err(|retry_after| AuthError::RateLimited {
                     key: key.name.clone(),
                     what: "requests",
@@ -589,8 +649,10 @@ mod tests {
         b.admit(1.0, 1.0, t0).unwrap();
         assert_eq!(b.admit(1.0, 1.0, t0), Err(30));
         b.admit(1.0, 1.0, t0 + Duration::from_secs(30)).unwrap();
-        b.charge(10, t0 + Duration::from_secs(30));
+        b.charge(10.0, t0 + Duration::from_secs(30));
         assert!(b.admit(0.0, 0.0, t0 + Duration::from_secs(31)).is_err());
+        // The debt stops at one window: 2 per minute, so zero again within 60 s.
+        assert!(b.admit(0.0, 0.0, t0 + Duration::from_secs(90)).is_ok());
     }
 
     #[test]

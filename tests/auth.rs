@@ -293,3 +293,131 @@ fn an_upstream_key_without_proxy_keys_is_a_startup_error_unless_open_relay() {
     config.keys = vec![key("k", "sk-k")];
     config.validate().unwrap();
 }
+
+#[tokio::test]
+async fn a_refused_model_does_not_spend_the_request_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut limited = key("slow", "sk-slow");
+    limited.requests_per_minute = Some(2);
+    limited.models = vec!["gpt-4o*".into()];
+    let h = Harness::start_with(
+        MockConfig::default(),
+        keyed("CP_AUTH_TEST_KEY_RPM403", dir.path(), vec![limited]),
+    )
+    .await;
+    let refused = json!({"model": "o3", "messages": [{"role": "user", "content": "hi"}]});
+    for _ in 0..5 {
+        let resp = post(&h, "/v1/chat/completions", Some("sk-slow"), &refused).await;
+        assert_eq!(resp.status(), 403);
+    }
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+    for _ in 0..2 {
+        let resp = post(&h, "/v1/chat/completions", Some("sk-slow"), &body).await;
+        assert_eq!(resp.status(), 200);
+    }
+    let resp = post(&h, "/v1/chat/completions", Some("sk-slow"), &body).await;
+    assert_eq!(resp.status(), 429);
+}
+
+#[tokio::test]
+async fn concurrent_requests_cannot_all_spend_the_same_token_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut limited = key("tpm", "sk-tpm");
+    limited.tokens_per_minute = Some(2_000);
+    let h = Harness::start_with(
+        MockConfig::default(),
+        keyed("CP_AUTH_TEST_KEY_TPM", dir.path(), vec![limited]),
+    )
+    .await;
+    // About 600 prompt tokens each, plus 200 for the answer they ask room for.
+    let text = "the quick brown fox jumps over the lazy dog ".repeat(60);
+    let body = json!({"model": "gpt-4o", "max_tokens": 200, "messages": [{"role": "user", "content": text}]});
+    let sends = (0..30).map(|_| post(&h, "/v1/chat/completions", Some("sk-tpm"), &body));
+    let statuses: Vec<u16> = futures_util::future::join_all(sends)
+        .await
+        .iter()
+        .map(|r| r.status().as_u16())
+        .collect();
+    let passed = statuses.iter().filter(|&&s| s == 200).count();
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 429),
+        "{statuses:?}"
+    );
+    // 2,000 tokens admit three of them (the third takes the budget into debt), not thirty.
+    assert!((1..=3).contains(&passed), "{passed} passed: {statuses:?}");
+    assert_eq!(h.mock.received().len(), passed);
+}
+
+#[tokio::test]
+async fn a_token_debt_locks_a_key_out_for_at_most_one_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut limited = key("tpm", "sk-tpm");
+    limited.tokens_per_minute = Some(1_000);
+    let h = Harness::start_with(
+        MockConfig::default(),
+        keyed("CP_AUTH_TEST_KEY_DEBT", dir.path(), vec![limited]),
+    )
+    .await;
+    // One request of about 6,000 tokens is admitted on a full budget and leaves it in debt.
+    let text = "the quick brown fox jumps over the lazy dog ".repeat(600);
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": text}]});
+    let resp = post(&h, "/v1/chat/completions", Some("sk-tpm"), &body).await;
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    // The debt is at most one window: the next request is told to retry within a minute.
+    let resp = post(&h, "/v1/chat/completions", Some("sk-tpm"), &body).await;
+    assert_eq!(resp.status(), 429);
+    let retry: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+}
+
+#[tokio::test]
+async fn without_proxy_keys_inspection_needs_the_admin_token() {
+    // No upstream key, so no proxy keys: clients with no key, or the same placeholder, are one
+    // tenant. They must not see one another's sessions.
+    let compacting = |c: &mut Config| {
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    };
+    let h = Harness::start_with(MockConfig::default(), compacting).await;
+    let resp = post(&h, "/v1/chat/completions", Some("EMPTY"), &conversation()).await;
+    assert_eq!(resp.status(), 200);
+    for auth in [Some("EMPTY"), None, Some("sk-other")] {
+        let mut req = h.client.get(h.url("/v1/context/sessions"));
+        if let Some(key) = auth {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 403, "{auth:?}");
+        let error = assert_openai_error(&resp.bytes().await.unwrap());
+        assert_eq!(error["code"], "admin_token_required");
+        assert!(error["message"]
+            .as_str()
+            .unwrap()
+            .contains("admin_token_env"));
+    }
+    // With an admin token configured, that token inspects; the placeholder still cannot.
+    std::env::set_var("CP_AUTH_TEST_ADMIN_KEYLESS", "admin-keyless");
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        compacting(c);
+        c.auth.admin_token_env = Some("CP_AUTH_TEST_ADMIN_KEYLESS".into());
+    })
+    .await;
+    let resp = post(&h, "/v1/chat/completions", Some("EMPTY"), &conversation()).await;
+    assert_eq!(resp.status(), 200);
+    let list = |key: &'static str| {
+        h.client
+            .get(h.url("/v1/context/sessions"))
+            .header("authorization", format!("Bearer {key}"))
+            .send()
+    };
+    assert_eq!(list("EMPTY").await.unwrap().status(), 403);
+    let resp = list("admin-keyless").await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let all: Value = resp.json().await.unwrap();
+    assert_eq!(all["data"].as_array().unwrap().len(), 1, "{all}");
+}

@@ -45,6 +45,9 @@ pub struct ChatCtx {
     pub timings: Timings,
     /// Who sent it (`crate::auth`): its tenant, and its key's token budget to charge.
     pub caller: Option<crate::auth::Caller>,
+    /// Tokens reserved against the key's per-minute budget before forwarding (settled by
+    /// `record` against the answer's usage).
+    pub reserved_tokens: u64,
     /// The request's `model`, kept for the record phase (the tool loop takes the body).
     pub model: Option<String>,
     /// What a summary did for this request (`x-context-summary`: hit, computed, fallback).
@@ -100,6 +103,7 @@ impl ChatCtx {
                 done: None,
             },
             caller: None,
+            reserved_tokens: 0,
             model: None,
             summary: None,
             budget_override: None,

@@ -60,6 +60,7 @@ pub async fn handle(
     identify(&state, &mut ctx);
     plan(&state, &mut ctx).await;
     apply(&state, &mut ctx).await?;
+    reserve(&mut ctx)?;
     let answer = forward(&mut ctx).await?;
     vet_key(&state, &ctx, answer.status).await;
     let answer = tool_loop(&state, &mut ctx, answer).await?;
@@ -247,6 +248,25 @@ async fn apply(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         ));
     }
     ctx.timings.planned = Some(Instant::now());
+    Ok(())
+}
+
+/// After `apply`: reserves the request's estimated tokens (the prompt as forwarded, and the
+/// answer's room it asked for) against its key's tokens-per-minute budget, so concurrent
+/// requests cannot all pass on one balance (429 otherwise); `record` settles it.
+fn reserve(ctx: &mut ChatCtx) -> Result<(), ProxyError> {
+    let Some(caller) = &ctx.caller else {
+        return Ok(());
+    };
+    let prompt = if ctx.managed.counted {
+        ctx.managed.report.tokens_after
+    } else {
+        0
+    };
+    let output = crate::context::RequestLimits::requested_output_of(&ctx.request.body).unwrap_or(0);
+    let estimate = (prompt + output) as u64;
+    caller.reserve_tokens(estimate)?;
+    ctx.reserved_tokens = estimate;
     Ok(())
 }
 

@@ -21,8 +21,9 @@ pub fn record(
 ) {
     let billed = usage.map(|u| u.prompt_tokens);
     if let Some(caller) = &ctx.caller {
-        caller.charge_tokens(
+        caller.settle_tokens(
             usage.map_or(ctx.managed.report.tokens_after as u64, |u| u.total_tokens),
+            ctx.reserved_tokens,
         );
     }
     let metrics = &state.metrics;
