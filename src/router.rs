@@ -276,8 +276,12 @@ async fn health(state: &AppState, readiness: bool) -> Response<ProxyBody> {
         )
     } else if let Err(e) = state.context.store().ping().await {
         // Degraded: requests are still served (per store.on_error), but nothing can be stored.
-        let body = serde_json::json!({"status": "degraded", "error": e.to_string()});
-        (StatusCode::SERVICE_UNAVAILABLE, body.to_string())
+        // Why goes to the log: the answer is public, the store's paths and errors are not.
+        tracing::warn!(error = %e, "readiness: the store is degraded");
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"status":"degraded"}"#.to_string(),
+        )
     } else {
         (StatusCode::OK, r#"{"status":"ok"}"#.to_string())
     };

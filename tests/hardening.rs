@@ -1349,3 +1349,30 @@ async fn a_write_past_the_file_size_limit_does_not_end_the_process() {
         .contains("store unavailable"));
     assert_eq!(health.unwrap().status(), 200);
 }
+
+#[tokio::test]
+async fn readyz_is_degraded_on_a_nearly_full_disk_and_says_no_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.store.backend = context_proxy::store::Backend::Fs;
+        c.store.path = dir.path().join("data");
+        c.store.fsync = false;
+        // More than any disk has free: the probe's small write succeeds, the margin does not.
+        c.store.min_free_bytes = u64::MAX / 2;
+    })
+    .await;
+    let resp = h.client.get(h.url("/readyz")).send().await.unwrap();
+    assert_eq!(resp.status(), 503);
+    // The answer is public: no path of the store, no error text.
+    assert_eq!(resp.text().await.unwrap(), r#"{"status":"degraded"}"#);
+    // With the margin met, ready.
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.store.backend = context_proxy::store::Backend::Fs;
+        c.store.path = dir.path().join("data");
+        c.store.fsync = false;
+        c.store.min_free_bytes = 1;
+    })
+    .await;
+    let resp = h.client.get(h.url("/readyz")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+}

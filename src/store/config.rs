@@ -96,6 +96,10 @@ pub struct StoreConfig {
     pub tenant_quota_bytes_per_day: u64,
     /// The same for all tenants together (`scope="store"`). 0: no quota. Default 8 GiB.
     pub quota_bytes_per_day: u64,
+    /// `fs`: the store counts as degraded (`/readyz` 503) when fewer bytes than this are free
+    /// under `path`: a nearly full disk still takes the readiness probe's small write but not
+    /// a request's content. 0: not checked. Default 256 MiB.
+    pub min_free_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -118,6 +122,7 @@ impl Default for StoreConfig {
             fsync: true,
             tenant_quota_bytes_per_day: 1 << 30,
             quota_bytes_per_day: 8 << 30,
+            min_free_bytes: 256 << 20,
         }
     }
 }

@@ -27,6 +27,8 @@ pub(super) struct Tree {
     pub(super) clock: Arc<dyn Clock>,
     retention: Duration,
     pub(super) fsync: bool,
+    /// `store.min_free_bytes`.
+    min_free_bytes: u64,
     permits: Arc<Semaphore>,
     /// Held shared by every operation and exclusively by the sweeper for each deletion.
     sweep_lock: RwLock<()>,
@@ -43,6 +45,7 @@ impl Tree {
             clock,
             retention: cfg.retention(),
             fsync: cfg.fsync,
+            min_free_bytes: cfg.min_free_bytes,
             permits: Arc::new(Semaphore::new(
                 cfg.max_blocking_ops.clamp(1, Semaphore::MAX_PERMITS),
             )),
@@ -164,7 +167,29 @@ impl Tree {
         drop(file);
         let removed = fs::remove_file(&path).map_err(io_error("delete", &path));
         written.map_err(io_error("write", &path))?;
-        removed
+        removed?;
+        self.check_free_space()
+    }
+
+    /// Fails when fewer than `store.min_free_bytes` are free to this process under the root.
+    fn check_free_space(&self) -> Result<(), StoreError> {
+        if self.min_free_bytes == 0 {
+            return Ok(());
+        }
+        let stat = rustix::fs::statvfs(&self.root).map_err(|e| StoreError::Io {
+            op: "statvfs",
+            path: self.root.clone(),
+            source: e.into(),
+        })?;
+        let free = stat.f_bavail.saturating_mul(stat.f_frsize);
+        if free < self.min_free_bytes {
+            return Err(StoreError::Internal(format!(
+                "only {free} bytes are free under {} (store.min_free_bytes = {})",
+                self.root.display(),
+                self.min_free_bytes
+            )));
+        }
+        Ok(())
     }
 
     /// Opens `path` for reading and refreshing, unless it is missing or expired.
