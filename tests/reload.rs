@@ -753,3 +753,37 @@ async fn a_huge_pattern_or_ref_is_not_echoed_into_the_next_request() {
         assert!(r.len() < 600, "{} bytes: {}", r.len(), &r[..200]);
     }
 }
+
+#[tokio::test]
+async fn a_stream_that_stops_inside_the_proxys_call_ends_with_an_error_event() {
+    let h = harness().await;
+    // Role, then the first fragment of a context_read call, then a clean end: no finish
+    // reason, no [DONE].
+    let chunk = |delta: Value| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o",
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+        )
+    };
+    let body = chunk(json!({"role": "assistant", "content": null}))
+        + &chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_r", "type": "function",
+                                         "function": {"name": "context_read", "arguments": "{\"ref\""}}]}),
+        );
+    h.mock.push(Reply::raw(
+        200,
+        vec![("content-type".into(), "text/event-stream".into())],
+        body.into(),
+    ));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": conversation(), "stream": true}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let last: Value = serde_json::from_str(sse_data(&text).last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_stream_error", "{text}");
+    assert_eq!(h.mock.received().len(), 1);
+}

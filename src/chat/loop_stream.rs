@@ -172,6 +172,8 @@ async fn relay_round(
     // Set once the round is known to go on: from then on nothing of it reaches the client.
     let mut continuing = false;
     let mut saw_done = false;
+    // A finish reason was seen: the answer is whole.
+    let mut finished = false;
     let mut chunks = std::pin::pin!(answer.into_stream());
     loop {
         let next = tokio::select! {
@@ -262,6 +264,7 @@ async fn relay_round(
                     c.iter()
                         .any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null()))
                 });
+            finished |= finishing;
             if finishing && proxy_calls && !client_calls {
                 if withdrawn {
                     if !finish_without_calls(&acc, &mut chunk) {
@@ -298,6 +301,14 @@ async fn relay_round(
                 return RoundEnd::Stop;
             }
         }
+    }
+    if proxy_calls && !finished {
+        // The upstream ended its stream in the middle of the proxy's own call, which the
+        // client never saw: without a word it would get an empty answer.
+        tracing::warn!("upstream stream ended during a call of the proxy's tools");
+        let error = json!({"error": {"message": format!("upstream {} ended its stream in the middle of an answer (during the proxy's context tool call); retry", round.upstream.name), "type": "upstream_error", "param": null, "code": "upstream_stream_error"}});
+        out.send(data_event(&error)).await;
+        return RoundEnd::Stop;
     }
     if continuing {
         let completion = acc.completion();
