@@ -55,7 +55,8 @@ pub fn relay_observed(
     let status = incoming.status;
     let headers = std::mem::take(&mut incoming.headers);
     let is_event_stream = is_event_stream(&headers);
-    let body = relay_body(incoming.into_stream(), is_event_stream, observer);
+    let length = content_length(&headers);
+    let body = relay_body(incoming.into_stream(), is_event_stream, length, observer);
     let mut response = http::Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -68,6 +69,16 @@ pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The body's length as its `Content-Length` declares it.
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// Whether a chunk of an event stream ends where an event ends (a blank line).
@@ -84,7 +95,8 @@ pub fn respond_observed(
     observer: impl Observer,
 ) -> http::Response<ProxyBody> {
     let is_event_stream = is_event_stream(&headers);
-    let mut response = http::Response::new(relay_body(chunks, is_event_stream, observer));
+    let length = content_length(&headers);
+    let mut response = http::Response::new(relay_body(chunks, is_event_stream, length, observer));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
@@ -98,6 +110,10 @@ struct Observed<O: Observer> {
     chunks: Chunks,
     observer: O,
     ended: bool,
+    /// Bytes still to come when the body's length is declared: once they have all passed, the
+    /// body is whole (hyper stops polling a body at its `Content-Length` and drops it, so its
+    /// end would otherwise look like a client that left).
+    remaining: Option<u64>,
 }
 
 impl<O: Observer> Observed<O> {
@@ -116,7 +132,15 @@ impl<O: Observer + Unpin> Stream for Observed<O> {
         let this = self.get_mut();
         let polled = this.chunks.as_mut().poll_next(cx);
         match &polled {
-            Poll::Ready(Some(Ok(bytes))) => this.observer.chunk(bytes),
+            Poll::Ready(Some(Ok(bytes))) => {
+                this.observer.chunk(bytes);
+                if let Some(remaining) = &mut this.remaining {
+                    *remaining = remaining.saturating_sub(bytes.len() as u64);
+                    if *remaining == 0 {
+                        this.end(End::Complete);
+                    }
+                }
+            }
             Poll::Ready(Some(Err(_))) => this.end(End::Failed),
             Poll::Ready(None) => this.end(End::Complete),
             Poll::Pending => {}
@@ -134,6 +158,7 @@ impl<O: Observer> Drop for Observed<O> {
 fn relay_body(
     chunks: impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
     is_event_stream: bool,
+    length: Option<u64>,
     observer: impl Observer,
 ) -> ProxyBody {
     let mut at_event_boundary = true;
@@ -141,6 +166,7 @@ fn relay_body(
         chunks: Box::pin(chunks),
         observer: Unpinned(observer),
         ended: false,
+        remaining: length.filter(|&n| n > 0),
     };
     let frames = observed.map(move |item| match item {
         Ok(bytes) => {
@@ -215,7 +241,7 @@ mod tests {
 
     #[tokio::test]
     async fn event_stream_failure_at_boundary_ends_with_error_event() {
-        let (bytes, aborted) = collect(relay_body(failing("data: {}\n\n"), true, ())).await;
+        let (bytes, aborted) = collect(relay_body(failing("data: {}\n\n"), true, None, ())).await;
         assert!(!aborted);
         let text = String::from_utf8(bytes).unwrap();
         let last = text.trim_end().rsplit("\n\n").next().unwrap();
@@ -226,9 +252,9 @@ mod tests {
 
     #[tokio::test]
     async fn failure_mid_event_or_in_json_aborts() {
-        let (_, aborted) = collect(relay_body(failing("data: {\"id\""), true, ())).await;
+        let (_, aborted) = collect(relay_body(failing("data: {\"id\""), true, None, ())).await;
         assert!(aborted);
-        let (_, aborted) = collect(relay_body(failing("{\"id\":"), false, ())).await;
+        let (_, aborted) = collect(relay_body(failing("{\"id\":"), false, None, ())).await;
         assert!(aborted);
     }
 
@@ -252,15 +278,41 @@ mod tests {
             Ok(Bytes::from_static(b"data: 2\n\n")),
         ]);
         let seen = Seen::default();
-        let (bytes, aborted) = collect(relay_body(chunks, true, seen.clone())).await;
+        let (bytes, aborted) = collect(relay_body(chunks, true, None, seen.clone())).await;
         assert!(!aborted);
         let (observed, ends) = seen.0.lock().unwrap().clone();
         assert_eq!(observed, bytes);
         assert_eq!(ends, vec![End::Complete]);
 
         let seen = Seen::default();
-        collect(relay_body(failing("data: {}\n\n"), true, seen.clone())).await;
+        collect(relay_body(
+            failing("data: {}\n\n"),
+            true,
+            None,
+            seen.clone(),
+        ))
+        .await;
         assert_eq!(seen.0.lock().unwrap().1, vec![End::Failed]);
+    }
+
+    #[tokio::test]
+    async fn a_body_of_declared_length_is_complete_once_it_has_all_passed() {
+        // The end of the stream is never polled (hyper stops at Content-Length), then dropped.
+        let chunks = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"{\"id\":1}"))])
+            .chain(futures_util::stream::pending());
+        let seen = Seen::default();
+        let mut body = relay_body(chunks, false, Some(8), seen.clone());
+        body.frame().await.unwrap().unwrap();
+        drop(body);
+        assert_eq!(seen.0.lock().unwrap().1, vec![End::Complete]);
+        // Short of its length, it was cut.
+        let chunks = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"{\"id\""))])
+            .chain(futures_util::stream::pending());
+        let seen = Seen::default();
+        let mut body = relay_body(chunks, false, Some(8), seen.clone());
+        body.frame().await.unwrap().unwrap();
+        drop(body);
+        assert_eq!(seen.0.lock().unwrap().1, vec![End::Cancelled]);
     }
 
     #[tokio::test]
@@ -268,7 +320,7 @@ mod tests {
         let chunks = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"data: 1\n\n"))])
             .chain(futures_util::stream::pending());
         let seen = Seen::default();
-        let mut body = relay_body(chunks, true, seen.clone());
+        let mut body = relay_body(chunks, true, None, seen.clone());
         let first = body.frame().await.unwrap().unwrap();
         assert_eq!(first.data_ref().unwrap().as_ref(), b"data: 1\n\n");
         assert!(seen.0.lock().unwrap().1.is_empty());

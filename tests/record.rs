@@ -264,3 +264,35 @@ async fn the_replay_report_finds_each_sessions_calls_behind_the_proxy() {
     }
     assert_eq!(report.sessions.len(), 2);
 }
+
+#[tokio::test]
+async fn an_answer_the_client_read_whole_is_recorded_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::start_with(MockConfig::default(), recording_to(dir.path(), false)).await;
+    // Unmanaged (mode off) and managed, JSON and streamed: each read whole by the client.
+    for (mode, stream) in [
+        ("off", false),
+        ("auto", false),
+        ("off", true),
+        ("auto", true),
+    ] {
+        let resp = h
+            .client
+            .post(h.url("/v1/chat/completions"))
+            .header("authorization", "Bearer sk-test-client")
+            .header("x-context-mode", mode)
+            .json(&serde_json::json!({"model": "gpt-4o", "stream": stream,
+                                      "messages": [{"role": "user", "content": "hello"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+    h.proxy.shutdown().await;
+    let recorded = recording::read(dir.path()).unwrap();
+    assert_eq!(recorded.exchanges.len(), 4);
+    for x in &recorded.exchanges {
+        assert_eq!(x.end, "complete", "{} {}", x.mode, x.request);
+    }
+}
