@@ -38,6 +38,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
         line: line.clone(),
     };
     let metrics_route = crate::metrics::route_of(req.uri().path());
+    let http1 = req.version() <= http::Version::HTTP_11;
     let in_flight = state.metrics.in_flight();
     let mut response = request_body::holding_bodies(route(state.clone(), req, id.clone()))
         .instrument(span.clone())
@@ -62,6 +63,18 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
         });
     }
     response.headers_mut().insert(REQUEST_ID, id);
+    if http1 {
+        // How long an idle keep-alive connection stays open (HTTP/1 only: HTTP/2 forbids the
+        // header), so that clients with longer pools do not reuse it as it closes.
+        let idle_secs = state.config.server.idle_timeout_ms / 1000;
+        if idle_secs > 0 && !response.headers().contains_key(http::header::CONNECTION) {
+            response.headers_mut().insert(
+                http::header::HeaderName::from_static("keep-alive"),
+                HeaderValue::from_str(&format!("timeout={idle_secs}"))
+                    .unwrap_or_else(|_| HeaderValue::from_static("timeout=1")),
+            );
+        }
+    }
     response
 }
 

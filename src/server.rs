@@ -116,7 +116,14 @@ impl Server {
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(server_cfg.header_read_timeout());
+            // hyper's timer also bounds the idle wait between two requests of a keep-alive
+            // connection: no shorter than the idle timeout, so idle connections live
+            // `idle_timeout_ms` as documented. The watchdog enforces the first head's deadline.
+            .header_read_timeout(
+                server_cfg
+                    .header_read_timeout()
+                    .max(server_cfg.idle_timeout()),
+            );
         builder.http2().timer(TokioTimer::new());
 
         tokio::pin!(shutdown);

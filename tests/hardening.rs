@@ -1376,3 +1376,39 @@ async fn readyz_is_degraded_on_a_nearly_full_disk_and_says_no_more() {
     let resp = h.client.get(h.url("/readyz")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
 }
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_lives_the_idle_timeout_not_the_header_timeout() {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.server.header_read_timeout_ms = 200;
+        c.server.idle_timeout_ms = 5_000;
+    })
+    .await;
+    let mut conn = TcpStream::connect(h.proxy.addr()).await.unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    conn.write_all(request).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = conn.read(&mut buf).await.unwrap();
+    let first = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    // The idle time advertised is the idle timeout.
+    assert!(
+        first
+            .to_ascii_lowercase()
+            .contains("keep-alive: timeout=5\r\n"),
+        "{first}"
+    );
+    // The scenario: the client's pool reuses the connection after more than the header timeout
+    // (aiohttp keeps connections 15 s; the header timeout is 10 s by default).
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    conn.write_all(request).await.unwrap();
+    let n = tokio::time::timeout(WAIT, conn.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let second = String::from_utf8_lossy(&buf[..n]);
+    assert!(
+        second.starts_with("HTTP/1.1 200"),
+        "the reused connection was closed: {second:?}"
+    );
+}
