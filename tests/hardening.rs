@@ -1412,3 +1412,44 @@ async fn an_idle_keep_alive_connection_lives_the_idle_timeout_not_the_header_tim
         "the reused connection was closed: {second:?}"
     );
 }
+
+#[tokio::test]
+async fn the_in_flight_budget_counts_what_a_body_costs_once_parsed() {
+    use context_proxy::mock::{Gate, Reply};
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.server.max_body_bytes = 1 << 20;
+        c.server.max_body_bytes_in_flight = 8 << 20;
+    })
+    .await;
+    // 60,000 empty objects: about 180 KB of bytes, several MB once parsed.
+    let body = format!(
+        r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"hi"}}],"metadata_blobs":[{}{{}}]}}"#,
+        "{},".repeat(60_000)
+    );
+    let gate = Gate::new();
+    h.mock.push(Reply::text("held").hold_after(0, gate.clone()));
+    let held = {
+        let body = body.clone();
+        let url = h.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    assert!(h.mock.wait_received(1, WAIT).await);
+    // While the first is held upstream, a second such body does not fit what is left.
+    let resp = h.chat_raw(body.clone()).await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    gate.open();
+    assert_eq!(held.await.unwrap(), 200);
+    // Then it does.
+    let resp = h.chat_raw(body).await;
+    assert_eq!(resp.status(), 200);
+}

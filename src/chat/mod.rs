@@ -103,7 +103,8 @@ async fn parse(
     let request = match peeked {
         Some(request) => request,
         None => {
-            check_json_shape(&raw, server)?;
+            let shape = check_json_shape(&raw, server)?;
+            crate::request_body::hold_parsed(&state.body_budget, shape)?;
             ChatRequest::parse(raw)?
         }
     };
