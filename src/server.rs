@@ -76,6 +76,43 @@ fn survive_file_size_limit() {
     }
 }
 
+/// The connections served at once: `max_connections`, or fewer when the process may not open
+/// that many files. The soft `RLIMIT_NOFILE` is first raised to the hard one; then each
+/// connection may need two descriptors (the client's and, with a request in flight, the
+/// upstream's), beside a reserve for the listener, the store, logs and the pools. Past the
+/// limit the idlest connection is evicted, which running out of descriptors cannot do.
+fn connection_limit(max_connections: usize) -> usize {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut files = getrlimit(Resource::Nofile);
+    if let (Some(current), Some(hard)) = (files.current, files.maximum) {
+        if current < hard {
+            files.current = Some(hard);
+            match setrlimit(Resource::Nofile, files) {
+                Ok(()) => {}
+                Err(e) => {
+                    files.current = Some(current);
+                    tracing::debug!(error = %e, "cannot raise the open files limit");
+                }
+            }
+        }
+    }
+    let Some(open_files) = files.current.and_then(|n| usize::try_from(n).ok()) else {
+        return max_connections;
+    };
+    let reserve = (open_files / 4).min(64);
+    let limit = (open_files.saturating_sub(reserve) / 2).max(1);
+    if limit < max_connections {
+        tracing::warn!(
+            open_files,
+            max_connections,
+            limit,
+            "the open files limit (ulimit -n) allows fewer connections than server.max_connections: idle ones are evicted past this many"
+        );
+        return limit;
+    }
+    max_connections
+}
+
 /// A bound, not yet serving, proxy.
 pub struct Server {
     listener: TcpListener,
@@ -106,7 +143,7 @@ impl Server {
         let Server { listener, state } = self;
         let server_cfg = &state.config.server;
         let grace = server_cfg.shutdown_grace();
-        let connections = Arc::new(Semaphore::new(server_cfg.max_connections));
+        let connections = Arc::new(Semaphore::new(connection_limit(server_cfg.max_connections)));
         let graceful = GracefulShutdown::new();
         let mut tasks = JoinSet::new();
         let mut accept_errors = AcceptErrors::default();
