@@ -186,7 +186,7 @@ pub struct UpstreamConfig {
     /// limit the upstream states in a "context too long" error is learned and wins over it.
     pub context_window: Option<usize>,
     /// The provider's prompt-caching prices, which the engine weighs before rewriting a cached
-    /// prefix (`src/pricing.rs`): `openai` (per model family), `openai-gpt4o`,
+    /// prefix (`crates/pricing/src/lib.rs`): `openai` (per model family), `openai-gpt4o`,
     /// `openai-gpt4.1`, `openai-gpt5`, `anthropic`, `deepseek`, `google` or `none` (no
     /// discount: self-hosted). Unset: recognised from `base_url`'s host; any other host is
     /// priced like `openai`, so the proxy protects the cached prefix.

@@ -41,16 +41,16 @@ enum Command {
     /// Run the mock upstream: an OpenAI-compatible stand-in for tests, demos and benchmarks.
     MockUpstream(context_proxy::mock::MockArgs),
     /// Measure the proxy's overhead against calling the mock upstream directly.
-    Bench(context_proxy::bench::BenchArgs),
+    Bench(context_proxy_drive::bench::BenchArgs),
     /// Write the sample agent traffic (seeded, deterministic) that the context benchmark plans
     /// over.
     GenTraffic(context_proxy::traffic::GenTrafficArgs),
     /// Send recorded or sample traffic again (to the proxy, and directly to the upstream with
     /// --compare) and report latency, tokens, prefix stability and cost under prompt caching.
-    Replay(Box<context_proxy::replay::ReplayArgs>),
+    Replay(Box<context_proxy_drive::replay::ReplayArgs>),
     /// Plant needle facts deep in sample sessions' tool outputs, drive them through the proxy
     /// and ask for every needle: reachability (mock in reader mode) or recall (a real model).
-    Probe(context_proxy::probe::ProbeArgs),
+    Probe(context_proxy_drive::fidelity::ProbeArgs),
     /// Check that a running proxy is healthy (GET /healthz answers 200): exit status 0, else 1.
     Healthcheck(context_proxy::healthcheck::HealthcheckArgs),
     /// Check a config file (default: --config, else ./config.toml, else the defaults) with
@@ -172,10 +172,16 @@ fn main() -> anyhow::Result<()> {
         Some(Command::MockUpstream(args)) => {
             Ok(runtime(0)?.block_on(context_proxy::mock::run(args))?)
         }
-        Some(Command::Bench(args)) => Ok(runtime(0)?.block_on(context_proxy::bench::run(args))?),
+        Some(Command::Bench(args)) => {
+            Ok(runtime(0)?.block_on(context_proxy_drive::bench::run(args))?)
+        }
         Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
-        Some(Command::Replay(args)) => Ok(runtime(0)?.block_on(context_proxy::replay::run(*args))?),
-        Some(Command::Probe(args)) => Ok(runtime(0)?.block_on(context_proxy::probe::run(args))?),
+        Some(Command::Replay(args)) => {
+            Ok(runtime(0)?.block_on(context_proxy_drive::replay::run(*args))?)
+        }
+        Some(Command::Probe(args)) => {
+            Ok(runtime(0)?.block_on(context_proxy_drive::fidelity::run(args))?)
+        }
         Some(Command::Healthcheck(args)) => Ok(context_proxy::healthcheck::run(&args)?),
         Some(Command::CheckConfig { ref file }) => {
             let path = file.clone().or_else(|| config_path(&cli));

@@ -19,7 +19,7 @@ use crate::store::{SessionId, StateList, Store, StoreError, Tenant};
 use crate::tokens::stable_hash;
 
 /// Request header naming the session.
-pub const SESSION_HEADER: &str = "x-context-session";
+pub use context_proxy_contract::SESSION_HEADER;
 
 /// Whose request this is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
