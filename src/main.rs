@@ -119,6 +119,9 @@ async fn serve(config: ValidConfig, demo: bool) -> anyhow::Result<()> {
     } else {
         (config, None)
     };
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let server = Server::bind(config).await?;
     let addr = server.local_addr();
     print_listening("context-proxy", addr)?;
