@@ -71,8 +71,10 @@ pub struct ServerConfig {
     pub body_min_bytes_per_sec: u64,
     /// On SIGINT/SIGTERM, how long `/readyz` answers 503 while the listener still accepts and
     /// serves, so load balancers move away before connections are refused, in milliseconds.
+    /// Skipped for a Ctrl-C in a terminal and cut short by a second signal.
     pub drain_window_ms: u64,
-    /// On SIGINT/SIGTERM, how long in-flight requests and streams may take to finish, in ms.
+    /// On SIGINT/SIGTERM, how long in-flight requests and streams may take to finish, in ms;
+    /// one more signal cuts them at once.
     pub shutdown_grace_ms: u64,
     /// Most connections open at once. At the limit a new connection closes the one idle the
     /// longest (no request in flight); it waits only when every connection has one.

@@ -1,6 +1,7 @@
 //! The `context-proxy` binary: parses the command line, loads the config, and serves (or runs
 //! one of the tool subcommands). All the work is in the library.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -8,7 +9,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use context_proxy::config::{Config, ValidConfig};
 use context_proxy::mock::{MockConfig, MockUpstream};
-use context_proxy::server::Server;
+use context_proxy::server::{Server, Stop};
+use tracing::Instrument;
 
 /// OpenAI-compatible reverse proxy that manages the context of tool-using agents.
 ///
@@ -124,8 +126,17 @@ async fn serve(config: ValidConfig, demo: bool) -> anyhow::Result<()> {
     }
     let server = Server::bind(config).await?;
     let addr = server.local_addr();
+    // Listen for signals before saying we listen: a Ctrl-C right after must not kill the
+    // process outright.
+    let signals = Signals::new().context("cannot listen for SIGINT and SIGTERM")?;
     print_listening("context-proxy", addr)?;
-    server.serve(shutdown_signal()).await;
+    let (stop, stops) = tokio::sync::mpsc::unbounded_channel();
+    let signals = tokio::spawn(
+        forward_signals(signals, stop, std::io::stdin().is_terminal())
+            .instrument(tracing::info_span!("signals")),
+    );
+    server.serve_until(stops).await;
+    signals.abort();
     Ok(())
 }
 
@@ -136,33 +147,71 @@ fn print_listening(what: &str, addr: SocketAddr) -> anyhow::Result<()> {
     out.flush().context("cannot write to stdout")
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
+/// Turns every SIGINT and SIGTERM into a [`Stop`] for the server, until the server is gone.
+/// The first SIGINT from a terminal (`interactive`: stdin is one) skips the drain window:
+/// nobody balances load over a proxy started by hand. Each further signal cuts the current
+/// step of the shutdown short.
+async fn forward_signals(
+    mut signals: Signals,
+    stop: tokio::sync::mpsc::UnboundedSender<Stop>,
+    interactive: bool,
+) {
+    loop {
+        let interrupt = signals.next().await;
+        let kind = if interrupt && interactive {
+            Stop::Now
+        } else {
+            Stop::Drain
+        };
+        tracing::info!(
+            signal = if interrupt { "SIGINT" } else { "SIGTERM" },
+            "shutdown signal received"
+        );
+        if stop.send(kind).is_err() {
+            return;
         }
-    };
+    }
+}
+
+/// The process's SIGINT and SIGTERM.
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The next signal: true for SIGINT (Ctrl-C), false for SIGTERM.
+    async fn next(&mut self) -> bool {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.interrupt.recv() => true,
+                _ = self.terminate.recv() => false,
             }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
+        }
+        #[cfg(not(unix))]
+        {
+            if tokio::signal::ctrl_c().await.is_err() {
                 std::future::pending::<()>().await;
             }
+            true
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
     }
-    tracing::info!("shutdown signal received");
 }
 
 fn main() -> anyhow::Result<()> {
