@@ -106,8 +106,9 @@ fn load_config(cli: &Cli) -> anyhow::Result<ValidConfig> {
     Ok(config)
 }
 
-async fn serve(config: ValidConfig, demo: bool) -> anyhow::Result<()> {
+async fn serve(config: ValidConfig, demo: bool, cli_config: Option<PathBuf>) -> anyhow::Result<()> {
     let _log = context_proxy::logging::init(&config.log);
+    let store_outlives_process = config.store.backend != context_proxy::store::Backend::Memory;
     // In the demo the mock lives as long as the proxy serves.
     let (config, _mock) = if demo {
         let mock = MockUpstream::bind("127.0.0.1:0".parse()?, MockConfig::default()).await?;
@@ -130,14 +131,47 @@ async fn serve(config: ValidConfig, demo: bool) -> anyhow::Result<()> {
     // process outright.
     let signals = Signals::new().context("cannot listen for SIGINT and SIGTERM")?;
     print_listening("context-proxy", addr)?;
+    // The demo's scripted session runs beside the server, which keeps serving after it.
+    let shown = demo.then(|| {
+        let inspect = inspect_command(cli_config, store_outlives_process);
+        tokio::spawn(
+            async move {
+                if let Err(e) = context_proxy_drive::demo::run(addr, inspect.as_deref()).await {
+                    tracing::error!(error = %e, "demo: the scripted session stopped");
+                }
+            }
+            .instrument(tracing::info_span!("demo")),
+        )
+    });
     let (stop, stops) = tokio::sync::mpsc::unbounded_channel();
     let signals = tokio::spawn(
-        forward_signals(signals, stop, std::io::stdin().is_terminal())
-            .instrument(tracing::info_span!("signals")),
+        forward_signals(
+            signals,
+            stop,
+            std::io::stdin().is_terminal(),
+            shown.as_ref().map(tokio::task::JoinHandle::abort_handle),
+        )
+        .instrument(tracing::info_span!("signals")),
     );
     server.serve_until(stops).await;
     signals.abort();
+    if let Some(shown) = shown {
+        shown.abort();
+    }
     Ok(())
+}
+
+/// The command that prints the demo's session from the store (none for the `memory` store,
+/// which ends with the process).
+fn inspect_command(config: Option<PathBuf>, store_outlives_process: bool) -> Option<String> {
+    let config = config.map_or(String::new(), |c| format!(" --config {}", c.display()));
+    let session = context_proxy_drive::demo::SESSION;
+    store_outlives_process.then(|| {
+        format!(
+            "cargo run --release --{config} inspect {session}    \
+             (or: context-proxy{config} inspect {session})"
+        )
+    })
 }
 
 fn print_listening(what: &str, addr: SocketAddr) -> anyhow::Result<()> {
@@ -155,9 +189,14 @@ async fn forward_signals(
     mut signals: Signals,
     stop: tokio::sync::mpsc::UnboundedSender<Stop>,
     interactive: bool,
+    demo: Option<tokio::task::AbortHandle>,
 ) {
     loop {
         let interrupt = signals.next().await;
+        // The demo sends no more requests to a proxy that is stopping.
+        if let Some(demo) = &demo {
+            demo.abort();
+        }
         let kind = if interrupt && interactive {
             Stop::Now
         } else {
@@ -219,7 +258,11 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         None => {
             let config = load_config(&cli)?;
-            runtime(config.server.worker_threads)?.block_on(serve(config, cli.demo))
+            runtime(config.server.worker_threads)?.block_on(serve(
+                config,
+                cli.demo,
+                cli.config.clone(),
+            ))
         }
         Some(Command::MockUpstream(args)) => {
             Ok(runtime(0)?.block_on(context_proxy::mock::run(args))?)

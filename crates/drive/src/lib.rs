@@ -18,5 +18,6 @@
 
 pub mod bench;
 pub mod children;
+pub mod demo;
 pub mod fidelity;
 pub mod replay;
