@@ -70,6 +70,9 @@ pub fn check(
             ""
         }
     ));
+    for warning in config.warnings() {
+        out.push_str(&format!("# warning: {warning}\n"));
+    }
     out.push_str(HEADER);
     out.push_str(&to_toml(&masked(&config))?);
     Ok((config, out))

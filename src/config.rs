@@ -71,8 +71,10 @@ pub struct ServerConfig {
     pub body_min_bytes_per_sec: u64,
     /// On SIGINT/SIGTERM, how long `/readyz` answers 503 while the listener still accepts and
     /// serves, so load balancers move away before connections are refused, in milliseconds.
+    /// Skipped for a Ctrl-C in a terminal and cut short by a second signal.
     pub drain_window_ms: u64,
-    /// On SIGINT/SIGTERM, how long in-flight requests and streams may take to finish, in ms.
+    /// On SIGINT/SIGTERM, how long in-flight requests and streams may take to finish, in ms;
+    /// one more signal cuts them at once.
     pub shutdown_grace_ms: u64,
     /// Most connections open at once. At the limit a new connection closes the one idle the
     /// longest (no request in flight); it waits only when every connection has one.
@@ -186,7 +188,7 @@ pub struct UpstreamConfig {
     /// limit the upstream states in a "context too long" error is learned and wins over it.
     pub context_window: Option<usize>,
     /// The provider's prompt-caching prices, which the engine weighs before rewriting a cached
-    /// prefix (`src/pricing.rs`): `openai` (per model family), `openai-gpt4o`,
+    /// prefix (`crates/pricing/src/lib.rs`): `openai` (per model family), `openai-gpt4o`,
     /// `openai-gpt4.1`, `openai-gpt5`, `anthropic`, `deepseek`, `google` or `none` (no
     /// discount: self-hosted). Unset: recognised from `base_url`'s host; any other host is
     /// priced like `openai`, so the proxy protects the cached prefix.
@@ -250,6 +252,27 @@ impl UpstreamConfig {
             terms.for_model(model).validate(key)?;
         }
         Ok(terms)
+    }
+
+    /// A warning when `base_url` has no version path segment (`/v1`, `/v1beta`, `/v4`, …):
+    /// a request to `/v1/chat/completions` goes to `base_url` + `/chat/completions`, which
+    /// OpenAI-compatible servers (OpenAI, Ollama, vLLM, llama.cpp) answer 404. Only a warning:
+    /// a few servers (DeepSeek) answer without one.
+    pub fn base_url_warning(&self, key: &str) -> Option<String> {
+        let url = reqwest::Url::parse(&self.base_url).ok()?;
+        let versioned = url.path_segments()?.any(|segment| {
+            let mut chars = segment.chars();
+            chars.next() == Some('v') && chars.next().is_some_and(|c| c.is_ascii_digit())
+        });
+        if versioned {
+            return None;
+        }
+        let base = self.base_url.trim_end_matches('/');
+        Some(format!(
+            "{key}.base_url {base:?} has no version path segment: a request to \
+             /v1/chat/completions goes to {base}/chat/completions, which most OpenAI-compatible \
+             servers (Ollama, vLLM, llama.cpp) answer 404; did you mean {base}/v1?"
+        ))
     }
 
     pub fn connect_timeout(&self) -> Duration {
@@ -416,6 +439,16 @@ impl ValidConfig {
     pub fn into_inner(self) -> Config {
         self.0
     }
+
+    /// What is valid but probably not meant: one line each, for the start-up log and
+    /// `check-config`. Today: an upstream whose `base_url` has no version path segment.
+    pub fn warnings(&self) -> Vec<String> {
+        self.upstreams
+            .iter()
+            .enumerate()
+            .filter_map(|(i, u)| u.base_url_warning(&format!("upstreams[{i}] ({})", u.name)))
+            .collect()
+    }
 }
 
 impl std::ops::Deref for ValidConfig {
@@ -471,6 +504,40 @@ mod tests {
         let text = "[upstream]\nbase_url = \"http://a/v1\"\n[[upstreams]]\nname = \"b\"\nbase_url = \"http://b/v1\"\n";
         let err = Config::from_toml(text).unwrap().validate().unwrap_err();
         assert!(err.to_string().contains("not both"), "{err}");
+    }
+
+    #[test]
+    fn a_base_url_without_a_version_segment_is_warned_about() {
+        let warnings = |base_url: &str| {
+            Config::from_toml(&format!("[upstream]\nbase_url = \"{base_url}\"\n"))
+                .unwrap()
+                .validate()
+                .unwrap()
+                .warnings()
+        };
+        for fine in [
+            "https://api.openai.com/v1",
+            "http://127.0.0.1:11434/v1/",
+            "https://openrouter.ai/api/v1",
+            "https://generativelanguage.googleapis.com/v1beta/openai/",
+            "https://open.bigmodel.cn/api/paas/v4",
+        ] {
+            assert_eq!(warnings(fine), Vec::<String>::new(), "{fine}");
+        }
+        for bare in [
+            "http://127.0.0.1:11434",
+            "http://localhost:8000/",
+            "https://h/openai",
+        ] {
+            let w = warnings(bare);
+            assert_eq!(w.len(), 1, "{bare}: {w:?}");
+            assert!(w[0].contains("upstreams[0] (default).base_url"), "{w:?}");
+            assert!(w[0].contains("no version path segment"), "{w:?}");
+            assert!(
+                w[0].contains(&format!("{}/v1?", bare.trim_end_matches('/'))),
+                "{w:?}"
+            );
+        }
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub async fn handle<B>(
         }
         Some(("sessions", id)) => {
             let tenant = tenant_of(&caller, query_tenant.as_deref(), names)?;
+            // The session's name as the client gave it, percent-encoded in the path.
+            let id = &*percent_encoding::percent_decode_str(id).decode_utf8_lossy();
             let session = parse_session(id)?;
             match method {
                 Method::GET => session_detail(store.as_ref(), &tenant, &session, names)
@@ -207,7 +209,7 @@ pub async fn list(
     let data: Vec<Value> = sessions
         .iter()
         .map(|(t, s)| {
-            let mut entry = json!({"id": s.as_str(), "object": "context.session"});
+            let mut entry = json!({"id": s.name(), "object": "context.session"});
             if let Some(names) = names {
                 name_tenant(&mut entry, t, names);
             }
@@ -260,7 +262,7 @@ pub async fn session_detail(
             .unwrap_or(Value::Null)
     };
     let mut detail = json!({
-        "id": session.as_str(),
+        "id": session.name(),
         "object": "context.session",
         "decisions": journal.iter().filter(|r| r["event"] == "decision").count(),
         "first_at": journal.first().and_then(|r| r.get("ts")).cloned().unwrap_or(Value::Null),

@@ -5,10 +5,13 @@
 //! handler → [`chat`] (the proxy's own phases) or [`passthrough`] (verbatim) → [`upstream`]
 //! sends it → [`relay`] streams the answer back. Errors become responses in [`error`].
 //!
-//! The dev tooling lives in crates of its own under `crates/` and is re-exported here under
-//! its old paths: [`tokens`] (token counting, which the proxy uses too), [`mock`] (the mock
-//! upstream), [`corpus`] (the agent-traffic corpus format) and [`traffic`] (the sample-traffic
-//! generator).
+//! Leaves the proxy shares with its tools, and the dev tooling, live in crates of their own
+//! under `crates/` and are re-exported here under their old paths: [`tokens`] (token
+//! counting), [`pricing`] (the providers' prompt-caching prices), [`contract`] (the names of
+//! the proxy's own headers), [`corpus`] (the agent-traffic corpus format), [`mock`] (the mock
+//! upstream) and [`traffic`] (the sample-traffic generator). The tools that drive a running
+//! proxy (`bench`, `replay`, `probe`, the demo's session) are the `context-proxy-drive` crate,
+//! which only the binary uses: the library does not contain them.
 
 #![forbid(unsafe_code)]
 
@@ -19,7 +22,6 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod auth;
-pub mod bench;
 pub mod body;
 pub mod chat;
 pub mod check_config;
@@ -33,12 +35,9 @@ pub mod inspect;
 pub mod logging;
 pub mod metrics;
 pub mod passthrough;
-pub mod pricing;
-pub mod probe;
 pub mod record;
 pub mod relay;
 pub mod reload;
-pub mod replay;
 pub mod request_body;
 pub mod response;
 pub mod router;
@@ -48,7 +47,9 @@ pub mod store;
 pub mod summarize;
 pub mod upstream;
 
+pub use context_proxy_contract as contract;
 pub use context_proxy_corpus as corpus;
 pub use context_proxy_mock as mock;
+pub use context_proxy_pricing as pricing;
 pub use context_proxy_tokens as tokens;
 pub use context_proxy_traffic as traffic;

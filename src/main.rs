@@ -1,6 +1,7 @@
 //! The `context-proxy` binary: parses the command line, loads the config, and serves (or runs
 //! one of the tool subcommands). All the work is in the library.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -8,7 +9,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use context_proxy::config::{Config, ValidConfig};
 use context_proxy::mock::{MockConfig, MockUpstream};
-use context_proxy::server::Server;
+use context_proxy::server::{Server, Stop};
+use tracing::Instrument;
 
 /// OpenAI-compatible reverse proxy that manages the context of tool-using agents.
 ///
@@ -41,16 +43,16 @@ enum Command {
     /// Run the mock upstream: an OpenAI-compatible stand-in for tests, demos and benchmarks.
     MockUpstream(context_proxy::mock::MockArgs),
     /// Measure the proxy's overhead against calling the mock upstream directly.
-    Bench(context_proxy::bench::BenchArgs),
+    Bench(context_proxy_drive::bench::BenchArgs),
     /// Write the sample agent traffic (seeded, deterministic) that the context benchmark plans
     /// over.
     GenTraffic(context_proxy::traffic::GenTrafficArgs),
     /// Send recorded or sample traffic again (to the proxy, and directly to the upstream with
     /// --compare) and report latency, tokens, prefix stability and cost under prompt caching.
-    Replay(Box<context_proxy::replay::ReplayArgs>),
+    Replay(Box<context_proxy_drive::replay::ReplayArgs>),
     /// Plant needle facts deep in sample sessions' tool outputs, drive them through the proxy
     /// and ask for every needle: reachability (mock in reader mode) or recall (a real model).
-    Probe(context_proxy::probe::ProbeArgs),
+    Probe(context_proxy_drive::fidelity::ProbeArgs),
     /// Check that a running proxy is healthy (GET /healthz answers 200): exit status 0, else 1.
     Healthcheck(context_proxy::healthcheck::HealthcheckArgs),
     /// Check a config file (default: --config, else ./config.toml, else the defaults) with
@@ -104,8 +106,9 @@ fn load_config(cli: &Cli) -> anyhow::Result<ValidConfig> {
     Ok(config)
 }
 
-async fn serve(config: ValidConfig, demo: bool) -> anyhow::Result<()> {
+async fn serve(config: ValidConfig, demo: bool, cli_config: Option<PathBuf>) -> anyhow::Result<()> {
     let _log = context_proxy::logging::init(&config.log);
+    let store_outlives_process = config.store.backend != context_proxy::store::Backend::Memory;
     // In the demo the mock lives as long as the proxy serves.
     let (config, _mock) = if demo {
         let mock = MockUpstream::bind("127.0.0.1:0".parse()?, MockConfig::default()).await?;
@@ -119,11 +122,56 @@ async fn serve(config: ValidConfig, demo: bool) -> anyhow::Result<()> {
     } else {
         (config, None)
     };
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let server = Server::bind(config).await?;
     let addr = server.local_addr();
+    // Listen for signals before saying we listen: a Ctrl-C right after must not kill the
+    // process outright.
+    let signals = Signals::new().context("cannot listen for SIGINT and SIGTERM")?;
     print_listening("context-proxy", addr)?;
-    server.serve(shutdown_signal()).await;
+    // The demo's scripted session runs beside the server, which keeps serving after it.
+    let shown = demo.then(|| {
+        let inspect = inspect_command(cli_config, store_outlives_process);
+        tokio::spawn(
+            async move {
+                if let Err(e) = context_proxy_drive::demo::run(addr, inspect.as_deref()).await {
+                    tracing::error!(error = %e, "demo: the scripted session stopped");
+                }
+            }
+            .instrument(tracing::info_span!("demo")),
+        )
+    });
+    let (stop, stops) = tokio::sync::mpsc::unbounded_channel();
+    let signals = tokio::spawn(
+        forward_signals(
+            signals,
+            stop,
+            std::io::stdin().is_terminal(),
+            shown.as_ref().map(tokio::task::JoinHandle::abort_handle),
+        )
+        .instrument(tracing::info_span!("signals")),
+    );
+    server.serve_until(stops).await;
+    signals.abort();
+    if let Some(shown) = shown {
+        shown.abort();
+    }
     Ok(())
+}
+
+/// The command that prints the demo's session from the store (none for the `memory` store,
+/// which ends with the process).
+fn inspect_command(config: Option<PathBuf>, store_outlives_process: bool) -> Option<String> {
+    let config = config.map_or(String::new(), |c| format!(" --config {}", c.display()));
+    let session = context_proxy_drive::demo::SESSION;
+    store_outlives_process.then(|| {
+        format!(
+            "cargo run --release --{config} inspect {session}    \
+             (or: context-proxy{config} inspect {session})"
+        )
+    })
 }
 
 fn print_listening(what: &str, addr: SocketAddr) -> anyhow::Result<()> {
@@ -133,33 +181,76 @@ fn print_listening(what: &str, addr: SocketAddr) -> anyhow::Result<()> {
     out.flush().context("cannot write to stdout")
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
+/// Turns every SIGINT and SIGTERM into a [`Stop`] for the server, until the server is gone.
+/// The first SIGINT from a terminal (`interactive`: stdin is one) skips the drain window:
+/// nobody balances load over a proxy started by hand. Each further signal cuts the current
+/// step of the shutdown short.
+async fn forward_signals(
+    mut signals: Signals,
+    stop: tokio::sync::mpsc::UnboundedSender<Stop>,
+    interactive: bool,
+    demo: Option<tokio::task::AbortHandle>,
+) {
+    loop {
+        let interrupt = signals.next().await;
+        // The demo sends no more requests to a proxy that is stopping.
+        if let Some(demo) = &demo {
+            demo.abort();
         }
-    };
+        let kind = if interrupt && interactive {
+            Stop::Now
+        } else {
+            Stop::Drain
+        };
+        tracing::info!(
+            signal = if interrupt { "SIGINT" } else { "SIGTERM" },
+            "shutdown signal received"
+        );
+        if stop.send(kind).is_err() {
+            return;
+        }
+    }
+}
+
+/// The process's SIGINT and SIGTERM.
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The next signal: true for SIGINT (Ctrl-C), false for SIGTERM.
+    async fn next(&mut self) -> bool {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.interrupt.recv() => true,
+                _ = self.terminate.recv() => false,
             }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
+        }
+        #[cfg(not(unix))]
+        {
+            if tokio::signal::ctrl_c().await.is_err() {
                 std::future::pending::<()>().await;
             }
+            true
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
     }
-    tracing::info!("shutdown signal received");
 }
 
 fn main() -> anyhow::Result<()> {
@@ -167,15 +258,25 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         None => {
             let config = load_config(&cli)?;
-            runtime(config.server.worker_threads)?.block_on(serve(config, cli.demo))
+            runtime(config.server.worker_threads)?.block_on(serve(
+                config,
+                cli.demo,
+                cli.config.clone(),
+            ))
         }
         Some(Command::MockUpstream(args)) => {
             Ok(runtime(0)?.block_on(context_proxy::mock::run(args))?)
         }
-        Some(Command::Bench(args)) => Ok(runtime(0)?.block_on(context_proxy::bench::run(args))?),
+        Some(Command::Bench(args)) => {
+            Ok(runtime(0)?.block_on(context_proxy_drive::bench::run(args))?)
+        }
         Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
-        Some(Command::Replay(args)) => Ok(runtime(0)?.block_on(context_proxy::replay::run(*args))?),
-        Some(Command::Probe(args)) => Ok(runtime(0)?.block_on(context_proxy::probe::run(args))?),
+        Some(Command::Replay(args)) => {
+            Ok(runtime(0)?.block_on(context_proxy_drive::replay::run(*args))?)
+        }
+        Some(Command::Probe(args)) => {
+            Ok(runtime(0)?.block_on(context_proxy_drive::fidelity::run(args))?)
+        }
         Some(Command::Healthcheck(args)) => Ok(context_proxy::healthcheck::run(&args)?),
         Some(Command::CheckConfig { ref file }) => {
             let path = file.clone().or_else(|| config_path(&cli));

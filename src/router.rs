@@ -20,7 +20,7 @@ use crate::{chat, passthrough, request_body};
 
 /// Response header carrying the request id (also on every log line of the request). The
 /// upstream's own `x-request-id` is relayed untouched.
-pub const REQUEST_ID: &str = "x-context-request-id";
+pub use context_proxy_contract::REQUEST_ID_HEADER as REQUEST_ID;
 
 /// Handles one request; never fails (errors become OpenAI-shaped responses).
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<ProxyBody> {

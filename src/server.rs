@@ -17,6 +17,12 @@
 //! connection idle the longest (no request in flight: silent since its accept, or an idle
 //! keep-alive) is closed to make room. Only when every connection has a request in flight
 //! does a new one wait for a slot.
+//!
+//! Stopping goes in steps, each cut short by the next [`Stop`]: the drain window (`/readyz`
+//! answers 503 while new connections are still served, so a load balancer moves away; skipped
+//! by [`Stop::Now`]), then the grace (no new connections; in-flight requests and streams
+//! finish), then the rest is cut. The listening socket has `SO_REUSEADDR`, so a proxy started
+//! again on the same port right after binds while the old connections are in `TIME_WAIT`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -33,8 +39,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch, Notify, Semaphore};
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -113,6 +119,34 @@ fn connection_limit(max_connections: usize) -> usize {
     max_connections
 }
 
+/// A request to stop the server (from a signal, or a test). The first one starts the shutdown;
+/// each further one, whichever kind, cuts the current step short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Drain first: `/readyz` answers 503 while new connections are still accepted for
+    /// `server.drain_window_ms`, so a load balancer moves away (SIGTERM, or SIGINT without a
+    /// terminal).
+    Drain,
+    /// No drain window: stop accepting at once, then let in-flight requests finish within
+    /// `server.shutdown_grace_ms` (a Ctrl-C in a terminal: no load balancer to warn).
+    Now,
+}
+
+/// The [`Stop`]s a server receives. When every sender is gone no more will come: the current
+/// step then runs its course.
+pub type Stops = mpsc::UnboundedReceiver<Stop>;
+
+/// The next stop; never completes once the senders are gone.
+async fn next_stop(stops: &mut Stops) -> Stop {
+    match stops.recv().await {
+        Some(stop) => stop,
+        None => std::future::pending().await,
+    }
+}
+
+/// Backlog of the listening socket (what `TcpListener::bind` uses).
+const LISTEN_BACKLOG: u32 = 1024;
+
 /// A bound, not yet serving, proxy.
 pub struct Server {
     listener: TcpListener,
@@ -124,9 +158,7 @@ impl Server {
     pub async fn bind(config: ValidConfig) -> Result<Server, ServerError> {
         survive_file_size_limit();
         let addr = config.server.listen;
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|error| ServerError::Bind { addr, error })?;
+        let listener = listen(addr).map_err(|error| ServerError::Bind { addr, error })?;
         let state = Arc::new(AppState::new(config).await?);
         Ok(Server { listener, state })
     }
@@ -138,8 +170,24 @@ impl Server {
             .unwrap_or_else(|_| self.state.config.server.listen)
     }
 
-    /// Serves until `shutdown` completes, then drains within `server.shutdown_grace_ms`.
+    /// Serves until `shutdown` completes, then drains (the drain window, then in-flight
+    /// requests within `server.shutdown_grace_ms`).
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let (stop, stops) = mpsc::unbounded_channel();
+        let serving = self.serve_until(stops);
+        tokio::pin!(serving);
+        tokio::select! {
+            () = &mut serving => return,
+            () = shutdown => {
+                let _ = stop.send(Stop::Drain);
+            }
+        }
+        serving.await;
+    }
+
+    /// Serves until the first of `stops`, then shuts down in steps, each cut short by the next
+    /// stop (see the module doc).
+    pub async fn serve_until(self, mut stops: Stops) {
         let Server { listener, state } = self;
         let server_cfg = &state.config.server;
         let grace = server_cfg.shutdown_grace();
@@ -163,13 +211,12 @@ impl Server {
             );
         builder.http2().timer(TokioTimer::new());
 
-        tokio::pin!(shutdown);
         let drain_window = server_cfg.drain_window();
         let mut draining_since = None;
         let open = Arc::new(OpenConnections::new());
         loop {
             while tasks.try_join_next().is_some() {}
-            let stop = stop_accepting(shutdown.as_mut(), &mut draining_since, &state, drain_window);
+            let stop = stop_accepting(&mut stops, &mut draining_since, &state, drain_window);
             tokio::pin!(stop);
             let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -258,50 +305,89 @@ impl Server {
         );
         let drained = graceful.shutdown();
         tokio::pin!(drained);
-        tokio::select! {
-            () = &mut drained => tracing::info!("all connections drained"),
+        let cut = tokio::select! {
+            () = &mut drained => {
+                tracing::info!("all connections drained");
+                false
+            }
             () = tokio::time::sleep(grace) => {
                 tracing::warn!(
                     grace_ms = grace.as_millis() as u64,
                     "shutdown grace period over: cutting the remaining connections"
                 );
-                // Event streams end with a final error event; whatever is still open after
-                // a moment to send it is cut.
-                grace_over_tx.send_replace(true);
-                tokio::select! {
-                    () = &mut drained => {}
-                    () = tokio::time::sleep(CUT_FLUSH) => {}
-                }
-                tasks.abort_all();
+                true
             }
+            _ = next_stop(&mut stops) => {
+                tracing::warn!("stopped again: cutting the remaining connections now");
+                true
+            }
+        };
+        if cut {
+            // Event streams end with a final error event; whatever is still open after
+            // a moment to send it is cut.
+            grace_over_tx.send_replace(true);
+            tokio::select! {
+                () = &mut drained => {}
+                () = tokio::time::sleep(CUT_FLUSH) => {}
+            }
+            tasks.abort_all();
         }
         while tasks.join_next().await.is_some() {}
         state.shutdown().await;
     }
 }
 
-/// Completes when the accept loop must stop: once `shutdown` has completed (then `/readyz`
-/// answers 503) and the drain window after it has passed. Cancel-safe: what it has seen is
-/// kept in `draining_since`.
+/// Completes when the accept loop must stop: once the first stop has come (then `/readyz`
+/// answers 503) and the drain window after it has passed: none for [`Stop::Now`], cut short by
+/// a further stop. Cancel-safe: what it has seen is kept in `draining_until`.
 async fn stop_accepting(
-    shutdown: Pin<&mut impl Future<Output = ()>>,
-    draining_since: &mut Option<Instant>,
+    stops: &mut Stops,
+    draining_until: &mut Option<Instant>,
     state: &AppState,
     window: Duration,
 ) {
-    let since = match *draining_since {
-        Some(since) => since,
+    let until = match *draining_until {
+        Some(until) => until,
         None => {
-            shutdown.await;
+            let first = next_stop(stops).await;
             state.begin_draining();
-            tracing::info!(
-                drain_window_ms = window.as_millis() as u64,
-                "shutting down: /readyz answers 503, still accepting for server.drain_window_ms"
-            );
-            *draining_since.insert(Instant::now())
+            let window = match first {
+                Stop::Drain => window,
+                Stop::Now => Duration::ZERO,
+            };
+            if !window.is_zero() {
+                tracing::info!(
+                    drain_window_ms = window.as_millis() as u64,
+                    "shutting down: /readyz answers 503, still accepting for \
+                     server.drain_window_ms (stop again to skip it)"
+                );
+            }
+            *draining_until.insert(Instant::now() + window)
         }
     };
-    tokio::time::sleep_until(since + window).await;
+    if Instant::now() >= until {
+        return;
+    }
+    tokio::select! {
+        () = tokio::time::sleep_until(until) => {}
+        _ = next_stop(stops) => {
+            tracing::info!("stopped again: the rest of the drain window is skipped");
+        }
+    }
+}
+
+/// A listening socket on `addr` with `SO_REUSEADDR` (on Unix: binding succeeds while
+/// connections of a process that just stopped are still in `TIME_WAIT`; on Windows the option
+/// would let another process take the port, so it is left unset there).
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// How long the accept loop waits after a failed accept (out of file descriptors, …).

@@ -18,7 +18,7 @@ use crate::config::UpstreamConfig;
 use crate::headers::end_to_end;
 
 /// Request headers starting with this are the proxy's own and never forwarded.
-pub const CONTROL_HEADER_PREFIX: &str = "x-context-";
+pub use context_proxy_contract::CONTROL_HEADER_PREFIX;
 
 /// One upstream API.
 #[derive(Debug)]

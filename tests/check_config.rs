@@ -137,3 +137,68 @@ fn the_server_reads_the_overrides_too() {
     assert!(first.contains("listening on http://127.0.0.1:"), "{first}");
     assert!(!first.trim_end().ends_with(":1"), "{first}");
 }
+
+/// A base URL without a version path (`http://host:port`, where Ollama-style servers want
+/// `http://host:port/v1`) is accepted, with a warning in `check-config` and at start-up.
+#[test]
+fn a_base_url_without_a_version_path_is_warned_about() {
+    let (out, stdout, stderr) = check(
+        "[upstream]\nbase_url = \"http://127.0.0.1:11434\"\n[store]\nbackend = \"memory\"\n",
+        &[],
+    );
+    assert!(out.status.success(), "{stderr}");
+    let header = &stdout[..stdout.find("\n\n").unwrap()];
+    assert!(
+        header.contains("# warning: upstreams[0] (default).base_url \"http://127.0.0.1:11434\" has no version path segment"),
+        "{stdout}"
+    );
+    assert!(header.contains("http://127.0.0.1:11434/v1?"), "{stdout}");
+    let (_, fine, _) = check(
+        "[upstream]\nbase_url = \"http://127.0.0.1:11434/v1\"\n[store]\nbackend = \"memory\"\n",
+        &[],
+    );
+    assert!(!fine.contains("warning"), "{fine}");
+
+    // The server starts, and says so on stderr before it listens.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(
+        &path,
+        "[server]\ndrain_window_ms = 0\n[store]\nbackend = \"memory\"\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_context-proxy"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:9",
+        ])
+        .arg("--config")
+        .arg(&path)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("listening on http://"), "{first}");
+    // SIGTERM: the proxy exits cleanly, flushing its log writer.
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(child.wait().unwrap().success());
+    let mut logs = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("no version path segment"))
+        .unwrap_or_else(|| panic!("no warning in:\n{logs}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("http://127.0.0.1:9/v1?"), "{line}");
+}

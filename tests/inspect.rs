@@ -298,6 +298,73 @@ async fn the_inspect_subcommand_reads_the_store() {
     }
 }
 
+#[tokio::test]
+async fn a_session_is_found_by_the_name_the_client_gave() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::start_with(MockConfig::default(), setup(dir.path())).await;
+    let name = "Refactor Auth/2 \u{e9}t\u{e9}";
+    let resp = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-alice")
+        .header(
+            "x-context-session",
+            reqwest::header::HeaderValue::from_bytes(name.as_bytes()).unwrap(),
+        )
+        .json(&conversation())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-alice").await;
+    assert_eq!(
+        list["data"],
+        json!([{"id": name, "object": "context.session"}])
+    );
+    let path = "/v1/context/sessions/Refactor%20Auth%2F2%20%C3%A9t%C3%A9";
+    let (status, detail) = get_json(&h, path, "sk-alice").await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["id"], name);
+    assert_eq!(detail["stored_refs"], 1);
+    // Another spelling is another session.
+    let (status, _) = get_json(&h, "/v1/context/sessions/refactor%20auth%2F2", "sk-alice").await;
+    assert_eq!(status, 404);
+    h.proxy.shutdown().await;
+
+    // The inspect subcommand finds it by the same name in the store.
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"fs\"\npath = {:?}\n",
+            dir.path().display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_context-proxy"))
+        .args(["inspect", "--config"])
+        .arg(&config)
+        .arg(name)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let found: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(found["data"][0]["id"], name);
+    assert_eq!(found["data"][0]["refs"][0]["lines"], 600);
+
+    // DELETE by the name erases it.
+    let h = Harness::start_with(MockConfig::default(), setup(dir.path())).await;
+    let resp = call(&h, reqwest::Method::DELETE, path, "sk-alice").await;
+    assert_eq!(resp.status(), 200);
+    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-alice").await;
+    assert_eq!(list["data"], json!([]));
+}
+
 /// The node of `cluster` that holds the keys of `tenant` under `prefix`.
 fn node_of(cluster: &common::redis::RedisCluster, prefix: &str, tenant: &str) -> Option<usize> {
     cluster.nodes.iter().position(|node| {

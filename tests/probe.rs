@@ -6,7 +6,7 @@ mod common;
 use common::Harness;
 use context_proxy::config::Config;
 use context_proxy::mock::MockConfig;
-use context_proxy::probe::{plant, probe, sample_sessions, ProbeRun};
+use context_proxy_drive::fidelity::{plant, probe, sample_sessions, ProbeRun};
 
 fn forced(reload: bool) -> impl FnOnce(&mut Config) {
     move |c: &mut Config| {

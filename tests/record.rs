@@ -12,9 +12,9 @@ use common::Harness;
 use context_proxy::config::Config;
 use context_proxy::corpus::recording::{self, Exchange};
 use context_proxy::mock::MockConfig;
-use context_proxy::replay::drive::{drive, DriveOptions, Outcome};
-use context_proxy::replay::source::{self, Session};
 use context_proxy::traffic::TrafficConfig;
+use context_proxy_drive::replay::send::{drive, DriveOptions, Outcome};
+use context_proxy_drive::replay::source::{self, Session};
 use serde_json::{json, Value};
 
 fn sample_sessions(n: usize) -> Vec<Session> {
@@ -218,7 +218,7 @@ async fn the_replay_report_finds_each_sessions_calls_behind_the_proxy() {
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
-        args: context_proxy::replay::ReplayArgs,
+        args: context_proxy_drive::replay::ReplayArgs,
     }
     let h = Harness::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -247,7 +247,9 @@ async fn the_replay_report_finds_each_sessions_calls_behind_the_proxy() {
         "--quiet",
     ])
     .unwrap();
-    let report = context_proxy::replay::replay(&cli.args).await.unwrap();
+    let report = context_proxy_drive::replay::replay(&cli.args)
+        .await
+        .unwrap();
     let with = report.with_proxy.as_ref().unwrap();
     assert_eq!(with.upstream_calls, 6);
     assert_eq!(with.per_session.len(), 2);

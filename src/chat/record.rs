@@ -116,7 +116,7 @@ fn pending(
         .map(|o| o.body.clone())
         .filter(|body| *body != ctx.request.raw);
     let session = match &ctx.identity {
-        Some(identity) => Some(identity.session.as_str().to_string()),
+        Some(identity) => Some(identity.session.name().into_owned()),
         None => ctx
             .outgoing
             .as_ref()

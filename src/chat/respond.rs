@@ -19,17 +19,9 @@ use crate::relay::{relay_observed, respond_observed, End, Observer};
 use crate::response::UsageProbe;
 use crate::state::AppState;
 
-/// Response header: rounds and calls of the proxy's own tools answered for this request
-/// (JSON answers; a stream's headers leave before its rounds).
-pub const RELOAD_HEADER: &str = "x-context-reload";
-
-/// Response header: `usage.prompt_tokens_details.cached_tokens` the upstream reported, summed
-/// over its calls (JSON answers the proxy read whole for its tools; a stream's headers, and a
-/// relayed answer's, leave before its usage).
-pub const UPSTREAM_CACHED_HEADER: &str = "x-context-upstream-cached-tokens";
-
-/// Response header: what a summary did for this request (`hit`, `computed`, `fallback`).
-pub const SUMMARY_HEADER: &str = "x-context-summary";
+/// Response headers: the proxy's tool rounds, the upstream's cached tokens, what a summary did
+/// (the names are the contract crate's).
+pub use context_proxy_contract::{RELOAD_HEADER, SUMMARY_HEADER, UPSTREAM_CACHED_HEADER};
 
 /// The client's response for `answer`.
 pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<ProxyBody> {

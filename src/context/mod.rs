@@ -41,15 +41,11 @@ pub use session::Identity;
 use session::{identify, Decisions, Prefixes};
 pub use settings::{ContextConfig, Mode, RequestLimits, Settings};
 
-/// Response headers that tell the client what was done.
-pub const TOKENS_BEFORE_HEADER: &str = "x-context-tokens-before";
-pub const TOKENS_AFTER_HEADER: &str = "x-context-tokens-after";
-pub const ACTIONS_HEADER: &str = "x-context-actions";
-/// Response header: tokens of the forwarded request the previous request of the conversation
-/// also had, byte for byte (the cached prefix the proxy kept), by the proxy's count.
-pub const KEPT_PREFIX_HEADER: &str = "x-context-kept-prefix-tokens";
-/// Request header choosing the mode for one request.
-pub const MODE_HEADER: &str = "x-context-mode";
+/// Response headers that tell the client what was done, and the request header choosing the
+/// mode for one request (the names are the contract crate's).
+pub use context_proxy_contract::{
+    ACTIONS_HEADER, KEPT_PREFIX_HEADER, MODE_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER,
+};
 
 /// Content references remembered as already stored, and content hashes → references.
 const MEMORY_REFS: usize = 1_000_000;

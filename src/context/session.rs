@@ -19,7 +19,7 @@ use crate::store::{SessionId, StateList, Store, StoreError, Tenant};
 use crate::tokens::stable_hash;
 
 /// Request header naming the session.
-pub const SESSION_HEADER: &str = "x-context-session";
+pub use context_proxy_contract::SESSION_HEADER;
 
 /// Whose request this is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -32,7 +32,10 @@ pub struct Identity {
 /// first messages (its instructions and first user message).
 pub fn identify(headers: &HeaderMap, messages: &[Value]) -> Identity {
     let tenant = Tenant::from_api_key(crate::auth::api_key(headers));
-    let session = match headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
+    let session = match headers
+        .get(SESSION_HEADER)
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+    {
         Some(given) => {
             SessionId::parse(given).unwrap_or_else(|_| SessionId::derive(given.as_bytes()))
         }

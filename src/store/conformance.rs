@@ -168,6 +168,10 @@ macro_rules! suite {
             async fn sessions_are_listed_and_erased() {
                 super::sessions_are_listed_and_erased(harness().await, true).await
             }
+            #[tokio::test]
+            async fn sessions_keep_the_names_clients_give() {
+                super::sessions_keep_the_names_clients_give(harness().await).await
+            }
             #[test]
             fn arbitrary_strings_and_bytes_round_trip() {
                 super::arbitrary_strings_and_bytes_round_trip(Harness::$backend)
@@ -232,6 +236,7 @@ async fn redis_cluster() {
         .await;
     tenants_are_isolated(Harness::redis_cluster(&cluster).await).await;
     sessions_are_listed_and_erased(Harness::redis_cluster(&cluster).await, true).await;
+    sessions_keep_the_names_clients_give(Harness::redis_cluster(&cluster).await).await;
     the_log_is_append_only_json_lines(Harness::redis_cluster(&cluster).await).await;
     state_records_are_replaced_and_read_back(Harness::redis_cluster(&cluster).await).await;
     compare_and_set_from_absent(Harness::redis_cluster(&cluster).await).await;
@@ -482,6 +487,93 @@ async fn sessions_are_listed_and_erased(h: Harness, all_tenants: bool) {
     assert_eq!(store.read_log(&bob, &one).await.unwrap().len(), 1);
     // Erasing again finds nothing.
     assert_eq!(store.erase_session(&alice, &one, &[r1]).await.unwrap(), 0);
+}
+
+/// Session names as clients give them (capitals, spaces, separators of paths and keys, glob
+/// characters, non-ASCII, what looks like an escape): each is its own session, listed under
+/// its name, with its own content, journal, state and locks, and erased alone.
+async fn sessions_keep_the_names_clients_give(h: Harness) {
+    let t = tenant("sk-names");
+    let names = [
+        "My Session",
+        "my session",
+        "my%20session",
+        "MY SESSION",
+        "a/b",
+        "a",
+        "../../etc",
+        "x:{y}:*",
+        "[glob]?",
+        "caf\u{e9} \u{1f680}",
+        "_refs",
+        ".hidden",
+        "state",
+    ];
+    let store = &h.store;
+    let mut refs = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let s = session(name);
+        assert_eq!(s.name(), *name);
+        let text = format!("content of session {i}");
+        let r = store
+            .put_content(&t, &s, ContentKind::ToolResult, &text)
+            .await
+            .unwrap();
+        store
+            .append_log(&t, &s, &json!({"refs": [r.as_str()], "i": i}))
+            .await
+            .unwrap();
+        store
+            .put_state(&t, &s, &key("decisions"), i.to_string().as_bytes())
+            .await
+            .unwrap();
+        assert!(store
+            .try_lock(&t, &s, &key("summary"), "me", Duration::from_secs(60))
+            .await
+            .unwrap());
+        refs.push(r);
+    }
+    let mut listed: Vec<String> = store
+        .list_sessions(Some(&t))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, s)| s.name().into_owned())
+        .collect();
+    listed.sort();
+    let mut expected: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    expected.sort();
+    assert_eq!(listed, expected);
+    for (i, name) in names.iter().enumerate() {
+        let s = session(name);
+        let log = store.read_log(&t, &s).await.unwrap();
+        assert_eq!(log.len(), 1, "{name:?}: {log:?}");
+        assert_eq!(log[0]["i"], i, "{name:?}");
+        assert_eq!(
+            store.get_state(&t, &s, &key("decisions")).await.unwrap(),
+            Some(i.to_string().into_bytes()),
+            "{name:?}"
+        );
+        assert_eq!(
+            store.get_content(&t, &refs[i]).await.unwrap(),
+            Some(format!("content of session {i}"))
+        );
+    }
+    // Erasing one name leaves the names that differ from it only in case or escaping.
+    let gone = session("My Session");
+    assert!(store.erase_session(&t, &gone, &refs[..1]).await.unwrap() >= 2);
+    assert!(store.read_log(&t, &gone).await.unwrap().is_empty());
+    for name in ["my session", "my%20session", "MY SESSION"] {
+        assert_eq!(
+            store.read_log(&t, &session(name)).await.unwrap().len(),
+            1,
+            "{name:?}"
+        );
+    }
+    assert_eq!(
+        store.list_sessions(Some(&t)).await.unwrap().len(),
+        names.len() - 1
+    );
 }
 
 async fn tenants_are_isolated(h: Harness) {

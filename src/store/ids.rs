@@ -3,11 +3,21 @@
 //! [`ContentKind`].
 //!
 //! Each name is checked once, when it is made, so that a value of these types is always safe as
-//! a file name and as part of a Redis key: only ASCII lowercase letters, digits, `-`, `_` and
-//! `.`, starting with a letter or digit, never empty, never long. No value can hold `/`, `\`,
-//! `..`, a drive letter or a NUL, so no backend can be led outside its root. Names are lowercase
-//! because some file systems (macOS, Windows) do not tell `A` from `a`.
+//! a file name and as part of a Redis key (what `as_str` and `Display` give): only ASCII
+//! lowercase letters, digits, `-`, `_`, `.` (and `%` in an escaped session name), starting with
+//! a letter, a digit or `%`, never empty, never long. No value can hold `/`, `\`, `..`, `:`, a
+//! drive letter or a NUL, so no backend can be led outside its root or split a key. Names are
+//! lowercase because some file systems (macOS, Windows) do not tell `A` from `a`.
+//!
+//! A session is named by the client (`x-context-session`) with any printable text: capitals,
+//! spaces, `/`, non-ASCII. [`SessionId`] keeps that name ([`SessionId::name`], what inspection
+//! shows and finds) and files it under an escaped form: a name that already follows the rule
+//! above is its own stored form, any other byte is written `%xx` (lowercase hex), and so is a
+//! first byte that is not a letter or digit. The escape is one-to-one, so `My Session` and
+//! `my session` are two sessions on every file system, and a stored form reads back as the
+//! name it came from ([`SessionId::from_stored`]).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -19,10 +29,14 @@ use super::StoreError;
 const TENANT_HEX_LEN: usize = 20;
 /// The tenant of requests that carry no API key.
 const ANONYMOUS: &str = "anonymous";
-/// Longest session id or state key.
+/// Longest session name (in UTF-8 bytes) or state key.
 const MAX_NAME_LEN: usize = 96;
+/// Longest stored form of a session name: a file name's limit on common file systems.
+const MAX_STORED_LEN: usize = 255;
 const NAME_RULE: &str =
     "1 to 96 characters of a-z, 0-9, '-', '_' or '.', starting with a letter or digit";
+const SESSION_RULE: &str = "1 to 96 bytes of printable UTF-8 (no control characters), at most \
+     255 bytes once escaped for storage (each byte other than a-z, 0-9, '-', '_', '.' takes 3)";
 /// Every content reference starts with this.
 const REF_PREFIX: &str = "ctx_";
 /// Base32 characters after the prefix: 24 × 5 = 120 bits of SHA-256.
@@ -71,16 +85,38 @@ impl Tenant {
 }
 
 /// One conversation of a tenant: the `x-context-session` header when it is a valid name, or an
-/// id derived from the conversation itself.
+/// id derived from the conversation itself. Holds the stored (escaped) form: `as_str` and
+/// `Display` are safe as a file name and in a key; [`SessionId::name`] is the name as given.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SessionId(String);
 
 impl SessionId {
-    /// Checks a session id given by a client. The rule is strict (see the module doc); for a
-    /// value that breaks it, use [`SessionId::derive`] on its bytes.
+    /// Checks a session name given by a client (or a person, to inspect it): 1 to 96 bytes of
+    /// printable text, kept as given and escaped for storage (see the module doc). For a value
+    /// that breaks the rule, use [`SessionId::derive`] on its bytes.
     pub fn parse(value: &str) -> Result<SessionId, StoreError> {
-        check_name("session id", value)?;
-        Ok(SessionId(value.to_owned()))
+        let printable = !value.is_empty()
+            && value.len() <= MAX_NAME_LEN
+            && !value.chars().any(char::is_control);
+        let stored = printable.then(|| escape(value));
+        match stored {
+            Some(stored) if stored.len() <= MAX_STORED_LEN => Ok(SessionId(stored)),
+            _ => Err(invalid("session id", value, SESSION_RULE)),
+        }
+    }
+
+    /// The session filed under `stored` (a directory or key name a backend reads back), when
+    /// it is the stored form of a valid name: the one form [`SessionId::parse`] gives, never
+    /// another spelling of it.
+    pub fn from_stored(stored: &str) -> Option<SessionId> {
+        let name = unescape(stored)?;
+        SessionId::parse(&name).ok().filter(|id| id.0 == stored)
+    }
+
+    /// The name as the client gave it (what inspection shows and finds).
+    pub fn name(&self) -> Cow<'_, str> {
+        // Every value was escaped by `parse`, so it always reads back.
+        unescape(&self.0).unwrap_or(Cow::Borrowed(&self.0))
     }
 
     /// A session id derived from `seed` (for instance the conversation's first messages): `d-`
@@ -228,6 +264,56 @@ impl fmt::Display for ContentKind {
     }
 }
 
+/// Whether `b` may stand for itself in a stored name (at `first`, only a letter or digit may).
+fn plain(b: u8, first: bool) -> bool {
+    matches!(b, b'a'..=b'z' | b'0'..=b'9') || (!first && matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// The stored form of a session name: every byte that is not [`plain`] as `%xx`.
+fn escape(name: &str) -> String {
+    use fmt::Write;
+    let bytes = name.as_bytes();
+    if bytes.iter().enumerate().all(|(i, &b)| plain(b, i == 0)) {
+        return name.to_owned();
+    }
+    let mut out = String::with_capacity(name.len() * 3);
+    for (i, &b) in bytes.iter().enumerate() {
+        if plain(b, i == 0) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02x}");
+        }
+    }
+    out
+}
+
+/// The name a stored form stands for (itself when it holds no escape); `None` when it is not
+/// well-formed (a stray `%`, uppercase hex, bytes that are not UTF-8).
+fn unescape(stored: &str) -> Option<Cow<'_, str>> {
+    if !stored.contains('%') {
+        return Some(Cow::Borrowed(stored));
+    }
+    let bytes = stored.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            let digit = |c: u8| match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                _ => None,
+            };
+            out.push(digit(hex[0])? << 4 | digit(hex[1])?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok().map(Cow::Owned)
+}
+
 fn check_name(what: &'static str, value: &str) -> Result<(), StoreError> {
     let bytes = value.as_bytes();
     let valid = !bytes.is_empty()
@@ -331,16 +417,64 @@ mod tests {
     }
 
     #[test]
-    fn malicious_session_ids_and_keys_are_rejected() {
+    fn malicious_state_keys_are_rejected_and_session_names_escaped() {
         let too_long = "a".repeat(MAX_NAME_LEN + 1);
         for value in MALICIOUS.iter().copied().chain([too_long.as_str()]) {
-            assert!(SessionId::parse(value).is_err(), "{value:?}");
             assert!(StateKey::parse(value).is_err(), "{value:?}");
+        }
+        // A session name is kept as given; what is stored is a plain file name.
+        for value in MALICIOUS
+            .iter()
+            .copied()
+            .filter(|v| !v.is_empty() && !v.contains('\0'))
+        {
+            let id = SessionId::parse(value).unwrap();
+            assert_eq!(id.name(), value);
+            assert_ne!(
+                id.as_str(),
+                value,
+                "{value:?} is not a plain name: it must be escaped"
+            );
+            assert_eq!(SessionId::from_stored(id.as_str()), Some(id));
+        }
+        for value in ["", "a\0b", "a\nb", "tab\there", too_long.as_str()] {
+            assert!(SessionId::parse(value).is_err(), "{value:?}");
         }
         for value in ["a", "s1", "0.9-x_y", &"z".repeat(MAX_NAME_LEN)] {
             assert_eq!(SessionId::parse(value).unwrap().as_str(), value);
+            assert_eq!(SessionId::parse(value).unwrap().name(), value);
             assert_eq!(StateKey::parse(value).unwrap().as_str(), value);
         }
+    }
+
+    #[test]
+    fn session_names_are_kept_as_given_and_escaped_one_to_one() {
+        let cases = [
+            ("My Session", "%4dy%20%53ession"),
+            ("my session", "my%20session"),
+            ("a/b", "a%2fb"),
+            ("..", "%2e."),
+            ("50%", "50%25"),
+            ("caf\u{e9}", "caf%c3%a9"),
+            ("_refs", "%5frefs"),
+            ("redis:{key}*", "redis%3a%7bkey%7d%2a"),
+        ];
+        for (name, stored) in cases {
+            let id = SessionId::parse(name).unwrap();
+            assert_eq!(id.as_str(), stored);
+            assert_eq!(id.to_string(), stored);
+            assert_eq!(id.name(), name);
+            assert_eq!(SessionId::from_stored(stored), Some(id));
+        }
+        // Stored forms that no name gives are not sessions.
+        for stored in ["%4Dy", "%4", "a%zz", "%61", "%ff", "A", "", "a/b", ".x"] {
+            assert_eq!(SessionId::from_stored(stored), None, "{stored:?}");
+        }
+        // 96 bytes that escape to more than a file name may hold are refused, with the rule.
+        let wide = "\u{e9}".repeat(48);
+        let err = SessionId::parse(&wide).unwrap_err().to_string();
+        assert!(err.contains("escaped"), "{err}");
+        assert!(SessionId::parse(&"\u{e9}".repeat(42)).is_ok());
     }
 
     #[test]
@@ -400,6 +534,19 @@ mod tests {
         fn every_computed_ref_parses(content in any::<String>()) {
             let r = ContentRef::of(&content);
             prop_assert_eq!(ContentRef::parse(r.as_str()).unwrap(), r);
+        }
+
+        #[test]
+        fn a_printable_session_name_reads_back_from_its_stored_form(
+            name in "[^\\p{Cc}]{1,40}",
+        ) {
+            let id = SessionId::parse(&name).unwrap();
+            prop_assert_eq!(id.name(), name.as_str());
+            prop_assert_eq!(SessionId::from_stored(id.as_str()), Some(id.clone()));
+            // One case only and no character a key, a glob or a path could read as syntax.
+            prop_assert!(id.as_str().bytes().all(|b| matches!(
+                b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'%'
+            )), "{}", id);
         }
 
         #[test]

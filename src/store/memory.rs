@@ -429,7 +429,7 @@ impl Store for MemoryStore {
         }
         Ok(found
             .into_iter()
-            .filter_map(|(t, s)| Some((Tenant::from_id(&t)?, SessionId::parse(&s).ok()?)))
+            .filter_map(|(t, s)| Some((Tenant::from_id(&t)?, SessionId::from_stored(&s)?)))
             .collect())
     }
 

@@ -116,7 +116,7 @@ impl Tree {
         text: &str,
     ) -> Option<PathBuf> {
         let (session, file) = text.strip_suffix('\n')?.split_once('/')?;
-        let session = SessionId::parse(session).ok()?;
+        let session = SessionId::from_stored(session)?;
         ContentKind::ALL
             .iter()
             .any(|kind| kind.file_name(r) == file)

@@ -26,7 +26,7 @@ impl Tree {
                 if name == REFS_DIR || name.starts_with(TEMP_PREFIX) {
                     continue;
                 }
-                if let Ok(session) = SessionId::parse(&name) {
+                if let Some(session) = SessionId::from_stored(&name) {
                     found.push((t.clone(), session));
                 }
             }
@@ -67,7 +67,9 @@ impl Tree {
             if !in_session {
                 // Stored by another session of the tenant: the journal names it, so it goes.
                 if let Some((other, file)) = target.split_once('/') {
-                    if let (Ok(other), false) = (SessionId::parse(other), file.contains('/')) {
+                    if let (Some(other), false) =
+                        (SessionId::from_stored(other), file.contains('/'))
+                    {
                         let path = self.session_dir(tenant, &other).join(file);
                         if remove_file(&path)? {
                             erased += 1;

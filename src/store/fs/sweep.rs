@@ -39,7 +39,7 @@ impl Tree {
             if name == REFS_DIR && is_dir(&entry) {
                 removed += self.sweep_files(&path, now, |n| ContentRef::parse(n).is_ok());
                 self.remove_if_empty(&path);
-            } else if SessionId::parse(name).is_ok() && is_dir(&entry) {
+            } else if SessionId::from_stored(name).is_some() && is_dir(&entry) {
                 removed +=
                     self.sweep_files(&path, now, |n| n == LOG_FILE || is_content_file_name(n));
                 let state = path.join(STATE_DIR);

@@ -101,7 +101,7 @@ impl RedisStore {
             .iter()
             .filter_map(|id| {
                 let (t, s) = id.split_once('\n')?;
-                Some((Tenant::from_id(t)?, SessionId::parse(s).ok()?))
+                Some((Tenant::from_id(t)?, SessionId::from_stored(s)?))
             })
             .collect();
         found.sort_by(|a, b| (a.0.as_str(), a.1.as_str()).cmp(&(b.0.as_str(), b.1.as_str())));

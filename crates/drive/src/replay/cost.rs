@@ -6,13 +6,13 @@
 //! cached rate; the rest at the full rate, plus the provider's cache-write premium. A prefix
 //! shorter than the provider's minimum is not cached. Costs are in units of one full-price
 //! input token, so they compare across providers as "tokens you pay for". The prices are the
-//! table of [`crate::pricing`], the one the engine decides with.
+//! table of [`context_proxy_pricing`], the one the engine decides with.
 
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::pricing::{CachePricing, PRESETS};
-use crate::tokens::Counter;
+use context_proxy_pricing::{CachePricing, PRESETS};
+use context_proxy_tokens::Counter;
 
 /// One row of the report: a name and its caching terms.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -21,7 +21,7 @@ pub struct Pricing {
     pub terms: CachePricing,
 }
 
-/// Every preset of [`crate::pricing::PRESETS`], in its order.
+/// Every preset of [`context_proxy_pricing::PRESETS`], in its order.
 pub fn providers() -> Vec<Pricing> {
     PRESETS
         .iter()
@@ -94,7 +94,7 @@ pub fn effective_cost(calls: &[Call], pricing: &CachePricing) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::{CountSettings, Encoding};
+    use context_proxy_tokens::{CountSettings, Encoding};
     use serde_json::json;
 
     fn counter() -> Counter {

@@ -13,7 +13,7 @@ use std::path::Path;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::corpus::recording;
+use context_proxy_corpus::recording;
 
 /// One request of a session.
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ pub fn load(path: &Path) -> io::Result<Vec<Session>> {
         return Ok(from_recording(&recording::read(path)?.exchanges));
     }
     if path.is_dir() && path.join("index.json").is_file() {
-        let sessions = crate::corpus::load_dir(path)?;
+        let sessions = context_proxy_corpus::load_dir(path)?;
         return Ok(sessions
             .iter()
             .map(|s| Session {

@@ -145,8 +145,6 @@ pub async fn drive(
     all
 }
 
-/// The proxy's response header with its tool rounds (`chat/respond.rs`).
-const RELOAD_HEADER: &str = "x-context-reload";
 /// Request header naming the replayed session, forwarded by the proxy to the upstream.
 pub const REPLAY_SESSION_HEADER: &str = "x-replay-session";
 
@@ -154,10 +152,10 @@ fn header_u64(resp: &reqwest::Response, name: &str) -> Option<u64> {
     resp.headers().get(name)?.to_str().ok()?.parse().ok()
 }
 
-/// `rounds=N` of `x-context-reload`.
-fn reload_rounds(resp: &reqwest::Response) -> u64 {
-    resp.headers()
-        .get(RELOAD_HEADER)
+/// `rounds=N` of `x-context-reload` (0 without it).
+pub(crate) fn reload_rounds(headers: &http::HeaderMap) -> u64 {
+    headers
+        .get(context_proxy_contract::RELOAD_HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(',').find_map(|kv| kv.strip_prefix("rounds=")))
         .and_then(|n| n.parse().ok())
@@ -178,7 +176,7 @@ async fn send(
         .header("content-type", "application/json")
         .header("authorization", format!("Bearer {}", options.api_key))
         .header(
-            crate::context::session::SESSION_HEADER,
+            context_proxy_contract::SESSION_HEADER,
             format!("{}{session}", options.run_id),
         )
         // The proxy keeps its own `x-context-*` headers: this one reaches the upstream, so the
@@ -202,9 +200,9 @@ async fn send(
     };
     let mut outcome = Outcome {
         status: resp.status().as_u16(),
-        tokens_before: header_u64(&resp, crate::context::TOKENS_BEFORE_HEADER),
-        tokens_after: header_u64(&resp, crate::context::TOKENS_AFTER_HEADER),
-        reload_rounds: reload_rounds(&resp),
+        tokens_before: header_u64(&resp, context_proxy_contract::TOKENS_BEFORE_HEADER),
+        tokens_after: header_u64(&resp, context_proxy_contract::TOKENS_AFTER_HEADER),
+        reload_rounds: reload_rounds(resp.headers()),
         ..Outcome::default()
     };
     let mut first = None;

@@ -3,7 +3,7 @@
 //! the effective input cost under prompt caching with and without the proxy.
 //!
 //! - `source.rs` — what to send: a recording, a corpus directory, or JSONL bodies, as sessions;
-//! - `drive.rs` — sending: sessions in parallel, each in order, on an open-loop schedule;
+//! - `send.rs` — sending: sessions in parallel, each in order, on an open-loop schedule;
 //! - `cost.rs` — prefix stability and the cost under prompt caching (the price table);
 //! - `report.rs` — the numbers, the table and the JSON;
 //! - `chart.rs` — the SVG chart.
@@ -14,8 +14,8 @@
 
 pub mod chart;
 pub mod cost;
-pub mod drive;
 pub mod report;
+pub mod send;
 pub mod source;
 
 use std::collections::HashMap;
@@ -25,11 +25,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::pricing::CachePricing;
-use crate::tokens::{CountSettings, Counter, Encoding};
+use context_proxy_pricing::CachePricing;
+use context_proxy_tokens::{CountSettings, Counter, Encoding};
 use cost::Pricing;
-use drive::{drive, DriveOptions};
 use report::{report, Report, Side};
+use send::{drive, DriveOptions};
 use source::Session;
 
 /// Options of the `replay` subcommand.
@@ -131,7 +131,7 @@ pub enum ReplayError {
     },
     #[error("--compare needs --upstream URL (or --spawn)")]
     NoUpstream,
-    #[error("unknown provider {0:?} ({names}, or custom with --cached-rate)", names = crate::pricing::PRESET_NAMES)]
+    #[error("unknown provider {0:?} ({names}, or custom with --cached-rate)", names = context_proxy_pricing::PRESET_NAMES)]
     Provider(String),
 }
 
@@ -188,7 +188,7 @@ pub async fn mock_received(
         if r["path"] != "/v1/chat/completions" {
             continue;
         }
-        let Some(session) = r["headers"][drive::REPLAY_SESSION_HEADER]
+        let Some(session) = r["headers"][send::REPLAY_SESSION_HEADER]
             .as_str()
             .and_then(|s| s.strip_prefix(run_id))
         else {
@@ -208,7 +208,7 @@ pub async fn mock_received(
 /// better or worse than the traffic is.
 fn whole_log(headers: &http::HeaderMap) -> Result<(), ReplayError> {
     let dropped = headers
-        .get(crate::mock::DROPPED_HEADER)
+        .get(context_proxy_mock::DROPPED_HEADER)
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
         .unwrap_or(0);
     if dropped > 0 {
@@ -379,8 +379,8 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
 
 /// The mock and the proxy as child processes (killed when dropped).
 struct Spawned {
-    _mock: crate::bench::ChildGuard,
-    _proxy: crate::bench::ChildGuard,
+    _mock: crate::children::ChildGuard,
+    _proxy: crate::children::ChildGuard,
     mock_url: String,
     proxy_url: String,
 }
@@ -388,7 +388,7 @@ struct Spawned {
 fn spawn(args: &ReplayArgs) -> Result<Spawned, ReplayError> {
     let latency = args.mock_latency_ms.to_string();
     let per_token = args.mock_latency_per_token_us.to_string();
-    let (mock, mock_addr) = crate::bench::spawn_self(&[
+    let (mock, mock_addr) = crate::children::spawn_self(&[
         "mock-upstream",
         "--listen",
         "127.0.0.1:0",
@@ -404,7 +404,7 @@ fn spawn(args: &ReplayArgs) -> Result<Spawned, ReplayError> {
     let mock_url = format!("http://{mock_addr}");
     let config = args.proxy_config.to_string_lossy().into_owned();
     let upstream = format!("{mock_url}/v1");
-    let (proxy, proxy_addr) = crate::bench::spawn_self(&[
+    let (proxy, proxy_addr) = crate::children::spawn_self(&[
         "--config",
         &config,
         "--listen",
@@ -442,9 +442,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_log_that_dropped_requests_is_refused() {
-        let mock = crate::mock::MockUpstream::start(crate::mock::MockConfig::default())
-            .await
-            .unwrap();
+        let mock =
+            context_proxy_mock::MockUpstream::start(context_proxy_mock::MockConfig::default())
+                .await
+                .unwrap();
         let client = reqwest::Client::new();
         let url = mock.base_url();
         let root = url.trim_end_matches("/v1");
@@ -453,14 +454,17 @@ mod tests {
             .send()
             .await
             .unwrap();
-        assert_eq!(response.headers()[crate::mock::DROPPED_HEADER], "0");
+        assert_eq!(response.headers()[context_proxy_mock::DROPPED_HEADER], "0");
         assert!(whole_log(response.headers()).is_ok());
         assert!(mock_received(&client, root, "run")
             .await
             .unwrap()
             .is_empty());
         let mut dropped = http::HeaderMap::new();
-        dropped.insert(crate::mock::DROPPED_HEADER, http::HeaderValue::from(3));
+        dropped.insert(
+            context_proxy_mock::DROPPED_HEADER,
+            http::HeaderValue::from(3),
+        );
         let err = whole_log(&dropped).unwrap_err().to_string();
         assert!(err.contains("dropped the 3 oldest requests"), "{err}");
     }

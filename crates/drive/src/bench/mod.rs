@@ -16,15 +16,14 @@ mod cpu;
 mod hostile;
 mod load;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use context_proxy_tokens::Encoding;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
+use crate::children::{spawn_proxy, spawn_self, ChildGuard};
 use cpu::{CpuPerRequest, Processes};
 use load::{run_load, LoadResult};
 
@@ -82,46 +81,6 @@ impl std::fmt::Display for Scenario {
     }
 }
 
-/// A child process that is killed when dropped.
-pub(crate) struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `args` on the current executable and reads the `… listening on http://ADDR` line.
-pub(crate) fn spawn_self(args: &[&str]) -> std::io::Result<(ChildGuard, SocketAddr)> {
-    spawn(&std::env::current_exe()?, args)
-}
-
-/// Starts `exe` with `args` and reads the `… listening on http://ADDR` line.
-fn spawn(exe: &std::path::Path, args: &[&str]) -> std::io::Result<(ChildGuard, SocketAddr)> {
-    let mut child = Command::new(exe)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| std::io::Error::other("no stdout"))?;
-    let guard = ChildGuard(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    let addr = line
-        .trim()
-        .rsplit("http://")
-        .next()
-        .and_then(|a| a.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("unexpected first line {line:?}")))?;
-    Ok((guard, addr))
-}
-
 /// The proxy and the mock under test, started as children of this process.
 struct Target {
     mock: ChildGuard,
@@ -158,17 +117,6 @@ async fn start(
         proxy,
         proxy_addr,
     })
-}
-
-/// Starts the proxy: `exe` with `args`, or this executable when `exe` is `None`.
-pub(crate) fn spawn_proxy(
-    exe: Option<&std::path::Path>,
-    args: &[&str],
-) -> std::io::Result<(ChildGuard, SocketAddr)> {
-    match exe {
-        Some(exe) => spawn(exe, args),
-        None => spawn_self(args),
-    }
 }
 
 /// Resident set size and its peak of process `pid`, in MiB (Linux /proc).
@@ -324,7 +272,7 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
         proxy,
         proxy_addr,
     } = start(proxy_exe, &[], &proxy_config).await?;
-    let pid = proxy.0.id();
+    let pid = proxy.id();
     // Before any request: the process, its runtime and its clients, no tokenizer tables yet.
     let (start_rss, _) = rss_mib(pid);
     let client = reqwest::Client::builder()
@@ -335,7 +283,7 @@ pub async fn run(args: BenchArgs) -> std::io::Result<()> {
     let bench = Bench {
         processes: Processes {
             bench: std::process::id(),
-            mock: mock.0.id(),
+            mock: mock.id(),
             proxy: pid,
         },
         client: client.clone(),

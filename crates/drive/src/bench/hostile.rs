@@ -137,7 +137,7 @@ pub async fn silent_sockets(
     println!("open files limit raised to {limit}; {n} silent sockets per opening");
     let target = start(proxy_exe, &[], proxy_config).await?;
     let addr = target.proxy_addr;
-    let pid = target.proxy.0.id();
+    let pid = target.proxy.id();
     let wait = Duration::from_secs(20);
     // Warm: the first counted request loads the BPE tables.
     let (chat, health) = time_requests(addr, wait).await?;
@@ -204,7 +204,7 @@ pub async fn streams(
     let interval = interval_ms.to_string();
     let target = start(proxy_exe, &["--chunk-interval-ms", &interval], proxy_config).await?;
     let addr = target.proxy_addr;
-    let pid = target.proxy.0.id();
+    let pid = target.proxy.id();
     let url = format!("http://{addr}/v1/chat/completions");
     let mut body = small_request();
     body["stream"] = serde_json::Value::Bool(true);

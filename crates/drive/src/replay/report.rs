@@ -9,10 +9,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::cost::{count_session, effective_cost, Call, Pricing};
-use super::drive::Outcome;
+use super::send::Outcome;
 #[cfg(test)]
-use crate::pricing::CachePricing;
-use crate::tokens::Counter;
+use context_proxy_pricing::CachePricing;
+use context_proxy_tokens::Counter;
 
 /// Percentiles of a set of durations, in ms.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

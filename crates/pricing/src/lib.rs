@@ -21,6 +21,11 @@
 //! an hour off-peak): 300 s is the safe side. Anthropic caches only up to the `cache_control`
 //! breakpoints a client sets: the figures assume a breakpoint at the end of every request (the
 //! best case for going direct).
+//!
+//! A crate of its own (`context-proxy-pricing`, re-exported as `context_proxy::pricing`) so that
+//! the proxy and its measuring tools (`context-proxy-drive`) read the same table.
+
+#![forbid(unsafe_code)]
 
 use serde::Serialize;
 

@@ -13,10 +13,10 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::corpus::Session;
-use crate::mock::reader::{needle_line, QUESTION};
-use crate::tokens::{CountSettings, Counter, Encoding};
-use crate::traffic::TrafficConfig;
+use context_proxy_corpus::Session;
+use context_proxy_mock::reader::{needle_line, QUESTION};
+use context_proxy_tokens::{CountSettings, Counter, Encoding};
+use context_proxy_traffic::TrafficConfig;
 
 /// Options of the `probe` subcommand.
 #[derive(clap::Args, Debug, Clone)]
@@ -101,7 +101,7 @@ pub enum ProbeError {
 
 /// The sample sessions the probe uses.
 pub fn sample_sessions(count: usize, seed: u64) -> Vec<Session> {
-    crate::traffic::generate(&TrafficConfig {
+    context_proxy_traffic::generate(&TrafficConfig {
         seed,
         sessions: count,
         max_turns: 16,
@@ -207,12 +207,12 @@ pub async fn probe(
                 .post(url)
                 .header("authorization", format!("Bearer {api_key}"))
                 .header(
-                    crate::context::session::SESSION_HEADER,
+                    context_proxy_contract::SESSION_HEADER,
                     format!("{run}{}", s.id),
                 )
                 .json(&body);
             if off {
-                request = request.header("x-context-mode", "off");
+                request = request.header(context_proxy_contract::MODE_HEADER, "off");
             }
             let resp = request.send().await?;
             let status = resp.status().as_u16();
@@ -220,16 +220,10 @@ pub async fn probe(
                 resp.headers().get(name)?.to_str().ok()?.parse().ok()
             };
             let (before, after) = (
-                header(crate::context::TOKENS_BEFORE_HEADER),
-                header(crate::context::TOKENS_AFTER_HEADER),
+                header(context_proxy_contract::TOKENS_BEFORE_HEADER),
+                header(context_proxy_contract::TOKENS_AFTER_HEADER),
             );
-            reload_rounds += resp
-                .headers()
-                .get("x-context-reload")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.split(',').find_map(|kv| kv.strip_prefix("rounds=")))
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0);
+            reload_rounds += crate::replay::send::reload_rounds(resp.headers());
             if let (Some(b), Some(a)) = (before, after) {
                 rewritten += usize::from(a < b);
             }
