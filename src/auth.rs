@@ -38,6 +38,11 @@ pub struct AuthConfig {
     /// Name of an environment variable holding the admin token: it may inspect and erase the
     /// sessions of every tenant on the `/v1/context/…` routes (and only there).
     pub admin_token_env: Option<String>,
+    /// Without proxy keys, let a client inspect and erase the sessions of its own key (its
+    /// hash) on the `/v1/context/…` routes. Dangerous where clients share a key or send none
+    /// (a placeholder such as `EMPTY`): they would see one another's sessions. Only for a proxy
+    /// one person uses (the `--demo` sets it). Default false: only the admin token.
+    pub inspect_by_client_key: bool,
 }
 
 /// One client key the proxy knows (`[[keys]]`).
@@ -392,6 +397,8 @@ pub struct Auth {
     required: bool,
     keys: HashMap<[u8; 32], Arc<Key>>,
     admin: Option<[u8; 32]>,
+    /// `[auth] inspect_by_client_key`.
+    inspect_by_client_key: bool,
     /// Every key's tenant and name, sorted by name (the admin's inspection names them).
     names: KeyNames,
 }
@@ -464,6 +471,7 @@ impl Auth {
             required: upstream_keys && !config.auth.open_relay,
             keys,
             admin,
+            inspect_by_client_key: config.auth.inspect_by_client_key,
             names: KeyNames::from_entries(&entries),
         })
     }
@@ -498,7 +506,7 @@ impl Auth {
             }
         }
         if !self.required {
-            if admin_route {
+            if admin_route && !self.inspect_by_client_key {
                 return Err(AuthError::AdminTokenRequired {
                     configured: self.admin.is_some(),
                 });

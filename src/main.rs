@@ -114,6 +114,8 @@ async fn serve(config: ValidConfig, demo: bool, cli_config: Option<PathBuf>) -> 
         let mock = MockUpstream::bind("127.0.0.1:0".parse()?, MockConfig::default()).await?;
         tracing::info!(upstream = %mock.base_url(), "demo: serving with the built-in mock upstream");
         let mut edited = config.into_inner();
+        // One person's proxy: the demo's own key inspects its session, as the demo shows.
+        edited.auth.inspect_by_client_key = true;
         for upstream in &mut edited.upstreams {
             upstream.base_url = mock.base_url();
             upstream.api_key_env = None;

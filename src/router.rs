@@ -150,7 +150,9 @@ async fn route(
 /// one. A path inside `/v1/` is replaced by its resolved form.
 fn confine_path(req: &mut Request<Incoming>) -> Result<(), ProxyError> {
     let path = req.uri().path();
-    if hides_a_separator(path) {
+    // The proxy's own /v1/context/ routes are never forwarded, and a session's name (kept as
+    // the client gave it) may hold a `/`, written `%2F` in the path.
+    if !path.starts_with("/v1/context/") && hides_a_separator(path) {
         return Err(ProxyError::InvalidPath {
             path: path.to_string(),
         });

@@ -577,17 +577,27 @@ async fn a_32_mib_body_of_tiny_values_no_longer_takes_gigabytes() {
     // 16 million values in just under 32 MiB (server.max_body_bytes), in a managed mode (the
     // body is parsed into a DOM unless the limits refuse it first).
     let elements = 16_000_000;
-    let unlimited = "max_json_elements = 1000000000\nmax_json_depth = 1000";
+    let unlimited = "max_json_elements = 1000000000\nmax_json_depth = 1000\nmax_body_bytes_in_flight = 100000000000";
     let nowhere = closed_upstream();
     let (before, before_status) = peak_rss_kb(elements, unlimited, "auto", &nowhere).await;
     let (after, after_status) = peak_rss_kb(elements, "", "auto", &nowhere).await;
+    // With no element limit, the in-flight budget alone refuses it: it counts what the body
+    // would cost once parsed (80 bytes a value), far more than its 32 MiB.
+    let budget_only = "max_json_elements = 1000000000\nmax_json_depth = 1000";
+    let (budgeted, budgeted_status) = peak_rss_kb(elements, budget_only, "auto", &nowhere).await;
     eprintln!(
-        "peak RSS, 32 MiB body of 16M values: unlimited {} MiB (status {before_status}), default limits {} MiB (status {after_status})",
+        "peak RSS, 32 MiB body of 16M values: unlimited {} MiB (status {before_status}), default limits {} MiB (status {after_status}), in-flight budget only {} MiB (status {budgeted_status})",
         before / 1024,
-        after / 1024
+        after / 1024,
+        budgeted / 1024
     );
     assert_eq!(after_status, 413);
     assert!(after * 4 < before, "before {before} kB, after {after} kB");
+    assert_eq!(budgeted_status, 503);
+    assert!(
+        budgeted * 4 < before,
+        "before {before} kB, budgeted {budgeted} kB"
+    );
 }
 
 #[tokio::test]

@@ -129,17 +129,15 @@ async fn sessions_are_inspected_read_and_erased_per_key() {
     for (path, key) in [
         (format!("/v1/context/refs/{reference}"), "sk-bob"),
         ("/v1/context/refs/ctx_notareference".to_string(), "sk-alice"),
+        (
+            "/v1/context/refs/..%2F..%2Fetc%2Fpasswd".to_string(),
+            "sk-alice",
+        ),
     ] {
         let resp = call(&h, reqwest::Method::GET, &path, key).await;
         assert_eq!(resp.status(), 404, "{path}");
         assert_openai_error(&resp.bytes().await.unwrap());
     }
-    // An encoded traversal is refused by the router before any route sees it.
-    let path = "/v1/context/refs/..%2F..%2Fetc%2Fpasswd";
-    let resp = call(&h, reqwest::Method::GET, path, "sk-alice").await;
-    assert_eq!(resp.status(), 400, "{path}");
-    let error = assert_openai_error(&resp.bytes().await.unwrap());
-    assert_eq!(error["code"], "invalid_path");
     // Without a key: 401.
     let resp = h
         .client

@@ -444,7 +444,10 @@ async fn context_length_errors_are_retried_once_with_a_smaller_budget() {
         c.context.summarizer.enabled = false;
     })
     .await;
+    // A self-hosted model the proxy knows nothing of: a small limit is believable (for a model
+    // it knows, one below 1/32 of its window is not learned).
     let mut body = request(10);
+    body["model"] = json!("local-model");
     body["max_tokens"] = json!(100);
     let resp = s.h.chat(&body).await;
     assert_eq!(resp.status(), 200);
@@ -452,6 +455,7 @@ async fn context_length_errors_are_retried_once_with_a_smaller_budget() {
     assert_eq!(s.h.mock.received().len(), 2);
     // Learned: the next request fits at once.
     let mut body = request(11);
+    body["model"] = json!("local-model");
     body["max_tokens"] = json!(100);
     let resp = s.h.chat(&body).await;
     assert_eq!(resp.status(), 200);
@@ -459,6 +463,7 @@ async fn context_length_errors_are_retried_once_with_a_smaller_budget() {
     assert_eq!(s.h.mock.received().len(), 3);
     // A stream: the error comes before the first event.
     let mut body = request(12);
+    body["model"] = json!("local-model");
     body["max_tokens"] = json!(100);
     body["stream"] = json!(true);
     s.h.mock.push(Reply::error(400, json!({"error": {"code": 400, "message": "the request exceeds the available context size", "type": "exceed_context_size_error", "n_prompt_tokens": 3000, "n_ctx": 2000}})));

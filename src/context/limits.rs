@@ -42,11 +42,13 @@ const PLAUSIBLE: std::ops::RangeInclusive<usize> = 256..=100_000_000;
 /// alone is larger.
 pub const MIN_LEARNED: usize = 1_024;
 
-/// The smallest limit learned for a model whose window is `window` tokens (from the config or
-/// the built-in table): 1/32 of it (servers often run a model below its native window, e.g. a
-/// 128k model at 8k, but not at a few hundred tokens), and never below [`MIN_LEARNED`].
-pub fn floor(window: usize) -> usize {
-    (window / 32).max(MIN_LEARNED)
+/// The smallest limit learned for a model whose window is `window` tokens (from the config,
+/// the upstream's default window or the built-in table): 1/32 of it (servers often run a model
+/// below its native window, e.g. a 128k model at 8k, but not at a few hundred tokens), and
+/// never below [`MIN_LEARNED`], which is all that holds for a model nothing says anything of
+/// (a llama.cpp server at `n_ctx` 2048 is common).
+pub fn floor(window: Option<usize>) -> usize {
+    window.map_or(0, |w| w / 32).max(MIN_LEARNED)
 }
 
 /// The context limit an upstream states in an error answer, when it states one in a form
@@ -222,8 +224,9 @@ pub struct Evidence<'a> {
     pub sent_tokens: usize,
     /// The answer's room the request asked for (`max_tokens`…), when it asked.
     pub requested_output: Option<usize>,
-    /// The model's window from the config or the built-in table (for the [`floor`]).
-    pub window: usize,
+    /// The model's window from the config, the upstream's default or the built-in table,
+    /// when known (for the [`floor`]).
+    pub window: Option<usize>,
 }
 
 impl Evidence<'_> {
@@ -505,15 +508,16 @@ messages.0.role
             tenant,
             sent_tokens,
             requested_output: None,
-            window: 128_000,
+            window: Some(128_000),
         }
     }
 
     #[test]
     fn a_limit_must_be_below_what_was_sent_and_above_the_floor() {
         let t = Tenant::from_api_key(Some("a"));
-        assert_eq!(floor(128_000), 4_000);
-        assert_eq!(floor(8_192), MIN_LEARNED);
+        assert_eq!(floor(Some(128_000)), 4_000);
+        assert_eq!(floor(Some(8_192)), MIN_LEARNED);
+        assert_eq!(floor(None), MIN_LEARNED);
         assert!(evidence(&t, 7_000).supports(6_000));
         // The proxy's count may be a quarter under the upstream's.
         assert!(evidence(&t, 5_000).supports(6_000));

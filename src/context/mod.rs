@@ -433,7 +433,7 @@ impl ContextManager {
             tenant: drawn.tenant,
             sent_tokens: drawn.sent_tokens,
             requested_output: RequestLimits::requested_output_of(drawn.sent),
-            window: self.config.limits_of(model, &request).window,
+            window: self.config.known_window(model, &request),
         };
         if self
             .learned

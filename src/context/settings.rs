@@ -319,6 +319,18 @@ impl ContextConfig {
             .unwrap_or(DEFAULT_LIMITS)
     }
 
+    /// The window of `model` when something says it (the config's table, the upstream's
+    /// default window, the built-in table), not the default assumed for an unknown model.
+    pub fn known_window(&self, model: &str, request: &RequestLimits) -> Option<usize> {
+        models::lookup(
+            self.model_windows.iter().map(|(k, v)| (k.as_str(), *v)),
+            model,
+        )
+        .map(|w| WindowEntry::limits(w).window)
+        .or(request.upstream_default_window)
+        .or(models::builtin(model).map(|l| l.window))
+    }
+
     /// The context window of `model` (no upstream default, nothing learned).
     pub fn window_of(&self, model: &str) -> usize {
         self.limits_of(model, &RequestLimits::default()).window
