@@ -88,6 +88,38 @@ async fn paths_leaving_v1_are_refused_before_any_upstream_call() {
     assert_eq!(received[0].path, "/v1/models");
 }
 
+/// The real binary on `config`, started by `sh` after `limits` (e.g. `ulimit -n 64`), without
+/// `RUST_LOG`, stderr kept when `keep_stderr`; and the address it says it listens on.
+fn spawn_limited(
+    limits: &str,
+    config: &std::path::Path,
+    keep_stderr: bool,
+) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{limits}; exec \"$0\" --config \"$1\" --listen 127.0.0.1:0"
+        ))
+        .arg(env!("CARGO_BIN_EXE_context-proxy"))
+        .arg(config)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(if keep_stderr {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first.trim().rsplit("http://").next().unwrap().to_string();
+    (child, addr)
+}
+
 /// Reads from `conn` until the server closes it; panics if it stays open past `WAIT`.
 async fn closed_by_server(conn: &mut TcpStream) -> Vec<u8> {
     let mut buf = Vec::new();
@@ -396,7 +428,6 @@ async fn content_lost_under_a_running_proxy_is_written_again() {
 
 #[tokio::test]
 async fn readyz_is_degraded_when_the_store_cannot_write() {
-    use std::io::BufRead;
     let mock = context_proxy::mock::MockUpstream::start(MockConfig::default())
         .await
         .unwrap();
@@ -412,20 +443,7 @@ async fn readyz_is_degraded_when_the_store_cannot_write() {
     )
     .unwrap();
     // Like a full disk: no file may grow (RLIMIT_FSIZE 0; SIGXFSZ ignored, so writes fail).
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("trap '' XFSZ; ulimit -f 0; exec \"$0\" --config \"$1\" --listen 127.0.0.1:0")
-        .arg(env!("CARGO_BIN_EXE_context-proxy"))
-        .arg(&config)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first.trim().rsplit("http://").next().unwrap().to_string();
+    let (mut child, addr) = spawn_limited("trap '' XFSZ; ulimit -f 0", &config, false);
     let resp = reqwest::get(format!("http://{addr}/readyz")).await.unwrap();
     let status = resp.status();
     let body = resp.text().await.unwrap();
@@ -951,7 +969,7 @@ async fn a_body_failing_mid_way_names_the_upstream_never_its_address() {
 
 #[tokio::test]
 async fn out_of_file_descriptors_is_a_rate_limited_log_line_and_service_resumes() {
-    use std::io::{BufRead, Read};
+    use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.toml");
     std::fs::write(
@@ -960,21 +978,7 @@ async fn out_of_file_descriptors_is_a_rate_limited_log_line_and_service_resumes(
     )
     .unwrap();
     // 64 file descriptors: the proxy runs out of them long before 150 connections.
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -n 64; exec \"$0\" --config \"$1\" --listen 127.0.0.1:0")
-        .arg(env!("CARGO_BIN_EXE_context-proxy"))
-        .arg(&config)
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first.trim().rsplit("http://").next().unwrap().to_string();
+    let (mut child, addr) = spawn_limited("ulimit -n 64", &config, true);
     let mut silent = Vec::new();
     for _ in 0..150 {
         silent.push(TcpStream::connect(&addr).await.unwrap());
@@ -1301,7 +1305,6 @@ async fn a_lone_surrogate_escape_is_legal_json_and_forwarded_as_it_came() {
 #[tokio::test]
 async fn a_write_past_the_file_size_limit_does_not_end_the_process() {
     use serde_json::{json, Value};
-    use std::io::BufRead;
     let mock = context_proxy::mock::MockUpstream::start(MockConfig::default())
         .await
         .unwrap();
@@ -1317,20 +1320,7 @@ async fn a_write_past_the_file_size_limit_does_not_end_the_process() {
     )
     .unwrap();
     // Files may grow to 64 KiB: storing a larger tool result raises SIGXFSZ (not trapped here).
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -f 64; exec \"$0\" --config \"$1\" --listen 127.0.0.1:0")
-        .arg(env!("CARGO_BIN_EXE_context-proxy"))
-        .arg(&config)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first.trim().rsplit("http://").next().unwrap().to_string();
+    let (mut child, addr) = spawn_limited("ulimit -f 64", &config, false);
     // A pretty-printed JSON result goes out minified; its 300 KB original must be stored.
     let items: Vec<Value> = (0..3000)
         .map(|i| json!({"id": i, "name": format!("item number {i}"), "tags": ["a", "b"]}))
@@ -1468,7 +1458,6 @@ async fn the_in_flight_budget_counts_what_a_body_costs_once_parsed() {
 
 #[tokio::test]
 async fn at_the_open_files_limit_idle_connections_are_evicted() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.toml");
     // Silent connections are not closed by any timeout within the test: only eviction frees
@@ -1478,20 +1467,7 @@ async fn at_the_open_files_limit_idle_connections_are_evicted() {
         "[server]\nheader_read_timeout_ms = 600000\nidle_timeout_ms = 600000\ndrain_window_ms = 0\n[context]\nmode = \"off\"\n[store]\nbackend = \"memory\"\n[upstream]\nbase_url = \"http://127.0.0.1:9/v1\"\n",
     )
     .unwrap();
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -n 64; exec \"$0\" --config \"$1\" --listen 127.0.0.1:0")
-        .arg(env!("CARGO_BIN_EXE_context-proxy"))
-        .arg(&config)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first.trim().rsplit("http://").next().unwrap().to_string();
+    let (mut child, addr) = spawn_limited("ulimit -n 64", &config, false);
     let mut silent = Vec::new();
     for _ in 0..150 {
         silent.push(TcpStream::connect(&addr).await.unwrap());
