@@ -58,8 +58,14 @@ pub async fn handle(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let mut ctx = parse(&state, req, request_id).await?;
     identify(&state, &mut ctx);
-    plan(&state, &mut ctx).await;
-    apply(&state, &mut ctx).await?;
+    // The store calls of planning and applying share one budget: a hung store delays the
+    // request once, by `op_timeout_ms`, not once per call.
+    let store_time = state.config.store.op_timeout();
+    crate::store::with_phase_budget(store_time, async {
+        plan(&state, &mut ctx).await;
+        apply(&state, &mut ctx).await
+    })
+    .await?;
     reserve(&mut ctx)?;
     let answer = forward(&mut ctx).await?;
     vet_key(&state, &ctx, answer.status).await;
