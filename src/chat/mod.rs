@@ -154,6 +154,12 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
         return;
     }
     ctx.offer = crate::reload::offer(&ctx.request.body, state.context.reload_config());
+    if let crate::reload::Offer::Tools(names) = &ctx.offer {
+        let encoding = ctx.upstream.encoding.unwrap_or_else(|| {
+            crate::tokens::Encoding::for_model(ctx.model.as_deref().unwrap_or(""))
+        });
+        ctx.offer_tokens = crate::reload::definitions_tokens(names, encoding);
+    }
     let plan = state
         .context
         .plan(
@@ -182,6 +188,7 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
                         .cache
                         .for_model(ctx.model.as_deref().unwrap_or("")),
                 ),
+                reserved_tokens: ctx.offer_tokens,
             },
         )
         .await;
@@ -239,6 +246,8 @@ async fn apply(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         .await;
     if let Some((names, client_had_tools)) = offered {
         if ctx.managed.body.is_some() {
+            // The definitions go out with the request: they are counted in what it sends.
+            ctx.managed.report.tokens_after += ctx.offer_tokens;
             ctx.reload = Some(tool_loop::Reload {
                 names,
                 client_had_tools,

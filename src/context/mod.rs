@@ -122,6 +122,9 @@ pub struct Route<'a> {
     /// The upstream's prompt-caching prices for this request's model; unset: OpenAI's (the
     /// default for an unknown host).
     pub cache: Option<crate::pricing::CachePricing>,
+    /// Tokens the proxy may add to the request after planning (its own tools' definitions):
+    /// kept free in the budget, so the request as forwarded still fits.
+    pub reserved_tokens: usize,
 }
 
 /// What the plan phase decided for one request, handed to the apply phase.
@@ -601,6 +604,10 @@ impl ContextManager {
                 .min(budget / 2)
                 .max(settings::MIN_TRUNCATE_TOKENS);
             settings.budget = budget;
+        }
+        if route.reserved_tokens > 0 {
+            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
+            settings.target = settings.target.saturating_sub(route.reserved_tokens);
         }
         let env = CachedEnv {
             counter: &counter,
