@@ -106,3 +106,134 @@ async fn at_shutdown_a_stalled_body_is_closed_at_once_and_answers_still_drain() 
     let answer = answer.await.unwrap().unwrap();
     assert_eq!(answer.status(), 200);
 }
+
+/// The real binary on `config`, started by `sh` after `limits` (e.g. `ulimit -f 64`), without
+/// `RUST_LOG`; and the address it says it listens on.
+fn spawn_limited(limits: &str, config: &std::path::Path) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{limits}; exec \"$0\" --config \"$1\" --listen 127.0.0.1:0"
+        ))
+        .arg(env!("CARGO_BIN_EXE_context-proxy"))
+        .arg(config)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first.trim().rsplit("http://").next().unwrap().to_string();
+    (child, addr)
+}
+
+/// The value of the counter `name` (without `_total`) in the proxy's `/metrics` at `addr`.
+async fn counter(addr: &str, name: &str) -> u64 {
+    let text = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let full = format!("{name}_total ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&full))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// Sends SIGTERM to `child` and waits for it to exit.
+fn terminate(child: &mut std::process::Child) {
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let _ = child.wait();
+}
+
+#[tokio::test]
+async fn a_recording_write_past_the_file_size_limit_leaves_no_torn_line_and_is_counted() {
+    use context_proxy::corpus::recording;
+    use serde_json::{json, Value};
+    let mock = context_proxy::mock::MockUpstream::start(MockConfig::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let traffic = dir.path().join("traffic");
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndrain_window_ms = 0\n[context]\nmode = \"off\"\n[store]\nbackend = \"memory\"\n\
+             [record]\nenabled = true\ndir = \"{}\"\n[upstream]\nbase_url = \"{}\"\n",
+            traffic.display(),
+            mock.base_url()
+        ),
+    )
+    .unwrap();
+    // Files may grow to 64 blocks (32 or 64 KiB): a 200 KB message cannot be written whole.
+    let (mut child, addr) = spawn_limited("ulimit -f 64", &config);
+    let client = reqwest::Client::new();
+    let chat = |messages: Value| {
+        client
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .json(&json!({"model": "gpt-4o", "messages": messages}))
+            .send()
+    };
+    let small = json!({"role": "user", "content": "A first question."});
+    let defined_by_the_failed_write = json!({"role": "user", "content": "Asked with a big file."});
+    let big = json!({"role": "user", "content": "x".repeat(200_000)});
+    let fits = chat(json!([small])).await.unwrap();
+    let too_big = chat(json!([defined_by_the_failed_write, big]))
+        .await
+        .unwrap();
+    assert_eq!(
+        (fits.status().as_u16(), too_big.status().as_u16()),
+        (200, 200)
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while counter(&addr, "context_proxy_recorder_write_errors").await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the failed write was not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Its message was not written: a later exchange that needs it must define it.
+    let after = chat(json!([defined_by_the_failed_write])).await.unwrap();
+    assert_eq!(after.status(), 200);
+    assert_eq!(
+        counter(&addr, "context_proxy_recorder_write_errors").await,
+        1
+    );
+    terminate(&mut child);
+
+    // Every line is whole JSON, and every exchange's messages resolve.
+    let mut lines = 0;
+    for file in std::fs::read_dir(&traffic).unwrap() {
+        let text = std::fs::read_to_string(file.unwrap().path()).unwrap();
+        assert!(text.is_empty() || text.ends_with('\n'), "a torn last line");
+        for line in text.lines() {
+            serde_json::from_str::<Value>(line)
+                .unwrap_or_else(|e| panic!("a torn line ({e}): {:.120}", line));
+            lines += 1;
+        }
+    }
+    assert!(lines > 0);
+    let read = recording::read(&traffic).unwrap();
+    assert_eq!(read.skipped_lines, 0);
+    assert_eq!(read.exchanges.len(), 2);
+    for exchange in &read.exchanges {
+        for m in exchange.request["messages"].as_array().unwrap() {
+            assert!(m.is_object(), "a reference to a message never written: {m}");
+        }
+    }
+    assert_eq!(
+        read.exchanges[1].request["messages"][0]["content"],
+        "Asked with a big file."
+    );
+}

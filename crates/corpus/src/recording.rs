@@ -10,7 +10,9 @@
 //! A conversation resends its whole history with every request, so storing each message once
 //! keeps a long session's recording linear in its length instead of quadratic. Every line is
 //! written with one `write` call, after the messages it refers to, so a crash tears at most
-//! the last line; [`read`] skips a torn last line.
+//! the last line; [`read`] skips a torn last line. A write that fails part way (a full disk,
+//! the file size limit) is cut back off the file, and the messages it defined count as not
+//! written: no torn line, no reference to a message the file does not hold.
 //!
 //! [`hash_content`] replaces text with same-length hashes (structure, roles, tool names and
 //! sizes kept) for sharing traffic without its content.
@@ -160,6 +162,7 @@ pub struct Writer {
     part: u32,
     file: File,
     path: PathBuf,
+    /// The current file's length.
     written: u64,
     /// Messages already defined in the current file.
     seen: HashSet<String>,
@@ -173,13 +176,14 @@ impl Writer {
         let stem = format!("traffic-{started_ms}-{}", std::process::id());
         let path = config.dir.join(format!("{stem}-0000.jsonl"));
         let file = open_append(&path)?;
+        let written = file.metadata()?.len();
         Ok(Writer {
             config,
             stem,
             part: 0,
             file,
             path,
-            written: 0,
+            written,
             seen: HashSet::new(),
         })
     }
@@ -202,11 +206,35 @@ impl Writer {
             }
         }
         let mut buf = Vec::new();
-        exchange.request = self.refer(exchange.request, &mut buf)?;
-        if let Some(f) = exchange.forwarded.take() {
-            exchange.forwarded = Some(self.refer(f, &mut buf)?);
+        let mut defined = Vec::new();
+        let written = self.write_whole(&mut exchange, &mut buf, &mut defined);
+        if written.is_err() {
+            // Messages defined by this exchange are not in the file: not seen.
+            for id in &defined {
+                self.seen.remove(id);
+            }
         }
-        let mut line = serde_json::to_value(&exchange)?;
+        written?;
+        if self.written >= self.config.max_file_bytes {
+            self.rotate()?;
+        }
+        Ok(())
+    }
+
+    /// Builds the exchange's lines into `buf` (the ids of the messages it defines in
+    /// `defined`) and appends them whole: should the write fail part way (a full disk, a file
+    /// size limit), the file is cut back to where it was, so no torn line stays in it.
+    fn write_whole(
+        &mut self,
+        exchange: &mut Exchange,
+        buf: &mut Vec<u8>,
+        defined: &mut Vec<String>,
+    ) -> io::Result<()> {
+        exchange.request = self.refer(std::mem::take(&mut exchange.request), buf, defined)?;
+        if let Some(f) = exchange.forwarded.take() {
+            exchange.forwarded = Some(self.refer(f, buf, defined)?);
+        }
+        let mut line = serde_json::to_value(&*exchange)?;
         if let Value::Object(map) = &mut line {
             // `t` first, so a reader (or a person) sees the kind of line at once.
             let mut tagged = serde_json::Map::with_capacity(map.len() + 1);
@@ -214,18 +242,28 @@ impl Writer {
             tagged.extend(std::mem::take(map));
             *map = tagged;
         }
-        serde_json::to_writer(&mut buf, &line)?;
+        serde_json::to_writer(&mut *buf, &line)?;
         buf.push(b'\n');
-        self.file.write_all(&buf)?;
-        self.written += buf.len() as u64;
-        if self.written >= self.config.max_file_bytes {
-            self.rotate()?;
+        if let Err(e) = self.file.write_all(buf) {
+            if let Err(cut) = self.file.set_len(self.written) {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{e}; the partial line could not be removed: {cut}"),
+                ));
+            }
+            return Err(e);
         }
+        self.written += buf.len() as u64;
         Ok(())
     }
 
     /// `body` with its messages replaced by their ids, defining new ones in `buf`.
-    fn refer(&mut self, mut body: Value, buf: &mut Vec<u8>) -> io::Result<Value> {
+    fn refer(
+        &mut self,
+        mut body: Value,
+        buf: &mut Vec<u8>,
+        defined: &mut Vec<String>,
+    ) -> io::Result<Value> {
         let Some(Value::Array(messages)) = body.get_mut("messages") else {
             return Ok(body);
         };
@@ -233,6 +271,7 @@ impl Writer {
             let bytes = serde_json::to_vec(message)?;
             let id = message_id(&bytes);
             if self.seen.insert(id.clone()) {
+                defined.push(id.clone());
                 buf.extend_from_slice(b"{\"t\":\"m\",\"id\":\"");
                 buf.extend_from_slice(id.as_bytes());
                 buf.extend_from_slice(b"\",\"m\":");
@@ -251,7 +290,7 @@ impl Writer {
             .dir
             .join(format!("{}-{:04}.jsonl", self.stem, self.part));
         self.file = open_append(&self.path)?;
-        self.written = 0;
+        self.written = self.file.metadata()?.len();
         self.seen.clear();
         Ok(())
     }
