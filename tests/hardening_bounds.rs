@@ -237,3 +237,148 @@ async fn a_recording_write_past_the_file_size_limit_leaves_no_torn_line_and_is_c
         "Asked with a big file."
     );
 }
+
+/// Runs `context-proxy replay` with `args` under the shell limits `limits`; its exit status
+/// and stderr. Fails the test when it runs past `WAIT`.
+async fn replay_cli(limits: &str, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut command = tokio::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("{limits}; exec \"$0\" replay --quiet \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_context-proxy"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(WAIT, command.output())
+        .await
+        .expect("replay did not end")
+        .unwrap();
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// A recording line of one exchange of session `s` at `at_ms` whose messages are `messages`
+/// (message ids).
+fn exchange_line(at_ms: u64, messages: serde_json::Value) -> String {
+    let exchange = context_proxy::corpus::recording::Exchange {
+        at_ms,
+        request_id: format!("req-{at_ms}"),
+        session: Some("s".into()),
+        request: serde_json::json!({"model": "gpt-4o", "messages": messages}),
+        status: 200,
+        end: "complete".into(),
+        ..Default::default()
+    };
+    let mut line = serde_json::json!({"t": "x"});
+    line.as_object_mut().unwrap().extend(
+        serde_json::to_value(exchange)
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    line.to_string()
+}
+
+/// A line defining message `id` as a user message saying `text`.
+fn message_line(id: &str, text: &str) -> String {
+    serde_json::json!({"t": "m", "id": id, "m": {"role": "user", "content": text}}).to_string()
+}
+
+#[tokio::test]
+async fn replay_refuses_a_recording_that_expands_past_its_bound() {
+    // 1.1 MB on disk: a 100 KB message, then ten exchanges referring to it 25,000 times each
+    // (25 GB once put back).
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = message_line("a", &"x".repeat(100_000));
+    text.push('\n');
+    let refs = serde_json::Value::Array(vec![serde_json::json!("a"); 25_000]);
+    for i in 0..10 {
+        text.push_str(&exchange_line(i, refs.clone()));
+        text.push('\n');
+    }
+    assert!(text.len() < 1_200_000);
+    let file = dir.path().join("traffic-1-1-0000.jsonl");
+    std::fs::write(&file, text).unwrap();
+    // Under 4 GB of address space: expanding it all would abort the process.
+    let (status, stderr) = replay_cli(
+        "ulimit -v 4000000",
+        &[file.to_str().unwrap(), "--target", "http://127.0.0.1:9/v1"],
+    )
+    .await;
+    assert!(!status.success());
+    assert!(
+        stderr.contains("once their message references are put back"),
+        "{status}: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn replay_waits_at_most_the_max_gap_between_recorded_requests() {
+    let h = common::Harness::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Two requests of one session, the second recorded 30,000 years after the first.
+    let text = [
+        message_line("a", "First."),
+        exchange_line(1_000, serde_json::json!(["a"])),
+        message_line("b", "Much later."),
+        exchange_line(1_000_000_000_000_000, serde_json::json!(["a", "b"])),
+    ]
+    .join("\n");
+    let file = dir.path().join("traffic-1-1-0000.jsonl");
+    std::fs::write(&file, text + "\n").unwrap();
+    let target = h.url("/v1");
+    let (status, stderr) = replay_cli(
+        "true",
+        &[
+            file.to_str().unwrap(),
+            "--target",
+            &target,
+            "--speed",
+            "1",
+            "--max-gap",
+            "0.05",
+        ],
+    )
+    .await;
+    assert!(status.success(), "{status}: {stderr}");
+    assert_eq!(h.mock.received().len(), 2);
+}
+
+#[tokio::test]
+async fn replay_refuses_a_fifo_and_a_dead_target_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    // A FIFO named like a recording file, and a FIFO given as the path: never opened.
+    let fifo = dir.path().join("traffic-1-1-0000.jsonl");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for path in [dir.path(), fifo.as_path()] {
+        let (status, stderr) = replay_cli(
+            "true",
+            &[path.to_str().unwrap(), "--target", "http://127.0.0.1:9/v1"],
+        )
+        .await;
+        assert!(!status.success());
+        assert!(stderr.contains("cannot read the traffic"), "{stderr}");
+    }
+    // Nothing listens at the target: a non-zero exit that says so.
+    let jsonl = dir.path().join("bodies.jsonl");
+    std::fs::write(
+        &jsonl,
+        "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n",
+    )
+    .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}/v1", listener.local_addr().unwrap());
+    drop(listener);
+    let (status, stderr) = replay_cli("true", &[jsonl.to_str().unwrap(), "--target", &dead]).await;
+    assert!(!status.success());
+    assert!(stderr.contains("is anything listening there?"), "{stderr}");
+}

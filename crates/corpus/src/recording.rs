@@ -329,6 +329,8 @@ pub fn is_recording(path: &Path) -> bool {
     })
 }
 
+/// The recording files at `path`: the file itself, or a directory's `traffic-*.jsonl`. Only
+/// regular files: reading a FIFO or a device would wait for a writer that may never come.
 fn recording_files(path: &Path) -> io::Result<Vec<PathBuf>> {
     if path.is_file() {
         return Ok(vec![path.to_path_buf()]);
@@ -336,7 +338,8 @@ fn recording_files(path: &Path) -> io::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = fs::read_dir(path)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.extension().is_some_and(|e| e == "jsonl")
+            p.is_file()
+                && p.extension().is_some_and(|e| e == "jsonl")
                 && p.file_name()
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| n.starts_with("traffic-"))
@@ -346,11 +349,29 @@ fn recording_files(path: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads a recording (a file or a directory of files), putting every message back.
+/// Most bytes [`read`] lets the requests of a recording grow to once every message reference
+/// is put back (each counted as the line that defined its message plus
+/// [`REFERENCE_OVERHEAD`]). Each message is stored once per file but every request resends its
+/// history, so a small file can stand for far more (a hostile 1.1 MB one for 5.9 GB).
+pub const MAX_EXPANDED_BYTES: u64 = 512 << 20;
+
+/// What one message put back costs beyond its text, about (a JSON value's own size).
+pub const REFERENCE_OVERHEAD: u64 = 128;
+
+/// Reads a recording (a file or a directory of files), putting every message back; refuses
+/// (`InvalidData`) one whose requests would take more than [`MAX_EXPANDED_BYTES`].
 pub fn read(path: &Path) -> io::Result<Recording> {
+    read_within(path, MAX_EXPANDED_BYTES)
+}
+
+/// [`read`] with another bound on the bytes of the requests once expanded.
+pub fn read_within(path: &Path, max_expanded_bytes: u64) -> io::Result<Recording> {
     let mut recording = Recording::default();
+    let mut expanded: u64 = 0;
     for file in recording_files(path)? {
-        let mut messages: HashMap<String, Value> = HashMap::new();
+        // Each message with the length of the line that defined it (what a reference to it
+        // costs once put back, about).
+        let mut messages: HashMap<String, (Value, u64)> = HashMap::new();
         for line in BufReader::new(File::open(&file)?).lines() {
             let line = line?;
             let Ok(mut value) = serde_json::from_str::<Value>(&line) else {
@@ -362,7 +383,7 @@ pub fn read(path: &Path) -> io::Result<Recording> {
                     if let (Some(Value::String(id)), Some(m)) =
                         (value.get("id").cloned(), value.get_mut("m"))
                     {
-                        messages.insert(id, m.take());
+                        messages.insert(id, (m.take(), line.len() as u64));
                     }
                 }
                 Some("x") => {
@@ -370,6 +391,27 @@ pub fn read(path: &Path) -> io::Result<Recording> {
                         recording.skipped_lines += 1;
                         continue;
                     };
+                    expanded = expanded
+                        .saturating_add(line.len() as u64)
+                        .saturating_add(references(&exchange.request, &messages))
+                        .saturating_add(
+                            exchange
+                                .forwarded
+                                .as_ref()
+                                .map_or(0, |f| references(f, &messages)),
+                        );
+                    if expanded > max_expanded_bytes {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "{}: the recording's requests take more than {} MiB once their \
+                                 message references are put back: replay part of it (fewer \
+                                 files, or a file cut at a line)",
+                                file.display(),
+                                max_expanded_bytes >> 20
+                            ),
+                        ));
+                    }
                     resolve(&mut exchange.request, &messages);
                     if let Some(f) = &mut exchange.forwarded {
                         resolve(f, &messages);
@@ -383,10 +425,22 @@ pub fn read(path: &Path) -> io::Result<Recording> {
     Ok(recording)
 }
 
-fn resolve(body: &mut Value, messages: &HashMap<String, Value>) {
+/// The bytes the message references of `body` stand for.
+fn references(body: &Value, messages: &HashMap<String, (Value, u64)>) -> u64 {
+    let Some(Value::Array(list)) = body.get("messages") else {
+        return 0;
+    };
+    list.iter()
+        .filter_map(|m| messages.get(m.as_str()?))
+        .fold(0u64, |sum, (_, len)| {
+            sum.saturating_add(*len).saturating_add(REFERENCE_OVERHEAD)
+        })
+}
+
+fn resolve(body: &mut Value, messages: &HashMap<String, (Value, u64)>) {
     if let Some(Value::Array(list)) = body.get_mut("messages") {
         for m in list.iter_mut() {
-            if let Some(found) = m.as_str().and_then(|id| messages.get(id)) {
+            if let Some((found, _)) = m.as_str().and_then(|id| messages.get(id)) {
                 *m = found.clone();
             }
         }
