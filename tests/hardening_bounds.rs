@@ -382,3 +382,183 @@ async fn replay_refuses_a_fifo_and_a_dead_target_with_a_message() {
     assert!(!status.success());
     assert!(stderr.contains("is anything listening there?"), "{stderr}");
 }
+
+/// Peak resident memory (VmHWM, kB) of process `pid`.
+fn peak_rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The files named `name` under `dir`.
+fn files_named(dir: &std::path::Path, name: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_named(&path, name));
+        } else if path.file_name().is_some_and(|n| n == name) {
+            found.push(path);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_large_journal_is_read_a_page_at_a_time_and_listings_are_paginated() {
+    use serde_json::{json, Value};
+    let mock = context_proxy::mock::MockUpstream::start(MockConfig::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::env::set_var("CP_BOUNDS_TEST_ADMIN", "admin-secret");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndrain_window_ms = 0\n[auth]\nadmin_token_env = \"CP_BOUNDS_TEST_ADMIN\"\n\
+             [context]\nkeep_recent_messages = 2\ncompact_batch_tokens = 1000\n\
+             [store]\nbackend = \"fs\"\npath = \"{}\"\nfsync = false\n[upstream]\nbase_url = \"{}\"\n",
+            dir.path().join("data").display(),
+            mock.base_url()
+        ),
+    )
+    .unwrap();
+    let (mut child, addr) = spawn_limited("true", &config);
+    let client = reqwest::Client::new();
+    let lines: String = (1..=600)
+        .map(|i| format!("line {i}: let value_{i} = compute({i}) * 2;\n"))
+        .collect();
+    for session in ["a", "b", "big"] {
+        let resp = client
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .header("authorization", "Bearer sk-client")
+            .header("x-context-session", session)
+            .json(&json!({"model": "gpt-4o", "messages": [
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "Read the file."},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_a", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_a", "content": lines},
+                {"role": "assistant", "content": "Read."},
+                {"role": "user", "content": "Now summarize it."}
+            ]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let admin = |path: String| {
+        client
+            .get(format!("http://{addr}{path}"))
+            .header("authorization", "Bearer admin-secret")
+            .send()
+    };
+
+    // Listings come a page at a time, in the OpenAI list shape.
+    let first: Value = admin("/v1/context/sessions?limit=2".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids = |list: &Value| -> Vec<String> {
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&first), ["a", "b"], "{first}");
+    assert_eq!(
+        (&first["has_more"], &first["last_id"]),
+        (&json!(true), &json!("b"))
+    );
+    let rest: Value = admin("/v1/context/sessions?limit=2&after=b".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ids(&rest), ["big"]);
+    assert_eq!(rest["has_more"], false);
+    let tenant = rest["data"][0]["tenant"].as_str().unwrap().to_string();
+    let too_many = admin("/v1/context/sessions?limit=1001".into())
+        .await
+        .unwrap();
+    assert_eq!(too_many.status(), 400);
+
+    // Each session has a journal; "big"'s grows to 20 MB of records of many small values.
+    let journals = files_named(&dir.path().join("data"), "context.jsonl");
+    assert_eq!(journals.len(), 3);
+    let numbers: Vec<u32> = (0..200).collect();
+    let record = |i: usize| {
+        json!({"event": "decision", "ts": format!("t{i}"), "tokens_before": i, "n": numbers})
+            .to_string()
+    };
+    let mut sizes = Vec::new();
+    for session in ["a", "b", "big"] {
+        let detail: Value = admin(format!("/v1/context/sessions/{session}?tenant={tenant}"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        sizes.push(detail["journal_total"].as_u64().unwrap_or(0));
+    }
+    assert!(sizes.iter().all(|&n| n > 0), "{sizes:?}");
+    // Every journal grows alike (which file is "big"'s is the store's business).
+    let original = sizes[2] as usize;
+    let mut text = String::new();
+    let mut n = 0;
+    while text.len() < 20_000_000 {
+        text.push_str(&record(n));
+        text.push('\n');
+        n += 1;
+    }
+    for path in &journals {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+        file.write_all(text.as_bytes()).unwrap();
+    }
+    let before = peak_rss_kb(child.id());
+    let resp = admin(format!("/v1/context/sessions/big?tenant={tenant}"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let newest: Value = resp.json().await.unwrap();
+    let after = peak_rss_kb(child.id());
+    let total = original + n;
+    assert_eq!(newest["journal_total"], total);
+    assert_eq!(newest["journal"].as_array().unwrap().len(), 100);
+    assert_eq!(newest["journal_first"], total - 100);
+    assert_eq!(newest["has_more"], true);
+    assert_eq!(newest["last_at"], format!("t{}", n - 1));
+    assert_eq!(newest["journal"][99]["ts"], format!("t{}", n - 1));
+    // The page before it, ending where it began.
+    let older: Value = admin(format!(
+        "/v1/context/sessions/big?tenant={tenant}&limit=10&before={}",
+        total - 100
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(older["journal_first"], total - 110);
+    assert_eq!(older["journal"][9]["ts"], format!("t{}", n - 101));
+    assert_eq!(older["last_at"], format!("t{}", n - 1));
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!("peak RSS {before} kB before the detail route, {after} kB after");
+    // Reading the whole 20 MB journal into JSON values took hundreds of MB.
+    assert!(
+        after.saturating_sub(before) < 100_000,
+        "peak RSS grew from {before} kB to {after} kB"
+    );
+}
