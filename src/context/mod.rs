@@ -172,6 +172,8 @@ pub struct SummaryJob {
     pub span: String,
     /// The request moved this span out just now, over its hard budget: it may wait for it.
     pub blocking: bool,
+    /// The request's token encoding: the summary must fit `max_summary_tokens` in it.
+    pub encoding: Encoding,
 }
 
 /// Where the marker of a moved-out span stands, to put a summary in it.
@@ -752,6 +754,7 @@ impl ContextManager {
                     &count,
                 ),
                 blocking,
+                encoding: counter.encoding(),
             })
         };
         if let Some(moved) = outcome.moved.clone() {
@@ -776,7 +779,7 @@ impl ContextManager {
                 .find(|r| r.prefix_len < moved.end && r.prefix_len > moved.start);
             let placed = exact.or(previous);
             if let Some(r) = placed {
-                place_into(outcome, &slot, &r.summary, counter);
+                place_into(outcome, &slot, &r.summary, cfg.max_summary_tokens, counter);
             }
             if exact.is_some() {
                 return (SummaryPlan::Hit, Some(slot));
@@ -822,7 +825,8 @@ impl ContextManager {
             return false;
         };
         let counter = self.counter.with_encoding(slot.encoding);
-        if !place_into(&mut decided.outcome, slot, summary, &counter) {
+        let max = self.config.summarizer.max_summary_tokens;
+        if !place_into(&mut decided.outcome, slot, summary, max, &counter) {
             return false;
         }
         plan.report = decided.outcome.report.clone();
@@ -1119,8 +1123,11 @@ fn place_into(
     outcome: &mut engine::Outcome,
     slot: &MarkerSlot,
     summary: &str,
+    max_summary_tokens: usize,
     counter: &Counter,
 ) -> bool {
+    // Remembered by an earlier version or another replica, it may be longer than its budget.
+    let summary = summary::bounded(summary, max_summary_tokens, counter.encoding());
     let Some(messages) = outcome.messages.as_mut() else {
         return false;
     };
@@ -1129,7 +1136,7 @@ fn place_into(
     };
     let before = counter.count_message(m);
     if let Some(c) = m.get_mut("content") {
-        *c = Value::String(summary::message_text(&slot.marker, summary));
+        *c = Value::String(summary::message_text(&slot.marker, &summary));
     }
     let after = counter.count_message(m);
     outcome.report.tokens_after = (outcome.report.tokens_after + after).saturating_sub(before);

@@ -135,6 +135,41 @@ impl Clock for ManualClock {
     }
 }
 
+/// Part of a session's journal ([`Store::read_log_page`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogPage {
+    /// The records, oldest first.
+    pub records: Vec<serde_json::Value>,
+    /// The index of the first of them in the journal (record 0 is the oldest).
+    pub first_index: usize,
+    /// How many records the journal holds.
+    pub total: usize,
+}
+
+impl LogPage {
+    /// Where the page of at most `limit` records before `before` (`None`: the end) starts and
+    /// ends in a journal of `total` records.
+    pub fn range(total: usize, before: Option<usize>, limit: usize) -> std::ops::Range<usize> {
+        let end = before.unwrap_or(total).min(total);
+        end.saturating_sub(limit)..end
+    }
+
+    /// The page of `all` (a whole journal).
+    pub fn of(all: Vec<serde_json::Value>, before: Option<usize>, limit: usize) -> LogPage {
+        let total = all.len();
+        let range = LogPage::range(total, before, limit);
+        LogPage {
+            first_index: range.start,
+            records: all
+                .into_iter()
+                .skip(range.start)
+                .take(range.len())
+                .collect(),
+            total,
+        }
+    }
+}
+
 /// Offloaded content, the session journal and session state records, scoped by tenant.
 ///
 /// Every read and write of an item refreshes its retention.
@@ -185,6 +220,21 @@ pub trait Store: Send + Sync + 'static {
         tenant: &Tenant,
         session: &SessionId,
     ) -> Result<Vec<serde_json::Value>, StoreError>;
+
+    /// At most `limit` records of the journal, the newest of those before index `before`
+    /// (record 0 is the oldest; `None`: the end), with how many it holds: what the inspection
+    /// routes page through. Backends hold only the page in memory (this default, the whole
+    /// journal).
+    async fn read_log_page(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        before: Option<usize>,
+        limit: usize,
+    ) -> Result<LogPage, StoreError> {
+        let all = self.read_log(tenant, session).await?;
+        Ok(LogPage::of(all, before, limit))
+    }
 
     /// Stores a small record of the session under `key`, replacing any previous one.
     async fn put_state(
@@ -386,6 +436,21 @@ impl Store for Timed {
             "read_log",
             self.timeout,
             self.inner.read_log(tenant, session),
+        )
+        .await
+    }
+
+    async fn read_log_page(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        before: Option<usize>,
+        limit: usize,
+    ) -> Result<LogPage, StoreError> {
+        bounded(
+            "read_log_page",
+            self.timeout,
+            self.inner.read_log_page(tenant, session, before, limit),
         )
         .await
     }
