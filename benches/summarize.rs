@@ -15,12 +15,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use context_proxy::config::UpstreamConfig;
+use context_proxy::app::config::UpstreamConfig;
 use context_proxy::context::summary::SummarizerConfig;
 use context_proxy::context::{ContextConfig, ContextManager, Mode, Route, SummaryPlan};
 use context_proxy::mock::{MockConfig, MockUpstream, Reply};
 use context_proxy::store::{Backend, StoreConfig};
-use context_proxy::summarize::{Stats, Summarizer, Task};
+use context_proxy::summarizer::{Summarizer, Task};
+use context_proxy::telemetry::summarizer_stats::Stats;
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use context_proxy::traffic::{generate, TrafficConfig};
 use context_proxy::upstream::Upstreams;

@@ -13,7 +13,7 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use context_proxy::config::{Config, UpstreamConfig};
+use context_proxy::app::config::{Config, UpstreamConfig};
 use context_proxy::mock::{MockConfig, MockUpstream, Reply};
 use context_proxy::server::RunningServer;
 use context_proxy::store::{Backend, ContentRef};

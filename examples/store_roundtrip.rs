@@ -15,7 +15,7 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use context_proxy::config::{Config, UpstreamConfig};
+use context_proxy::app::config::{Config, UpstreamConfig};
 use context_proxy::mock::{MockConfig, MockUpstream};
 use context_proxy::server::RunningServer;
 use context_proxy::store::{Backend, ContentKind, SessionId, Store, StoreConfig, Tenant};

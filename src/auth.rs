@@ -22,7 +22,7 @@ use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::config::ValidConfig;
+use crate::app::config::ValidConfig;
 use crate::store::Tenant;
 use crate::upstream::glob_match;
 
@@ -556,7 +556,7 @@ impl Auth {
 /// leaves it in the request's extensions for the route. The admin token counts only on the
 /// proxy's own `/v1/context/…` routes.
 pub fn check<B>(
-    state: &crate::state::AppState,
+    state: &crate::app::state::AppState,
     req: &mut http::Request<B>,
 ) -> Result<(), AuthError> {
     let admin_route = req.uri().path().starts_with("/v1/context/");

@@ -21,31 +21,19 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+pub mod app;
 pub mod auth;
-pub mod body;
-pub mod chat;
-pub mod check_config;
-pub mod config;
 pub mod context;
-pub mod env_overrides;
-pub mod error;
-pub mod headers;
-pub mod healthcheck;
-pub mod inspect;
-pub mod logging;
-pub mod metrics;
-pub mod passthrough;
-pub mod record;
-pub mod relay;
-pub mod reload;
-pub mod request_body;
-pub mod response;
-pub mod router;
+pub mod http;
+pub mod proxy_tools;
+pub mod recorder;
+pub mod routes;
 pub mod server;
-pub mod state;
 pub mod store;
-pub mod summarize;
+pub mod summarizer;
+pub mod telemetry;
 pub mod upstream;
+pub mod wire;
 
 pub use context_proxy_contract as contract;
 pub use context_proxy_corpus as corpus;

@@ -5,7 +5,7 @@ mod common;
 
 use bytes::Bytes;
 use common::{config_for, Harness, WAIT};
-use context_proxy::config::UpstreamConfig;
+use context_proxy::app::config::UpstreamConfig;
 use context_proxy::mock::{MockConfig, MockUpstream, Reply};
 use context_proxy::server::RunningServer;
 use serde_json::{json, Value};

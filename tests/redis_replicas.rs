@@ -6,7 +6,7 @@
 mod common;
 
 use common::redis::TestRedis;
-use context_proxy::config::Config;
+use context_proxy::app::config::Config;
 use context_proxy::mock::{MockConfig, MockUpstream};
 use context_proxy::server::RunningServer;
 use context_proxy::store::{Backend, ContentRef, SessionId, StoreConfig, Tenant};

@@ -7,7 +7,7 @@ pub mod redis;
 
 use std::time::Duration;
 
-use context_proxy::config::{Config, UpstreamConfig};
+use context_proxy::app::config::{Config, UpstreamConfig};
 use context_proxy::mock::{MockConfig, MockUpstream};
 use context_proxy::server::RunningServer;
 

@@ -1,0 +1,608 @@
+//! The configuration: one typed struct read from `config.toml`, with a documented default for
+//! every key, unknown keys rejected, and validation at start-up whose messages name the key.
+//!
+//! This module only reads and checks; it does not open sockets or files other than the config.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::context::ContextConfig;
+use crate::pricing::{CacheOverrides, CacheTerms, Preset, PRESET_NAMES};
+use crate::recorder::RecordConfig;
+use crate::store::StoreConfig;
+use crate::tokens::{CountSettings, Encoding};
+
+/// Everything the proxy can be told. Sections mirror `config.toml`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub log: LogConfig,
+    /// A single upstream (shorthand for one `[[upstreams]]` entry that is the default).
+    pub upstream: Option<UpstreamConfig>,
+    /// Several upstreams routed by model name pattern.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Context management.
+    pub context: ContextConfig,
+    /// Where offloaded content and session state live.
+    pub store: StoreConfig,
+    /// Token counting estimates and cache.
+    pub tokens: CountSettings,
+    /// Client authentication (`[auth]`).
+    pub auth: crate::auth::AuthConfig,
+    /// The client keys the proxy knows (`[[keys]]`).
+    pub keys: Vec<crate::auth::KeyConfig>,
+    /// Recording of the chat-completions traffic.
+    pub record: RecordConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    #[serde(deserialize_with = "socket_addr")]
+    pub listen: SocketAddr,
+    /// Largest request body accepted on `/v1/chat/completions`, in bytes (413 above).
+    pub max_body_bytes: usize,
+    /// Time allowed to receive a request's headers, in milliseconds. It also bounds a new
+    /// connection that has not yet sent a whole request head (HTTP/1.1 or HTTP/2).
+    pub header_read_timeout_ms: u64,
+    /// A connection with no request in flight (an idle HTTP/1.1 keep-alive connection, an
+    /// HTTP/2 connection without streams) is closed after this many milliseconds.
+    pub idle_timeout_ms: u64,
+    /// Most JSON values (containers, scalars, object members) a chat request body may hold,
+    /// counted from its bytes before it is parsed (413 above): parsing multiplies the memory a
+    /// body of many small values takes.
+    pub max_json_elements: usize,
+    /// Deepest nesting of arrays and objects a chat request body may have (400 above).
+    pub max_json_depth: usize,
+    /// Most request-body bytes read into memory at once, over all requests (chat and the
+    /// pass-through bodies read to route by model); a request that would go over waits for
+    /// nothing: it gets 503 with `Retry-After`. Held until the response head is sent.
+    pub max_body_bytes_in_flight: usize,
+    /// A request body must arrive within this many milliseconds plus the time its size takes
+    /// at `body_min_bytes_per_sec` (408 after it); the same bounds each wait for more of it.
+    pub body_read_timeout_ms: u64,
+    /// The slowest average rate a request body may arrive at, past `body_read_timeout_ms`.
+    pub body_min_bytes_per_sec: u64,
+    /// On SIGINT/SIGTERM, how long `/readyz` answers 503 while the listener still accepts and
+    /// serves, so load balancers move away before connections are refused, in milliseconds.
+    /// Skipped for a Ctrl-C in a terminal and cut short by a second signal.
+    pub drain_window_ms: u64,
+    /// On SIGINT/SIGTERM, how long in-flight requests and streams may take to finish, in ms;
+    /// one more signal cuts them at once.
+    pub shutdown_grace_ms: u64,
+    /// Most connections open at once. At the limit a new connection closes the one idle the
+    /// longest (no request in flight); it waits only when every connection has one.
+    pub max_connections: usize,
+    /// Threads that run the connections: 0 is one per CPU core (tokio's multi-thread runtime);
+    /// 1 runs everything on one thread (tokio's current-thread runtime), which costs the least
+    /// per request and adds the least latency, but lets one CPU-heavy request hold up the
+    /// others; n > 1 is a multi-thread runtime with n workers.
+    pub worker_threads: usize,
+}
+
+/// An IP address and port; the error says what is allowed.
+fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{text:?} is not an IP address and port, such as \"127.0.0.1:8080\" or \"[::]:8080\" \
+             (host names are not resolved)"
+        ))
+    })
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 32 * 1024 * 1024,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            max_json_elements: 1_000_000,
+            max_json_depth: 64,
+            max_body_bytes_in_flight: 256 * 1024 * 1024,
+            body_read_timeout_ms: 30_000,
+            body_min_bytes_per_sec: 16_384,
+            drain_window_ms: 3_000,
+            shutdown_grace_ms: 30_000,
+            max_connections: 10_000,
+            worker_threads: 0,
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+    pub fn drain_window(&self) -> Duration {
+        Duration::from_millis(self.drain_window_ms)
+    }
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `human` or `json`.
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `context_proxy=debug`; `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Human,
+            level: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// A short name used in logs and errors.
+    pub name: String,
+    /// Base URL including the version prefix, e.g. `https://api.openai.com/v1` (no query or
+    /// fragment: the request's path and query are appended).
+    pub base_url: String,
+    /// Name of an environment variable holding this upstream's API key. When set, the proxy
+    /// sends `Authorization: Bearer <key>` instead of the client's header.
+    pub api_key_env: Option<String>,
+    /// Model name patterns (`*` and `?` wildcards) routed to this upstream.
+    pub models: Vec<String>,
+    /// The upstream for models no pattern matches (at most one; the first upstream otherwise).
+    pub default: bool,
+    /// Time allowed to open a connection, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Longest silence between two reads of a response (headers or body), in milliseconds.
+    /// There is no total timeout: a long stream is never cut while it keeps sending.
+    pub read_timeout_ms: u64,
+    /// Idle pooled connections kept per host.
+    pub pool_max_idle_per_host: usize,
+    /// Tokenizer of this upstream's models (`o200k_base`, `cl100k_base`); by default chosen
+    /// from the model name.
+    pub encoding: Option<Encoding>,
+    /// The context window of models this upstream serves that the built-in table does not know
+    /// (a self-hosted server's `--ctx-size`, e.g. 8192). Unset: 128k for unknown models. A
+    /// limit the upstream states in a "context too long" error is learned and wins over it.
+    pub context_window: Option<usize>,
+    /// The provider's prompt-caching prices, which the engine weighs before rewriting a cached
+    /// prefix (`crates/pricing/src/lib.rs`): `openai` (per model family), `openai-gpt4o`,
+    /// `openai-gpt4.1`, `openai-gpt5`, `anthropic`, `deepseek`, `google` or `none` (no
+    /// discount: self-hosted). Unset: recognised from `base_url`'s host; any other host is
+    /// priced like `openai`, so the proxy protects the cached prefix.
+    pub cache_pricing: Option<String>,
+    /// Overrides of the preset: a cached input token's price as a share of the full price.
+    pub cached_read_rate: Option<f64>,
+    /// Overrides of the preset: the extra paid on tokens written to the cache, as a share.
+    pub cache_write_premium: Option<f64>,
+    /// Overrides of the preset: the shortest prefix the provider caches, in tokens.
+    pub min_cacheable_prefix: Option<usize>,
+    /// Overrides of the preset: how long an unused cached prefix lives, in seconds.
+    pub cache_ttl_secs: Option<u64>,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            name: "default".into(),
+            base_url: "https://api.openai.com/v1".into(),
+            api_key_env: None,
+            models: Vec::new(),
+            default: false,
+            connect_timeout_ms: 5_000,
+            read_timeout_ms: 300_000,
+            pool_max_idle_per_host: 256,
+            encoding: None,
+            context_window: None,
+            cache_pricing: None,
+            cached_read_rate: None,
+            cache_write_premium: None,
+            min_cacheable_prefix: None,
+            cache_ttl_secs: None,
+        }
+    }
+}
+
+impl UpstreamConfig {
+    /// The caching terms: `cache_pricing` (else the provider of `base_url`'s host) with the
+    /// overrides on top. Errors name the key under `key`.
+    pub fn cache_terms(&self, key: &str) -> Result<CacheTerms, String> {
+        let preset = match &self.cache_pricing {
+            Some(name) => Preset::parse(name).ok_or_else(|| {
+                format!("{key}.cache_pricing {name:?} is not one of {PRESET_NAMES}")
+            })?,
+            None => reqwest::Url::parse(&self.base_url)
+                .ok()
+                .and_then(|u| u.host_str().map(Preset::for_host))
+                .unwrap_or(Preset::OpenAi),
+        };
+        let terms = CacheTerms {
+            preset,
+            overrides: CacheOverrides {
+                cached_read_rate: self.cached_read_rate,
+                cache_write_premium: self.cache_write_premium,
+                min_cacheable_prefix: self.min_cacheable_prefix,
+                cache_ttl_secs: self.cache_ttl_secs,
+            },
+        };
+        // Every model family of the preset must come out valid.
+        for model in ["gpt-4o", "gpt-4.1", "gpt-5"] {
+            terms.for_model(model).validate(key)?;
+        }
+        Ok(terms)
+    }
+
+    /// A warning when `base_url` has no version path segment (`/v1`, `/v1beta`, `/v4`, …):
+    /// a request to `/v1/chat/completions` goes to `base_url` + `/chat/completions`, which
+    /// OpenAI-compatible servers (OpenAI, Ollama, vLLM, llama.cpp) answer 404. Only a warning:
+    /// a few servers (DeepSeek) answer without one.
+    pub fn base_url_warning(&self, key: &str) -> Option<String> {
+        let url = reqwest::Url::parse(&self.base_url).ok()?;
+        let versioned = url.path_segments()?.any(|segment| {
+            let mut chars = segment.chars();
+            chars.next() == Some('v') && chars.next().is_some_and(|c| c.is_ascii_digit())
+        });
+        if versioned {
+            return None;
+        }
+        let base = self.base_url.trim_end_matches('/');
+        Some(format!(
+            "{key}.base_url {base:?} has no version path segment: a request to \
+             /v1/chat/completions goes to {base}/chat/completions, which most OpenAI-compatible \
+             servers (Ollama, vLLM, llama.cpp) answer 404; did you mean {base}/v1?"
+        ))
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+    pub fn read_timeout(&self) -> Duration {
+        Duration::from_millis(self.read_timeout_ms)
+    }
+}
+
+/// A configuration that cannot be used, with the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+    #[error("invalid environment override {var}: {message}")]
+    Env { var: String, message: String },
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses TOML text (no validation of the upstream list; see [`Config::validate`]).
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<inline>".into(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Folds `[upstream]` into `[[upstreams]]` and checks every key that has constraints.
+    pub fn validate(mut self) -> Result<ValidConfig, ConfigError> {
+        if let Some(single) = self.upstream.take() {
+            if !self.upstreams.is_empty() {
+                return Err(ConfigError::Invalid(
+                    "use either [upstream] or [[upstreams]], not both".into(),
+                ));
+            }
+            self.upstreams.push(UpstreamConfig {
+                default: true,
+                ..single
+            });
+        }
+        if self.upstreams.is_empty() {
+            self.upstreams.push(UpstreamConfig {
+                default: true,
+                ..UpstreamConfig::default()
+            });
+        }
+        let defaults = self.upstreams.iter().filter(|u| u.default).count();
+        if defaults > 1 {
+            return Err(ConfigError::Invalid(
+                "more than one [[upstreams]] entry has default = true".into(),
+            ));
+        }
+        let mut names = HashMap::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let key = format!("upstreams[{i}] ({})", u.name);
+            if names.insert(u.name.clone(), i).is_some() {
+                return Err(ConfigError::Invalid(format!("{key}.name is used twice")));
+            }
+            let url = reqwest::Url::parse(&u.base_url).map_err(|e| {
+                ConfigError::Invalid(format!("{key}.base_url {:?} is not a URL: {e}", u.base_url))
+            })?;
+            if url.scheme() != "http" && url.scheme() != "https" {
+                return Err(ConfigError::Invalid(format!(
+                    "{key}.base_url must start with http:// or https://"
+                )));
+            }
+            if url.query().is_some() || url.fragment().is_some() {
+                return Err(ConfigError::Invalid(format!(
+                    "{key}.base_url must not have a query or fragment (the request's are appended)"
+                )));
+            }
+            u.cache_terms(&key).map_err(ConfigError::Invalid)?;
+            if u.connect_timeout_ms == 0 || u.read_timeout_ms == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "{key}.connect_timeout_ms and read_timeout_ms must be above 0"
+                )));
+            }
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(ConfigError::Invalid(
+                "server.max_body_bytes must be above 0".into(),
+            ));
+        }
+        self.context.validate().map_err(ConfigError::Invalid)?;
+        if let Some(name) = &self.context.summarizer.upstream {
+            if !names.contains_key(name) {
+                let mut known: Vec<&str> = self.upstreams.iter().map(|u| u.name.as_str()).collect();
+                known.sort_unstable();
+                return Err(ConfigError::Invalid(format!(
+                    "context.summarizer.upstream {name:?} names no configured upstream; the upstreams are: {}",
+                    known.join(", ")
+                )));
+            }
+        }
+        self.store.validate().map_err(|e| match e {
+            crate::store::StoreError::Config { key, message } => {
+                ConfigError::Invalid(format!("store.{key} {message}"))
+            }
+            other => ConfigError::Invalid(other.to_string()),
+        })?;
+        if self.server.max_json_elements == 0 || self.server.max_json_depth == 0 {
+            return Err(ConfigError::Invalid(
+                "server.max_json_elements and server.max_json_depth must be above 0".into(),
+            ));
+        }
+        if self.server.max_body_bytes_in_flight < self.server.max_body_bytes {
+            return Err(ConfigError::Invalid(
+                "server.max_body_bytes_in_flight must be at least server.max_body_bytes".into(),
+            ));
+        }
+        if self.server.body_read_timeout_ms == 0 || self.server.body_min_bytes_per_sec == 0 {
+            return Err(ConfigError::Invalid(
+                "server.body_read_timeout_ms and server.body_min_bytes_per_sec must be above 0"
+                    .into(),
+            ));
+        }
+        if self.server.header_read_timeout_ms == 0 || self.server.idle_timeout_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "server.header_read_timeout_ms and server.idle_timeout_ms must be above 0".into(),
+            ));
+        }
+        self.record.validate().map_err(ConfigError::Invalid)?;
+        if self.server.max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "server.max_connections must be above 0".into(),
+            ));
+        }
+        let upstream_keys = self.upstreams.iter().any(|u| u.api_key_env.is_some());
+        crate::auth::validate(&self.auth, &self.keys, upstream_keys)
+            .map_err(ConfigError::Invalid)?;
+        Ok(ValidConfig(self))
+    }
+}
+
+/// A [`Config`] that passed [`Config::validate`]: what the server is built from. Read-only; to
+/// change a key, take the [`Config`] back with [`ValidConfig::into_inner`] and validate again.
+#[derive(Debug, Clone)]
+pub struct ValidConfig(Config);
+
+impl ValidConfig {
+    pub fn into_inner(self) -> Config {
+        self.0
+    }
+
+    /// What is valid but probably not meant: one line each, for the start-up log and
+    /// `check-config`. Today: an upstream whose `base_url` has no version path segment.
+    pub fn warnings(&self) -> Vec<String> {
+        self.upstreams
+            .iter()
+            .enumerate()
+            .filter_map(|(i, u)| u.base_url_warning(&format!("upstreams[{i}] ({})", u.name)))
+            .collect()
+    }
+}
+
+impl std::ops::Deref for ValidConfig {
+    type Target = Config;
+
+    fn deref(&self) -> &Config {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        let err = Config::from_toml("[server]\nlisten_addr = \"127.0.0.1:1\"\n").unwrap_err();
+        assert!(err.to_string().contains("listen_addr"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_listen_address_says_what_is_allowed() {
+        let err = Config::from_toml("[server]\nlisten = \"localhost\"\n").unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("listen") && err.contains("127.0.0.1:8080"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_bad_store_key_is_named_once() {
+        let text = "[store]\nbackend = \"redis\"\nredis_url = \"http//x\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid config: store.redis_url \"http//x\" must start with redis:// or rediss://"
+        );
+    }
+
+    #[test]
+    fn single_upstream_becomes_the_default() {
+        let cfg = Config::from_toml("[upstream]\nbase_url = \"http://127.0.0.1:9/v1\"\n")
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(cfg.upstreams.len(), 1);
+        assert!(cfg.upstreams[0].default);
+    }
+
+    #[test]
+    fn both_upstream_forms_are_rejected() {
+        let text = "[upstream]\nbase_url = \"http://a/v1\"\n[[upstreams]]\nname = \"b\"\nbase_url = \"http://b/v1\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(err.to_string().contains("not both"), "{err}");
+    }
+
+    #[test]
+    fn a_base_url_without_a_version_segment_is_warned_about() {
+        let warnings = |base_url: &str| {
+            Config::from_toml(&format!("[upstream]\nbase_url = \"{base_url}\"\n"))
+                .unwrap()
+                .validate()
+                .unwrap()
+                .warnings()
+        };
+        for fine in [
+            "https://api.openai.com/v1",
+            "http://127.0.0.1:11434/v1/",
+            "https://openrouter.ai/api/v1",
+            "https://generativelanguage.googleapis.com/v1beta/openai/",
+            "https://open.bigmodel.cn/api/paas/v4",
+        ] {
+            assert_eq!(warnings(fine), Vec::<String>::new(), "{fine}");
+        }
+        for bare in [
+            "http://127.0.0.1:11434",
+            "http://localhost:8000/",
+            "https://h/openai",
+        ] {
+            let w = warnings(bare);
+            assert_eq!(w.len(), 1, "{bare}: {w:?}");
+            assert!(w[0].contains("upstreams[0] (default).base_url"), "{w:?}");
+            assert!(w[0].contains("no version path segment"), "{w:?}");
+            assert!(
+                w[0].contains(&format!("{}/v1?", bare.trim_end_matches('/'))),
+                "{w:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_base_url_names_the_upstream() {
+        let text = "[[upstreams]]\nname = \"x\"\nbase_url = \"ftp://h\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(err.to_string().contains("upstreams[0] (x)"), "{err}");
+        let text = "[[upstreams]]\nname = \"q\"\nbase_url = \"http://h/v1?k=1\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(
+            err.to_string().contains("upstreams[0] (q).base_url"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_summarizer_upstream_is_named_with_the_upstreams_that_exist() {
+        let text = "[[upstreams]]\nname = \"main\"\nbase_url = \"http://a/v1\"\n\
+                    [[upstreams]]\nname = \"cheap\"\nbase_url = \"http://b/v1\"\n\
+                    [context.summarizer]\nupstream = \"chaep\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("context.summarizer.upstream \"chaep\""),
+            "{err}"
+        );
+        assert!(err.contains("cheap, main"), "{err}");
+        let fixed = text.replace("chaep", "cheap");
+        Config::from_toml(&fixed).unwrap().validate().unwrap();
+    }
+
+    #[test]
+    fn cache_pricing_is_a_known_preset_or_the_host_and_errors_name_the_key() {
+        let text =
+            "[[upstreams]]\nname = \"x\"\nbase_url = \"http://h/v1\"\ncache_pricing = \"azure\"\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(
+            err.to_string().contains("upstreams[0] (x).cache_pricing"),
+            "{err}"
+        );
+        let text = "[upstream]\nbase_url = \"http://h/v1\"\ncached_read_rate = 0\n";
+        let err = Config::from_toml(text).unwrap().validate().unwrap_err();
+        assert!(err.to_string().contains(".cached_read_rate"), "{err}");
+        let text =
+            "[upstream]\nbase_url = \"https://api.anthropic.com/v1\"\ncache_ttl_secs = 3600\n";
+        let cfg = Config::from_toml(text).unwrap().validate().unwrap();
+        let p = cfg.upstreams[0]
+            .cache_terms("u")
+            .unwrap()
+            .for_model("claude");
+        assert_eq!((p.cached_read_rate, p.cache_write_premium), (0.1, 0.25));
+        assert_eq!(p.cache_ttl_secs, 3600);
+        let text =
+            "[upstream]\nbase_url = \"http://127.0.0.1:8000/v1\"\ncache_pricing = \"none\"\n";
+        let cfg = Config::from_toml(text).unwrap().validate().unwrap();
+        let p = cfg.upstreams[0]
+            .cache_terms("u")
+            .unwrap()
+            .for_model("llama");
+        assert_eq!(p.cached_read_rate, 1.0);
+    }
+
+    #[test]
+    fn shipped_config_toml_parses_and_validates() {
+        let text = include_str!("../../config.toml");
+        Config::from_toml(text).unwrap().validate().unwrap();
+    }
+}
