@@ -506,12 +506,11 @@ impl Metrics {
         "other".into()
     }
 
-    /// A request forwarded unmanaged because of a daily write quota.
-    pub fn record_quota_exceeded(&self, scope: crate::context::quota::Exceeded) {
+    /// A request forwarded unmanaged because of a daily write quota, by the quota's scope
+    /// (`tenant` or `store`: the names of the context layer's `quota::Exceeded`).
+    pub fn record_quota_exceeded(&self, scope: &'static str) {
         self.quota_exceeded
-            .get_or_create(&ScopeLabels {
-                scope: scope.as_str(),
-            })
+            .get_or_create(&ScopeLabels { scope })
             .inc();
     }
 

@@ -42,7 +42,7 @@ pub fn record(
         Some(Skipped::Malformed(_)) => {
             add(&metrics.context_malformed, 1);
         }
-        Some(Skipped::QuotaExceeded(scope)) => metrics.record_quota_exceeded(scope),
+        Some(Skipped::QuotaExceeded(scope)) => metrics.record_quota_exceeded(scope.as_str()),
         _ => {}
     }
     let upstream_calls = ctx.stats.upstream_calls.load(Ordering::Relaxed);
