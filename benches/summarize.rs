@@ -15,7 +15,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use context_proxy::app::config::UpstreamConfig;
 use context_proxy::context::summary::SummarizerConfig;
 use context_proxy::context::{ContextConfig, ContextManager, Mode, Route, SummaryPlan};
 use context_proxy::mock::{MockConfig, MockUpstream, Reply};
@@ -24,6 +23,7 @@ use context_proxy::summarizer::{Summarizer, Task};
 use context_proxy::telemetry::summarizer_stats::Stats;
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use context_proxy::traffic::{generate, TrafficConfig};
+use context_proxy::upstream::UpstreamConfig;
 use context_proxy::upstream::Upstreams;
 use http::{HeaderMap, HeaderValue};
 use serde_json::{json, Value};

@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::app::config::ValidConfig;
+use crate::glob::glob_match;
 use crate::store::Tenant;
-use crate::upstream::glob_match;
 
 /// The `[auth]` section.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -5,8 +5,8 @@
 mod common;
 
 use common::Harness;
-use context_proxy::app::config::UpstreamConfig;
 use context_proxy::mock::MockConfig;
+use context_proxy::upstream::UpstreamConfig;
 use serde_json::{json, Value};
 
 fn numbered_lines(prefix: &str, n: usize) -> String {

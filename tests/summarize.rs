@@ -8,10 +8,11 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use common::{Harness, WAIT};
-use context_proxy::app::config::{Config, UpstreamConfig};
+use context_proxy::app::config::Config;
 use context_proxy::context::summary::PROMPT_OPENING;
 use context_proxy::context::Mode;
 use context_proxy::mock::{MockConfig, MockUpstream, Reply};
+use context_proxy::upstream::UpstreamConfig;
 use serde_json::{json, Value};
 
 const SUMMARY: &str = "## Task overview\nFix the parser in src/parse.rs.\n\n## Current state\nRead src/f0.rs.\n\n\
@@ -595,6 +596,6 @@ async fn replicas_summarize_once(store: std::sync::Arc<dyn context_proxy::store:
     assert_eq!(sources, [Source::Cached, Source::Computed]);
     assert_eq!(mock.received().len(), 1);
     for r in &replicas {
-        context_proxy::app::state::Service::stop(&**r).await;
+        context_proxy::service::Service::stop(&**r).await;
     }
 }

@@ -17,19 +17,11 @@ use async_trait::async_trait;
 use crate::app::config::ValidConfig;
 use crate::context::ContextManager;
 use crate::recorder::Recorder;
+use crate::service::Service;
 use crate::store::{Store, StoreError};
 use crate::telemetry::metrics::Metrics;
 use crate::tokens::{Counter, Encoding};
 use crate::upstream::{UpstreamSetupError, Upstreams};
-
-/// A task that runs beside the request path and must be stopped at shutdown.
-#[async_trait]
-pub trait Service: Send + Sync {
-    /// A short name for logs.
-    fn name(&self) -> &'static str;
-    /// Stops the service and waits until it has stopped.
-    async fn stop(&self);
-}
 
 /// What every request handler shares.
 pub struct AppState {

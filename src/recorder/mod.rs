@@ -24,9 +24,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::app::state::Service;
 use crate::corpus::recording::{Exchange, Writer, WriterConfig};
 use crate::http::relay::End;
+use crate::service::Service;
 use crate::wire::{ChatAccumulator, SseConfig, SseReader};
 
 pub use config::RecordConfig;

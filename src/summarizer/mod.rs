@@ -26,10 +26,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::app::state::Service;
 use crate::context::summaries::{Recorded, Summaries};
 use crate::context::summary::SummarizerConfig;
 use crate::context::{Identity, SummaryJob};
+use crate::service::Service;
 use crate::store::{StateKey, Store, StoreError};
 use crate::telemetry::summarizer_stats::Stats;
 use crate::upstream::Upstream;

@@ -12,7 +12,7 @@ use std::io::IsTerminal;
 use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
-use crate::app::config::{LogConfig, LogFormat};
+use serde::{Deserialize, Serialize};
 
 /// Lines that may wait for the writer thread before logging blocks (~0.1 s of backlog at 20k
 /// requests/s; the writer drains far faster). The queue's slots are allocated up front:
@@ -53,5 +53,32 @@ pub fn init(cfg: &LogConfig) -> LogGuard {
     // let this writer go.
     LogGuard {
         _writer: result.ok().map(|()| guard),
+    }
+}
+
+/// The `[log]` section.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `human` or `json`.
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `context_proxy=debug`; `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Human,
+            level: "info".into(),
+        }
     }
 }
