@@ -25,8 +25,8 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::corpus::recording::{Exchange, Writer, WriterConfig};
-use crate::http::relay::End;
 use crate::service::Service;
+use crate::upstream::relay::End;
 use crate::wire::{ChatAccumulator, SseConfig, SseReader};
 
 pub use config::RecordConfig;

@@ -12,8 +12,8 @@ use serde::Deserialize;
 use crate::app::state::AppState;
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
-use crate::http::relay::relay;
 use crate::http::request_body::{declared_length, read_limited, timeout_error, Timed};
+use crate::upstream::relay::relay;
 
 /// Forwards `req` to the upstream serving its model (or the default one).
 pub async fn handle(

@@ -267,7 +267,8 @@ impl Server {
                 let grace_over = grace_over.clone();
                 async move {
                     let response = router::handle(state, req).await;
-                    let is_event_stream = crate::http::relay::is_event_stream(response.headers());
+                    let is_event_stream =
+                        crate::upstream::relay::is_event_stream(response.headers());
                     Ok::<_, Infallible>(response.map(|body| Tracked {
                         body,
                         _in_flight: in_flight,
@@ -620,7 +621,7 @@ impl http_body::Body for Tracked {
         let polled = Pin::new(&mut this.body).poll_frame(cx);
         if let (Some(cut), Poll::Ready(Some(Ok(frame)))) = (&mut this.cut, &polled) {
             if let Some(data) = frame.data_ref().filter(|d| !d.is_empty()) {
-                cut.at_boundary = crate::http::relay::ends_event(data);
+                cut.at_boundary = crate::upstream::relay::ends_event(data);
             }
         }
         polled

@@ -5,8 +5,11 @@
 //! default upstream. Timeouts: connecting, and the longest silence while waiting for the
 //! response headers or between two body chunks. There is deliberately no total timeout, so a
 //! long stream is never cut while it keeps sending.
+//!
+//! [`relay`] passes an upstream's answer on to the client as it arrives.
 
 mod config;
+pub mod relay;
 
 pub use config::UpstreamConfig;
 

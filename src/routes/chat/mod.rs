@@ -377,7 +377,7 @@ async fn tool_loop(
         stats: ctx.stats.clone(),
         request_id: ctx.request_id().to_string(),
     };
-    let is_stream = crate::http::relay::is_event_stream(&answer.headers);
+    let is_stream = crate::upstream::relay::is_event_stream(&answer.headers);
     if is_stream {
         let status = answer.status;
         let mut headers = answer.headers.clone();

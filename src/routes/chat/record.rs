@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::ChatCtx;
 use crate::app::state::AppState;
 use crate::context::Skipped;
-use crate::http::relay::End;
+use crate::upstream::relay::End;
 use crate::wire::Usage;
 
 /// Records a finished request. `usage` is the upstream's, when read.

@@ -16,7 +16,7 @@ use crate::context::{
     Managed, ACTIONS_HEADER, KEPT_PREFIX_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER,
 };
 use crate::http::body::ProxyBody;
-use crate::http::relay::{relay_observed, respond_observed, End, Observer};
+use crate::upstream::relay::{relay_observed, respond_observed, End, Observer};
 use crate::wire::UsageProbe;
 
 /// Response headers: the proxy's tool rounds, the upstream's cached tokens, what a summary did
