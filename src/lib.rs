@@ -31,6 +31,7 @@ pub mod recorder;
 pub mod routes;
 pub mod server;
 pub mod service;
+pub mod sessions;
 pub mod store;
 pub mod summarizer;
 pub mod telemetry;

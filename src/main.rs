@@ -292,7 +292,7 @@ fn main() -> anyhow::Result<()> {
             ref session,
         }) => {
             let config = load_config(&cli)?;
-            let out = runtime(1)?.block_on(context_proxy::routes::context_api::run_cli(
+            let out = runtime(1)?.block_on(context_proxy::app::inspect::run_cli(
                 &config,
                 tenant.as_deref(),
                 session.as_deref(),

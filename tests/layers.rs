@@ -62,11 +62,6 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "ContextManager::identify reads the tenant and the session hint from the headers",
     ),
     (
-        "context",
-        "routes::context_api",
-        "the manager finds a journal's references with the inspection API's journal_refs",
-    ),
-    (
         "context::summary",
         "context::engine",
         "the summarizer's input reads message text with the engine's content_text",
@@ -89,7 +84,7 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
     ),
     (
         "http::error",
-        "routes::context_api",
+        "sessions",
         "ProxyError wraps InspectError to map it to its status",
     ),
     (
@@ -112,11 +107,6 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
     ),
     ("routes", "app", "handlers take AppState"),
     ("routes", "AppState", "handlers take AppState"),
-    (
-        "routes::context_api",
-        "ValidConfig",
-        "the inspect subcommand opens the store from the whole config",
-    ),
     (
         "server",
         "app",

@@ -6,4 +6,5 @@ pub mod check_config;
 pub mod config;
 pub mod env_overrides;
 pub mod healthcheck;
+pub mod inspect;
 pub mod state;

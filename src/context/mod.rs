@@ -389,7 +389,7 @@ impl ContextManager {
         if served_before {
             return Ok(0);
         }
-        let mut all = crate::routes::context_api::journal_refs(&journal);
+        let mut all = crate::sessions::journal_refs(&journal);
         all.extend(refs.iter().cloned());
         all.sort();
         all.dedup();

@@ -52,7 +52,7 @@ pub enum ProxyError {
     Auth(#[from] crate::auth::AuthError),
     /// A `/v1/context/…` request about a session or reference that cannot be answered.
     #[error(transparent)]
-    Inspect(#[from] crate::routes::context_api::InspectError),
+    Inspect(#[from] crate::sessions::InspectError),
 }
 
 impl ProxyError {
