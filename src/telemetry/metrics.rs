@@ -8,7 +8,7 @@
 //!
 //! The counters of the first version (`context_proxy_chat_requests_total`, …) keep their names;
 //! they are plain atomics that callers add to, exposed at scrape time. The upstream's usage is
-//! read by [`crate::wire::UsageProbe`].
+//! read by [`crate::wire::UsageTap`].
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

@@ -23,7 +23,7 @@ pub use accumulate::{
 pub use hide::{Filtered, ToolCallFilter};
 pub use sse::{data_event, Event, Events, SseConfig, SseError, SseReader};
 pub use usage::Usage;
-pub use usage_tap::{ProbeConfig, UsageProbe};
+pub use usage_tap::{TapConfig, UsageTap};
 
 #[cfg(test)]
 mod fixtures;

@@ -8,12 +8,12 @@ use serde_json::Value;
 use super::sse::{SseConfig, SseReader};
 use super::usage::Usage;
 
-/// The default largest JSON body the probe keeps to read its usage.
+/// The default largest JSON body the tap keeps to read its usage.
 pub const DEFAULT_MAX_JSON_BODY_BYTES: usize = 4 * 1024 * 1024;
 
-/// The probe's limits.
+/// The tap's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProbeConfig {
+pub struct TapConfig {
     /// A JSON body longer than this is not read (no usage). Default
     /// [`DEFAULT_MAX_JSON_BODY_BYTES`].
     pub max_json_body_bytes: usize,
@@ -22,9 +22,9 @@ pub struct ProbeConfig {
     pub max_event_bytes: usize,
 }
 
-impl Default for ProbeConfig {
+impl Default for TapConfig {
     fn default() -> Self {
-        ProbeConfig {
+        TapConfig {
             max_json_body_bytes: DEFAULT_MAX_JSON_BODY_BYTES,
             max_event_bytes: super::sse::DEFAULT_MAX_EVENT_BYTES,
         }
@@ -35,8 +35,8 @@ impl Default for ProbeConfig {
 /// is not whitespace: `{` is a JSON body, anything else an event stream. Each byte is looked
 /// at a bounded number of times; memory stays under the configured limits.
 #[derive(Debug)]
-pub struct UsageProbe {
-    config: ProbeConfig,
+pub struct UsageTap {
+    config: TapConfig,
     state: State,
     usage: Option<Usage>,
 }
@@ -58,15 +58,15 @@ struct UsageOnly {
     usage: Option<Value>,
 }
 
-impl Default for UsageProbe {
+impl Default for UsageTap {
     fn default() -> Self {
-        UsageProbe::new(ProbeConfig::default())
+        UsageTap::new(TapConfig::default())
     }
 }
 
-impl UsageProbe {
-    pub fn new(config: ProbeConfig) -> UsageProbe {
-        UsageProbe {
+impl UsageTap {
+    pub fn new(config: TapConfig) -> UsageTap {
+        UsageTap {
             config,
             state: State::Unknown(Vec::new()),
             usage: None,
@@ -229,11 +229,11 @@ mod tests {
     use crate::wire::fixtures::{TEXT_STREAM, TOOL_CALL_COMPLETION, TOOL_CALL_STREAM};
     use proptest::prelude::*;
 
-    fn probe_split(body: &[u8], cut: usize) -> UsageProbe {
-        let mut probe = UsageProbe::default();
-        probe.feed(&body[..cut]);
-        probe.feed(&body[cut..]);
-        probe
+    fn tap_split(body: &[u8], cut: usize) -> UsageTap {
+        let mut tap = UsageTap::default();
+        tap.feed(&body[..cut]);
+        tap.feed(&body[cut..]);
+        tap
     }
 
     #[test]
@@ -242,12 +242,12 @@ mod tests {
             let body = stream.as_bytes();
             let expected = if stream == TEXT_STREAM { 9 } else { 812 };
             for cut in 0..=body.len() {
-                let probe = probe_split(body, cut);
-                assert_eq!(probe.prompt_tokens(), Some(expected), "cut at {cut}");
+                let tap = tap_split(body, cut);
+                assert_eq!(tap.prompt_tokens(), Some(expected), "cut at {cut}");
             }
         }
-        let probe = probe_split(TOOL_CALL_STREAM.as_bytes(), 0);
-        assert_eq!(probe.usage().unwrap().cached_tokens, Some(768));
+        let tap = tap_split(TOOL_CALL_STREAM.as_bytes(), 0);
+        assert_eq!(tap.usage().unwrap().cached_tokens, Some(768));
     }
 
     #[test]
@@ -255,15 +255,15 @@ mod tests {
         let body = format!("\n {TOOL_CALL_COMPLETION}");
         let body = body.as_bytes();
         for cut in 0..=body.len() {
-            let probe = probe_split(body, cut);
-            assert_eq!(probe.prompt_tokens(), Some(812), "cut at {cut}");
+            let tap = tap_split(body, cut);
+            assert_eq!(tap.prompt_tokens(), Some(812), "cut at {cut}");
         }
         // Braces inside strings do not close the body early.
         let tricky =
             br#"{"choices":[{"message":{"content":"} \" ] {"}}],"usage":{"prompt_tokens":7}}"#;
         for cut in 0..=tricky.len() {
             assert_eq!(
-                probe_split(tricky, cut).prompt_tokens(),
+                tap_split(tricky, cut).prompt_tokens(),
                 Some(7),
                 "cut at {cut}"
             );
@@ -272,29 +272,29 @@ mod tests {
 
     #[test]
     fn no_usage_errors_and_limits() {
-        let mut probe = UsageProbe::default();
-        probe.feed(br#"{"error":{"message":"x","type":"t","param":null,"code":null}}"#);
-        assert_eq!(probe.prompt_tokens(), None);
+        let mut tap = UsageTap::default();
+        tap.feed(br#"{"error":{"message":"x","type":"t","param":null,"code":null}}"#);
+        assert_eq!(tap.prompt_tokens(), None);
 
-        let mut probe = UsageProbe::default();
-        probe.feed(b"data: {\"usage\":null,\"choices\":[]}\n\ndata: [DONE]\n\n");
-        probe.finish();
-        assert_eq!(probe.prompt_tokens(), None);
+        let mut tap = UsageTap::default();
+        tap.feed(b"data: {\"usage\":null,\"choices\":[]}\n\ndata: [DONE]\n\n");
+        tap.finish();
+        assert_eq!(tap.prompt_tokens(), None);
 
         // A body over the cap is dropped, not read.
-        let mut probe = UsageProbe::new(ProbeConfig {
+        let mut tap = UsageTap::new(TapConfig {
             max_json_body_bytes: 64,
-            ..ProbeConfig::default()
+            ..TapConfig::default()
         });
-        probe.feed(TOOL_CALL_COMPLETION.as_bytes());
-        assert_eq!(probe.prompt_tokens(), None);
+        tap.feed(TOOL_CALL_COMPLETION.as_bytes());
+        assert_eq!(tap.prompt_tokens(), None);
 
         // The usage event held back by a final lone CR is read at the end.
-        let mut probe = UsageProbe::default();
-        probe.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\r\r");
-        assert_eq!(probe.prompt_tokens(), None);
-        probe.finish();
-        assert_eq!(probe.prompt_tokens(), Some(3));
+        let mut tap = UsageTap::default();
+        tap.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\r\r");
+        assert_eq!(tap.prompt_tokens(), None);
+        tap.finish();
+        assert_eq!(tap.prompt_tokens(), Some(3));
     }
 
     proptest! {
@@ -303,14 +303,14 @@ mod tests {
             chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
             json in any::<bool>(),
         ) {
-            let mut probe = UsageProbe::new(ProbeConfig { max_json_body_bytes: 200, max_event_bytes: 100 });
+            let mut tap = UsageTap::new(TapConfig { max_json_body_bytes: 200, max_event_bytes: 100 });
             if json {
-                probe.feed(b"{");
+                tap.feed(b"{");
             }
             for chunk in &chunks {
-                probe.feed(chunk);
+                tap.feed(chunk);
             }
-            probe.finish();
+            tap.finish();
         }
     }
 }

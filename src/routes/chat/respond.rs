@@ -17,7 +17,7 @@ use crate::context::{
 };
 use crate::http::body::ProxyBody;
 use crate::upstream::relay::{relay_observed, respond_observed, End, Observer};
-use crate::wire::UsageProbe;
+use crate::wire::UsageTap;
 
 /// Response headers: the proxy's tool rounds, the upstream's cached tokens, what a summary did
 /// (the names are the contract crate's).
@@ -46,7 +46,7 @@ pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<P
     let reader = |status| Reader {
         state,
         ctx: Some(ctx),
-        probe: UsageProbe::default(),
+        tap: UsageTap::default(),
         status,
         kept,
     };
@@ -82,7 +82,7 @@ struct Reader {
     state: Arc<AppState>,
     /// Taken by `end`.
     ctx: Option<ChatCtx>,
-    probe: UsageProbe,
+    tap: UsageTap,
     status: http::StatusCode,
     /// The body as relayed, for the traffic recorder (when one runs).
     kept: Option<Kept>,
@@ -123,8 +123,8 @@ impl Observer for Reader {
             // The usage is only compared with the proxy's count when the request was counted.
             let wanted =
                 ctx.managed.counted || ctx.caller.as_ref().is_some_and(|c| c.has_token_budget());
-            if wanted && self.probe.usage().is_none() {
-                self.probe.feed(bytes);
+            if wanted && self.tap.usage().is_none() {
+                self.tap.feed(bytes);
             }
         }
     }
@@ -132,13 +132,13 @@ impl Observer for Reader {
     fn end(&mut self, end: End) {
         if let Some(mut ctx) = self.ctx.take() {
             ctx.timings.done = Some(Instant::now());
-            self.probe.finish();
+            self.tap.finish();
             record(
                 &self.state,
                 &ctx,
                 self.status,
                 end,
-                self.probe.usage(),
+                self.tap.usage(),
                 self.kept
                     .take()
                     .and_then(|k| k.body)
