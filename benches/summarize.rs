@@ -4,7 +4,7 @@
 //!
 //! Run with `cargo bench --bench summarize` (`BENCH_SESSIONS=n` replays the first n sessions
 //! only; `BENCH_NO_SUMMARY=1` the same without summaries, to compare). Each request goes through the same plan → summary → apply steps as the chat route
-//! (`src/chat/summary.rs`), in process; between two requests of a session the harness waits
+//! (`src/routes/chat/settle.rs`), in process; between two requests of a session the harness waits
 //! for the background summaries queued so far (an agent's turn takes seconds; the mock answers
 //! in microseconds), with a deadline. Reported: input tokens forwarded against the original,
 //! the background hit rate (requests whose moved-out span had its summary ready, among those

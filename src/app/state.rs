@@ -2,8 +2,7 @@
 //! context management, metrics), and the background services that live as long as the proxy.
 //!
 //! The listener (`server`) builds one [`AppState`] at start-up and calls [`AppState::shutdown`]
-//! once its connections are drained; handlers only read it. Neither imports the other's
-//! internals: `server` → `router` → routes → `state`, never back.
+//! once its connections are drained; handlers only read it.
 //!
 //! Background services (the store's sweeper, the summarizer, the traffic recorder) are
 //! registered here when the state is built and stopped here, last started first stopped, so
