@@ -60,7 +60,7 @@ async fn handle(manager: &ContextManager, raw: &Bytes, mode: Mode) -> usize {
             return peeked.raw.len();
         }
     }
-    check_json_shape(raw, &ServerConfig::default()).expect("within the JSON limits");
+    check_json_shape(raw, &ServerConfig::default().body_limits()).expect("within the JSON limits");
     let mut request = ChatRequest::parse(raw.clone()).expect("valid");
     let managed = manager
         .manage(

@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::app::config::ValidConfig;
 use crate::glob::glob_match;
+use crate::http::error::ClientError;
 use crate::store::Tenant;
 
 /// The `[auth]` section.
@@ -169,9 +170,8 @@ pub enum AuthError {
     AdminTokenRequired { configured: bool },
 }
 
-impl AuthError {
-    /// Status, OpenAI error `type` and `code`.
-    pub fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+impl ClientError for AuthError {
+    fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
         match self {
             AuthError::Missing | AuthError::Invalid => (
                 StatusCode::UNAUTHORIZED,
@@ -197,7 +197,7 @@ impl AuthError {
     }
 
     /// Seconds for the `Retry-After` header, for a rate limit.
-    pub fn retry_after(&self) -> Option<u64> {
+    fn retry_after(&self) -> Option<u64> {
         match self {
             AuthError::RateLimited { retry_after, .. } => Some(*retry_after),
             _ => None,

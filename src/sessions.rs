@@ -8,9 +8,10 @@ use http::StatusCode;
 use serde_json::{json, Value};
 
 use crate::auth::KeyNames;
+use crate::http::error::ClientError;
 use crate::store::{ContentRef, SessionId, Store, StoreError, Tenant};
 
-/// Why an inspection request cannot be answered. Mapped to the OpenAI shape by `ProxyError`.
+/// Why an inspection request cannot be answered.
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
     #[error("no {what} {id:?} for this tenant (the API key's own, or the one an admin named with ?tenant=)")]
@@ -23,9 +24,8 @@ pub enum InspectError {
     Store(#[from] StoreError),
 }
 
-impl InspectError {
-    /// Status, OpenAI error `type` and `code`.
-    pub fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+impl ClientError for InspectError {
+    fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
         match self {
             InspectError::NotFound { .. } | InspectError::NotInStore(_) => (
                 StatusCode::NOT_FOUND,

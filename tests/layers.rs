@@ -71,27 +71,6 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "context",
         "keeps the proxy's hidden calls per context Identity, finds call ids with context::units",
     ),
-    // Until each feature's error implements the client-facing error trait.
-    (
-        "http::error",
-        "upstream",
-        "ProxyError wraps UpstreamError to map it to its status",
-    ),
-    (
-        "http::error",
-        "auth",
-        "ProxyError wraps AuthError to map it to its status",
-    ),
-    (
-        "http::error",
-        "sessions",
-        "ProxyError wraps InspectError to map it to its status",
-    ),
-    (
-        "http::request_body",
-        "app::config",
-        "the body limits are read from ServerConfig",
-    ),
     // Until auth gets its own section and the handlers a state without the whole config.
     (
         "auth",

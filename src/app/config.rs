@@ -119,6 +119,16 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// The limits a request body is read under.
+    pub fn body_limits(&self) -> crate::http::request_body::BodyLimits {
+        crate::http::request_body::BodyLimits {
+            max_body_bytes: self.max_body_bytes,
+            max_json_elements: self.max_json_elements,
+            max_json_depth: self.max_json_depth,
+            body_read_timeout_ms: self.body_read_timeout_ms,
+            body_min_bytes_per_sec: self.body_min_bytes_per_sec,
+        }
+    }
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
     }

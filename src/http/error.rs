@@ -1,14 +1,35 @@
 //! The errors a client can see, and the one place they become HTTP responses in the OpenAI
-//! error shape `{"error":{"message","type","param","code"}}`.
+//! error shape (`crate::wire::error`).
+//!
+//! [`ClientError`] is what a part of the proxy implements for its own error type to say how a
+//! client sees it (the upstreams, the body reader, auth, inspection): this module imports none
+//! of them. [`ProxyError`] is the error of a request's handling: its own few cases, or any
+//! [`ClientError`] (`?` converts one).
 //!
 //! An upstream's own error response is not a `ProxyError`: it is relayed unchanged.
 
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
-use serde_json::json;
 
 use crate::http::body::{full, ProxyBody};
-use crate::upstream::UpstreamError;
+use crate::wire::error::openai_error;
+
+/// An error a client sees, with the status and OpenAI error `type` and `code` it is answered
+/// with.
+pub trait ClientError: std::error::Error + Send + Sync + 'static {
+    /// The HTTP status, OpenAI error `type` and `code`.
+    fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>);
+
+    /// The `param` the error is about, when there is one.
+    fn param(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Seconds to send in `Retry-After`, when retrying later can help.
+    fn retry_after(&self) -> Option<u64> {
+        None
+    }
+}
 
 /// Why the proxy itself could not answer a request.
 #[derive(Debug, thiserror::Error)]
@@ -17,18 +38,6 @@ pub enum ProxyError {
     InvalidJson(String),
     #[error("{0}")]
     InvalidRequest(String),
-    #[error("request body is larger than the limit of {limit} bytes (server.max_body_bytes)")]
-    BodyTooLarge { limit: usize },
-    #[error("the request body holds more than {limit} JSON values (server.max_json_elements)")]
-    JsonTooLarge { limit: usize },
-    #[error("the request body nests arrays and objects deeper than {limit} levels (server.max_json_depth)")]
-    JsonTooDeep { limit: usize },
-    #[error("the proxy holds as many request bodies as it may (server.max_body_bytes_in_flight = {budget} bytes): retry shortly")]
-    Overloaded { budget: usize },
-    #[error("the request body did not arrive in time: it must arrive within {timeout_ms} ms plus its size at {min_rate} bytes per second (server.body_read_timeout_ms, server.body_min_bytes_per_sec)")]
-    BodyTimeout { timeout_ms: u64, min_rate: u64 },
-    #[error("could not read the request body: {0}")]
-    BodyRead(String),
     #[error("the path {path:?} leaves /v1/ once its dot segments are resolved, or hides a '/', a '\\' or a dot segment behind percent-encoding (%2F, %5C, %2E%2E, or these encoded again): this proxy only forwards plain /v1/* paths")]
     InvalidPath { path: String },
     #[error("no route for {method} {path}: this proxy serves /v1/* (OpenAI-compatible API), /healthz and /readyz")]
@@ -39,20 +48,22 @@ pub enum ProxyError {
         path: String,
         allowed: &'static str,
     },
-    #[error(transparent)]
-    Upstream(#[from] UpstreamError),
     /// The model kept calling the proxy's own tools after `[context.reload] max_rounds` rounds,
     /// when they were no longer offered, and its answer holds nothing else.
     #[error("the model kept calling the proxy's context tools after {rounds} rounds of them ([context.reload] max_rounds) and its last answer holds no text and no call of the client's tools; the proxy does not ask the upstream again. Retry, or raise max_rounds")]
     ToolLoopExhausted { rounds: usize },
     #[error("the context store is unavailable ({0}) and store.on_error = \"closed\": the request was not forwarded; retry later")]
     StoreUnavailable(String),
-    /// The caller's key is missing, unknown, not allowed this model, or over its budget.
-    #[error(transparent)]
-    Auth(#[from] crate::auth::AuthError),
-    /// A `/v1/context/…` request about a session or reference that cannot be answered.
-    #[error(transparent)]
-    Inspect(#[from] crate::sessions::InspectError),
+    /// The error of a part of the proxy (an upstream, the body reader, auth, inspection),
+    /// which says itself how the client sees it.
+    #[error("{0}")]
+    Client(Box<dyn ClientError>),
+}
+
+impl<E: ClientError> From<E> for ProxyError {
+    fn from(e: E) -> ProxyError {
+        ProxyError::Client(Box::new(e))
+    }
 }
 
 impl ProxyError {
@@ -66,36 +77,6 @@ impl ProxyError {
                 Some("invalid_json"),
             ),
             InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
-            BodyTooLarge { .. } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                Some("request_too_large"),
-            ),
-            JsonTooLarge { .. } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                Some("request_too_large"),
-            ),
-            JsonTooDeep { .. } => (
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                Some("json_too_deep"),
-            ),
-            Overloaded { .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                Some("overloaded"),
-            ),
-            BodyTimeout { .. } => (
-                StatusCode::REQUEST_TIMEOUT,
-                "invalid_request_error",
-                Some("body_read_timeout"),
-            ),
-            BodyRead(_) => (
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                Some("body_read_error"),
-            ),
             InvalidPath { .. } => (
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
@@ -111,11 +92,6 @@ impl ProxyError {
                 "invalid_request_error",
                 Some("method_not_allowed"),
             ),
-            Upstream(UpstreamError::Unreachable { .. }) => (
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                Some("upstream_unreachable"),
-            ),
             ToolLoopExhausted { .. } => (
                 StatusCode::BAD_GATEWAY,
                 "upstream_error",
@@ -126,13 +102,7 @@ impl ProxyError {
                 "server_error",
                 Some("store_unavailable"),
             ),
-            Upstream(UpstreamError::Timeout { .. }) => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_error",
-                Some("upstream_timeout"),
-            ),
-            Auth(e) => e.classify(),
-            Inspect(e) => e.classify(),
+            Client(e) => e.classify(),
         }
     }
 
@@ -140,6 +110,7 @@ impl ProxyError {
     fn param(&self) -> Option<&'static str> {
         match self {
             ProxyError::InvalidJson(_) => Some("body"),
+            ProxyError::Client(e) => e.param(),
             _ => None,
         }
     }
@@ -148,14 +119,7 @@ impl ProxyError {
     /// data of a final SSE event when a stream had already begun).
     pub fn to_json(&self) -> serde_json::Value {
         let (_, kind, code) = self.classify();
-        json!({
-            "error": {
-                "message": self.to_string(),
-                "type": kind,
-                "param": self.param(),
-                "code": code,
-            }
-        })
+        openai_error(&self.to_string(), kind, self.param(), code)
     }
 
     /// The JSON body in the OpenAI error shape.
@@ -168,20 +132,16 @@ impl ProxyError {
         let (status, _, _) = self.classify();
         let mut resp = http::Response::new(full(self.body()));
         *resp.status_mut() = status;
-        if matches!(self, ProxyError::Overloaded { .. }) {
-            resp.headers_mut()
-                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        resp.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let ProxyError::Auth(e) = &self {
+        if let ProxyError::Client(e) = &self {
             if let Some(secs) = e.retry_after() {
                 resp.headers_mut()
                     .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
             }
         }
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         resp
     }
 }
@@ -222,17 +182,19 @@ mod tests {
 
     #[test]
     fn every_error_has_the_four_keys() {
+        /// A part's own error, seen through the trait.
+        #[derive(Debug, thiserror::Error)]
+        #[error("a part failed")]
+        struct Part;
+        impl ClientError for Part {
+            fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+                (StatusCode::BAD_GATEWAY, "upstream_error", Some("part"))
+            }
+        }
         let errs = [
             ProxyError::InvalidJson("x".into()),
-            ProxyError::BodyTooLarge { limit: 1 },
-            ProxyError::Upstream(UpstreamError::Timeout {
-                upstream: "u".into(),
-                timeout_ms: 1,
-            }),
-            ProxyError::Upstream(UpstreamError::Unreachable {
-                upstream: "u".into(),
-                detail: "connection refused".into(),
-            }),
+            ProxyError::ToolLoopExhausted { rounds: 1 },
+            ProxyError::from(Part),
         ];
         for e in errs {
             let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();

@@ -17,16 +17,84 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
-use crate::app::config::ServerConfig;
 use crate::http::body::BoxError;
-use crate::http::error::ProxyError;
+use crate::http::error::ClientError;
+
+/// The `[server]` limits a request body is read under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimits {
+    /// `server.max_body_bytes`.
+    pub max_body_bytes: usize,
+    /// `server.max_json_elements`.
+    pub max_json_elements: usize,
+    /// `server.max_json_depth`.
+    pub max_json_depth: usize,
+    /// `server.body_read_timeout_ms`.
+    pub body_read_timeout_ms: u64,
+    /// `server.body_min_bytes_per_sec`.
+    pub body_min_bytes_per_sec: u64,
+}
+
+/// Why a request body was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestBodyError {
+    #[error("request body is larger than the limit of {limit} bytes (server.max_body_bytes)")]
+    TooLarge { limit: usize },
+    #[error("the request body holds more than {limit} JSON values (server.max_json_elements)")]
+    JsonTooLarge { limit: usize },
+    #[error("the request body nests arrays and objects deeper than {limit} levels (server.max_json_depth)")]
+    JsonTooDeep { limit: usize },
+    #[error("the proxy holds as many request bodies as it may (server.max_body_bytes_in_flight = {budget} bytes): retry shortly")]
+    Overloaded { budget: usize },
+    #[error("the request body did not arrive in time: it must arrive within {timeout_ms} ms plus its size at {min_rate} bytes per second (server.body_read_timeout_ms, server.body_min_bytes_per_sec)")]
+    Timeout { timeout_ms: u64, min_rate: u64 },
+    #[error("could not read the request body: {0}")]
+    Read(String),
+}
+
+impl ClientError for RequestBodyError {
+    fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+        use RequestBodyError::*;
+        match self {
+            TooLarge { .. } | JsonTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("request_too_large"),
+            ),
+            JsonTooDeep { .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("json_too_deep"),
+            ),
+            Overloaded { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("overloaded"),
+            ),
+            Timeout { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                Some("body_read_timeout"),
+            ),
+            Read(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("body_read_error"),
+            ),
+        }
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        matches!(self, RequestBodyError::Overloaded { .. }).then_some(1)
+    }
+}
 
 /// The `Content-Length` the client declared, if any.
 pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
@@ -40,15 +108,15 @@ pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
 
 /// Refuses a chat body whose JSON would cost too much to parse into a DOM
 /// (`server.max_json_elements`, 413; `server.max_json_depth`, 400), measured from its bytes.
-pub fn check_json_shape(raw: &[u8], server: &ServerConfig) -> Result<JsonShape, ProxyError> {
+pub fn check_json_shape(raw: &[u8], server: &BodyLimits) -> Result<JsonShape, RequestBodyError> {
     let shape = json_shape(raw, server.max_json_elements, server.max_json_depth);
     if shape.elements > server.max_json_elements {
-        return Err(ProxyError::JsonTooLarge {
+        return Err(RequestBodyError::JsonTooLarge {
             limit: server.max_json_elements,
         });
     }
     if shape.depth > server.max_json_depth {
-        return Err(ProxyError::JsonTooDeep {
+        return Err(RequestBodyError::JsonTooDeep {
             limit: server.max_json_depth,
         });
     }
@@ -63,7 +131,7 @@ pub const PARSED_BYTES_PER_VALUE: usize = 80;
 /// Holds against `budget`, until the request ends, what a body of `shape` will cost once
 /// parsed into a DOM (at most the whole budget): a body of many tiny values costs many times
 /// its bytes. 503 when that is not left.
-pub fn hold_parsed(budget: &BodyBudget, shape: JsonShape) -> Result<(), ProxyError> {
+pub fn hold_parsed(budget: &BodyBudget, shape: JsonShape) -> Result<(), RequestBodyError> {
     let cost = shape
         .elements
         .saturating_mul(PARSED_BYTES_PER_VALUE)
@@ -78,13 +146,13 @@ pub fn hold_parsed(budget: &BodyBudget, shape: JsonShape) -> Result<(), ProxyErr
 pub async fn read_limited(
     body: Incoming,
     headers: &HeaderMap,
-    server: &ServerConfig,
+    server: &BodyLimits,
     budget: &BodyBudget,
-) -> Result<Bytes, ProxyError> {
+) -> Result<Bytes, RequestBodyError> {
     let limit = server.max_body_bytes;
     let declared = declared_length(headers);
     if declared.is_some_and(|len| len > limit as u64) {
-        return Err(ProxyError::BodyTooLarge { limit });
+        return Err(RequestBodyError::TooLarge { limit });
     }
     let capacity = declared.map_or(0, |len| len as usize);
     // The declared size is taken at once; a body without one takes its chunks as they come.
@@ -95,7 +163,7 @@ pub async fn read_limited(
         let frame = frame.map_err(|e| body_error(server, &*e))?;
         if let Ok(data) = frame.into_data() {
             if bytes.len() + data.len() > limit {
-                return Err(ProxyError::BodyTooLarge { limit });
+                return Err(RequestBodyError::TooLarge { limit });
             }
             let short = (bytes.len() + data.len()).saturating_sub(held.num_permits());
             if short > 0 {
@@ -129,12 +197,12 @@ impl BodyBudget {
     }
 
     /// Takes `bytes` of the budget, or fails at once with 503 when they are not left.
-    fn take(&self, bytes: usize) -> Result<OwnedSemaphorePermit, ProxyError> {
+    fn take(&self, bytes: usize) -> Result<OwnedSemaphorePermit, RequestBodyError> {
         let n = u32::try_from(bytes).unwrap_or(u32::MAX);
         self.semaphore
             .clone()
             .try_acquire_many_owned(n)
-            .map_err(|_| ProxyError::Overloaded {
+            .map_err(|_| RequestBodyError::Overloaded {
                 budget: self.budget,
             })
     }
@@ -156,18 +224,18 @@ fn hold(permit: OwnedSemaphorePermit) {
     let _ = HELD.try_with(|held| held.borrow_mut().push(permit));
 }
 
-/// The proxy error for a failed body read.
-fn body_error(server: &ServerConfig, e: &(dyn std::error::Error + 'static)) -> ProxyError {
+/// The error for a failed body read.
+fn body_error(server: &BodyLimits, e: &(dyn std::error::Error + 'static)) -> RequestBodyError {
     if e.downcast_ref::<BodyTimeout>().is_some() {
         timeout_error(server)
     } else {
-        ProxyError::BodyRead(e.to_string())
+        RequestBodyError::Read(e.to_string())
     }
 }
 
 /// The 408 for a body that arrived too slowly.
-pub fn timeout_error(server: &ServerConfig) -> ProxyError {
-    ProxyError::BodyTimeout {
+pub fn timeout_error(server: &BodyLimits) -> RequestBodyError {
+    RequestBodyError::Timeout {
         timeout_ms: server.body_read_timeout_ms,
         min_rate: server.body_min_bytes_per_sec,
     }
@@ -192,7 +260,7 @@ pub struct Timed<B> {
 }
 
 impl<B> Timed<B> {
-    pub fn new(inner: B, server: &ServerConfig) -> Timed<B> {
+    pub fn new(inner: B, server: &BodyLimits) -> Timed<B> {
         let started = Instant::now();
         let timeout = Duration::from_millis(server.body_read_timeout_ms);
         Timed {

@@ -26,15 +26,15 @@ pub async fn handle(
         .path()
         .strip_prefix("/v1")
         .unwrap_or(parts.uri.path());
-    let server = &state.config.server;
-    let limit = server.max_body_bytes;
+    let limits = &state.config.server.body_limits();
+    let limit = limits.max_body_bytes;
 
     let (model, body, timed_out) = if small_json(&parts.headers, limit) {
-        let bytes = read_limited(body, &parts.headers, server, &state.body_budget).await?;
+        let bytes = read_limited(body, &parts.headers, limits, &state.body_budget).await?;
         (model_of(&bytes), reqwest::Body::from(bytes), None)
     } else {
         // Streamed, but still bounded in time: a body that stalls fails the upstream request.
-        let timed = Timed::new(body, server);
+        let timed = Timed::new(body, limits);
         let timed_out = timed.expired_flag();
         (None, reqwest::Body::wrap(timed), Some(timed_out))
     };
@@ -58,7 +58,7 @@ pub async fn handle(
     let incoming = match incoming {
         Ok(incoming) => incoming,
         Err(_) if timed_out.is_some_and(|t| t.load(std::sync::atomic::Ordering::SeqCst)) => {
-            return Err(timeout_error(server));
+            return Err(timeout_error(limits).into());
         }
         Err(e) => return Err(e.into()),
     };

@@ -586,12 +586,12 @@ const CUT_FLUSH: Duration = Duration::from_millis(200);
 
 /// The last event of a stream cut at shutdown, in the OpenAI error shape.
 fn shutdown_event() -> Bytes {
-    crate::wire::sse::data_event(&serde_json::json!({"error": {
-        "message": "the proxy is shutting down and its grace period is over; send the request again",
-        "type": "server_error",
-        "param": null,
-        "code": "server_shutting_down"
-    }}))
+    crate::wire::sse::data_event(&crate::wire::error::openai_error(
+        "the proxy is shutting down and its grace period is over; send the request again",
+        "server_error",
+        None,
+        Some("server_shutting_down"),
+    ))
 }
 
 impl http_body::Body for Tracked {

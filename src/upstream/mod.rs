@@ -22,6 +22,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::Method;
 
 use crate::glob::glob_match;
+use crate::http::error::ClientError;
 use crate::http::headers::end_to_end;
 
 /// Request headers starting with this are the proxy's own and never forwarded.
@@ -165,6 +166,23 @@ pub enum UpstreamError {
         "upstream {upstream} did not answer within {timeout_ms} ms (upstreams.read_timeout_ms)"
     )]
     Timeout { upstream: String, timeout_ms: u64 },
+}
+
+impl ClientError for UpstreamError {
+    fn classify(&self) -> (http::StatusCode, &'static str, Option<&'static str>) {
+        match self {
+            UpstreamError::Unreachable { .. } => (
+                http::StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                Some("upstream_unreachable"),
+            ),
+            UpstreamError::Timeout { .. } => (
+                http::StatusCode::GATEWAY_TIMEOUT,
+                "upstream_error",
+                Some("upstream_timeout"),
+            ),
+        }
+    }
 }
 
 /// A request for an upstream, built once and sendable any number of times (a tool loop or a

@@ -14,10 +14,10 @@ use futures_util::{Stream, StreamExt};
 use http::header;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
-use serde_json::json;
 
 use crate::http::body::{BoxError, ProxyBody};
 use crate::upstream::{BodyError, Incoming};
+use crate::wire::error::openai_error;
 
 /// How a relayed body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,9 +207,7 @@ fn error_event(err: &BodyError) -> Bytes {
         BodyError::Idle { .. } => "upstream_timeout",
         BodyError::Failed { .. } => "upstream_stream_error",
     };
-    let value = json!({
-        "error": {"message": err.to_string(), "type": "upstream_error", "param": null, "code": code}
-    });
+    let value = openai_error(&err.to_string(), "upstream_error", None, Some(code));
     Bytes::from(format!("data: {value}\n\n"))
 }
 

@@ -12,6 +12,7 @@
 //! with the mock upstream's wire code, so the two cannot agree on a mistake.
 
 pub mod accumulate;
+pub mod error;
 pub mod hide;
 pub mod sse;
 pub mod usage;

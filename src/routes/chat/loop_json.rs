@@ -177,13 +177,13 @@ async fn read_all(answer: Incoming, round: &Round) -> Result<Bytes, ProxyError> 
     let mut chunks = std::pin::pin!(answer.into_stream());
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|e| {
-            ProxyError::Upstream(UpstreamError::Unreachable {
+            ProxyError::from(UpstreamError::Unreachable {
                 upstream: round.upstream.name.clone(),
                 detail: format!("its answer broke off: {e}"),
             })
         })?;
         if out.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(ProxyError::Upstream(UpstreamError::Unreachable {
+            return Err(ProxyError::from(UpstreamError::Unreachable {
                 upstream: round.upstream.name.clone(),
                 detail: format!("its answer is larger than {MAX_ANSWER_BYTES} bytes"),
             }));

@@ -17,6 +17,7 @@ use tracing::Instrument;
 
 use super::tool_loop::{assistant_message, Round};
 use crate::upstream::{BodyError, Incoming};
+use crate::wire::error::openai_error;
 use crate::wire::sse::data_event;
 use crate::wire::{ChatAccumulator, Filtered, SseReader, ToolCallFilter, Usage};
 
@@ -133,18 +134,32 @@ async fn run(mut round: Round, first: Incoming, out: &mut Out) {
                 // The stream already started: the upstream's error becomes the final event.
                 let status = a.status;
                 let body = read_error(a).await;
+                // The upstream's own error object when it sent one, else the proxy's.
                 let error = serde_json::from_slice::<Value>(&body)
                     .ok()
                     .and_then(|v| v.get("error").cloned())
+                    .map(|error| json!({ "error": error }))
                     .unwrap_or_else(|| {
-                        json!({"message": format!("upstream {} answered {status} during the proxy's tool round", round.upstream.name),
-                               "type": "upstream_error", "param": null, "code": "upstream_error"})
+                        openai_error(
+                            &format!(
+                                "upstream {} answered {status} during the proxy's tool round",
+                                round.upstream.name
+                            ),
+                            "upstream_error",
+                            None,
+                            Some("upstream_error"),
+                        )
                     });
-                out.send(data_event(&json!({ "error": error }))).await;
+                out.send(data_event(&error)).await;
                 return;
             }
             Err(e) => {
-                let error = json!({"error": {"message": e.to_string(), "type": "upstream_error", "param": null, "code": "upstream_unreachable"}});
+                let error = openai_error(
+                    &e.to_string(),
+                    "upstream_error",
+                    None,
+                    Some("upstream_unreachable"),
+                );
                 out.send(data_event(&error)).await;
                 return;
             }
@@ -185,7 +200,12 @@ async fn relay_round(
             Some(Ok(bytes)) => bytes,
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "upstream stream ended early during the tool loop");
-                let error = json!({"error": {"message": e.to_string(), "type": "upstream_error", "param": null, "code": "upstream_stream_error"}});
+                let error = openai_error(
+                    &e.to_string(),
+                    "upstream_error",
+                    None,
+                    Some("upstream_stream_error"),
+                );
                 out.send(data_event(&error)).await;
                 return RoundEnd::Stop;
             }
@@ -197,7 +217,15 @@ async fn relay_round(
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "unreadable upstream stream during the tool loop");
-                    let error = json!({"error": {"message": format!("upstream {} sent an unreadable stream: {e}", round.upstream.name), "type": "upstream_error", "param": null, "code": "upstream_stream_error"}});
+                    let error = openai_error(
+                        &format!(
+                            "upstream {} sent an unreadable stream: {e}",
+                            round.upstream.name
+                        ),
+                        "upstream_error",
+                        None,
+                        Some("upstream_stream_error"),
+                    );
                     out.send(data_event(&error)).await;
                     return RoundEnd::Stop;
                 }
@@ -306,7 +334,7 @@ async fn relay_round(
         // The upstream ended its stream in the middle of the proxy's own call, which the
         // client never saw: without a word it would get an empty answer.
         tracing::warn!("upstream stream ended during a call of the proxy's tools");
-        let error = json!({"error": {"message": format!("upstream {} ended its stream in the middle of an answer (during the proxy's context tool call); retry", round.upstream.name), "type": "upstream_error", "param": null, "code": "upstream_stream_error"}});
+        let error = openai_error(&format!("upstream {} ended its stream in the middle of an answer (during the proxy's context tool call); retry", round.upstream.name), "upstream_error", None, Some("upstream_stream_error"));
         out.send(data_event(&error)).await;
         return RoundEnd::Stop;
     }

@@ -94,8 +94,8 @@ async fn parse(
         .context
         .mode(&parts.headers)
         .map_err(ProxyError::InvalidRequest)?;
-    let server = &state.config.server;
-    let raw = read_limited(body, &parts.headers, server, &state.body_budget).await?;
+    let limits = &state.config.server.body_limits();
+    let raw = read_limited(body, &parts.headers, limits, &state.body_budget).await?;
     let peeked = match mode {
         Mode::Off => ChatRequest::peek(raw.clone()),
         _ => None,
@@ -103,7 +103,7 @@ async fn parse(
     let request = match peeked {
         Some(request) => request,
         None => {
-            let shape = check_json_shape(&raw, server)?;
+            let shape = check_json_shape(&raw, limits)?;
             crate::http::request_body::hold_parsed(&state.body_budget, shape)?;
             ChatRequest::parse(raw)?
         }
