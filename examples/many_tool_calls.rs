@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use context_proxy::app::config::ServerConfig;
 use context_proxy::context::{ContextConfig, ContextManager, Mode};
 use context_proxy::http::request_body::check_json_shape;
 use context_proxy::routes::chat::ChatRequest;
+use context_proxy::server::ServerConfig;
 use context_proxy::store::{Backend, Store, StoreConfig};
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use serde_json::json;

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use context_proxy::app::config::{Config, ValidConfig};
 use context_proxy::mock::{MockConfig, MockUpstream};
-use context_proxy::server::{Server, Stop};
+use context_proxy::server::Stop;
 use tracing::Instrument;
 
 /// OpenAI-compatible reverse proxy that manages the context of tool-using agents.
@@ -127,7 +127,7 @@ async fn serve(config: ValidConfig, demo: bool, cli_config: Option<PathBuf>) -> 
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
-    let server = Server::bind(config).await?;
+    let server = context_proxy::app::serve::bind(config).await?;
     let addr = server.local_addr();
     // Listen for signals before saying we listen: a Ctrl-C right after must not kill the
     // process outright.

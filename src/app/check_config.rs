@@ -31,7 +31,7 @@ pub fn check(
     let config = Config::load_with_env(path, vars.iter().cloned())?.validate()?;
     let env = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
     crate::upstream::Upstreams::new(&config.upstreams, env)?;
-    crate::auth::Auth::new(&config, env)?;
+    crate::auth::Auth::new(&config.auth, &config.keys, config.upstream_keys(), env)?;
     let mut out = String::new();
     let source = path.map_or("<defaults>".to_string(), |p| p.display().to_string());
     out.push_str(&format!("# {source}: valid\n"));

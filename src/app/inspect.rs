@@ -16,7 +16,8 @@ pub async fn run_cli(
     tenant: Option<&str>,
     session: Option<&str>,
 ) -> Result<Value, InspectError> {
-    let names = KeyNames::of(config).map_err(|e| InspectError::BadRequest(e.to_string()))?;
+    let names = KeyNames::of(&config.auth, &config.keys)
+        .map_err(|e| InspectError::BadRequest(e.to_string()))?;
     let tenant = tenant.map(|t| parse_tenant(t, Some(&names))).transpose()?;
     let store = crate::store::open(&config.store).await?;
     let out = match session {

@@ -7,4 +7,5 @@ pub mod config;
 pub mod env_overrides;
 pub mod healthcheck;
 pub mod inspect;
+pub mod serve;
 pub mod state;

@@ -18,16 +18,16 @@ use std::sync::Arc;
 use http::{HeaderValue, Method, Request, Response};
 use serde_json::json;
 
-use crate::app::state::AppState;
 use crate::auth::{Caller, KeyNames};
 use crate::http::body::{full, ProxyBody};
 use crate::http::error::ProxyError;
+use crate::routes::shared::Shared;
 use crate::sessions::{erase, list, not_found, parse_tenant, session_detail, InspectError};
 use crate::store::{ContentRef, SessionId, Tenant};
 
 /// Answers a `/v1/context/…` request (the router has authenticated it).
 pub async fn handle<B>(
-    state: Arc<AppState>,
+    state: Arc<Shared>,
     req: Request<B>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let caller = crate::auth::caller(req.extensions())

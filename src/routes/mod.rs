@@ -5,3 +5,4 @@
 pub mod chat;
 pub mod context_api;
 pub mod passthrough;
+pub mod shared;

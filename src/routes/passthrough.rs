@@ -9,15 +9,15 @@ use http::{header, HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use serde::Deserialize;
 
-use crate::app::state::AppState;
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::http::request_body::{declared_length, read_limited, timeout_error, Timed};
+use crate::routes::shared::Shared;
 use crate::upstream::relay::relay;
 
 /// Forwards `req` to the upstream serving its model (or the default one).
 pub async fn handle(
-    state: Arc<AppState>,
+    state: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
@@ -26,7 +26,7 @@ pub async fn handle(
         .path()
         .strip_prefix("/v1")
         .unwrap_or(parts.uri.path());
-    let limits = &state.config.server.body_limits();
+    let limits = &state.body_limits;
     let limit = limits.max_body_bytes;
 
     let (model, body, timed_out) = if small_json(&parts.headers, limit) {

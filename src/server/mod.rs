@@ -24,7 +24,10 @@
 //! finish), then the rest is cut. The listening socket has `SO_REUSEADDR`, so a proxy started
 //! again on the same port right after binds while the old connections are in `TIME_WAIT`.
 
+mod config;
 pub mod router;
+
+pub use config::ServerConfig;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -42,14 +45,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::app::config::ValidConfig;
-use crate::app::state::{AppState, StateError};
 use crate::http::body::{BoxError, ProxyBody};
+use crate::routes::shared::Shared;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -60,8 +62,6 @@ pub enum ServerError {
         addr: SocketAddr,
         error: std::io::Error,
     },
-    #[error(transparent)]
-    State(#[from] StateError),
 }
 
 /// A write past the process's `RLIMIT_FSIZE` (the traffic recorder, the fs store) raises
@@ -151,24 +151,43 @@ const LISTEN_BACKLOG: u32 = 1024;
 /// A bound, not yet serving, proxy.
 pub struct Server {
     listener: TcpListener,
-    state: Arc<AppState>,
+    config: ServerConfig,
+    state: Arc<Shared>,
+}
+
+/// A bound listening socket, before the state it will serve is built (so that a port in use
+/// fails before the store is opened).
+pub struct Listener {
+    listener: TcpListener,
+    config: ServerConfig,
+}
+
+impl Listener {
+    /// Binds `config.listen`.
+    pub fn bind(config: &ServerConfig) -> Result<Listener, ServerError> {
+        survive_file_size_limit();
+        let addr = config.listen;
+        let listener = listen(addr).map_err(|error| ServerError::Bind { addr, error })?;
+        Ok(Listener {
+            listener,
+            config: config.clone(),
+        })
+    }
+
+    /// The server of `state` on this socket.
+    pub fn serving(self, state: Arc<Shared>) -> Server {
+        Server {
+            listener: self.listener,
+            config: self.config,
+            state,
+        }
+    }
 }
 
 impl Server {
-    /// Binds `config.server.listen` and builds the application state.
-    pub async fn bind(config: ValidConfig) -> Result<Server, ServerError> {
-        survive_file_size_limit();
-        let addr = config.server.listen;
-        let listener = listen(addr).map_err(|error| ServerError::Bind { addr, error })?;
-        let state = Arc::new(AppState::new(config).await?);
-        Ok(Server { listener, state })
-    }
-
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .unwrap_or_else(|_| self.state.config.server.listen)
+        self.listener.local_addr().unwrap_or(self.config.listen)
     }
 
     /// Serves until `shutdown` completes, then drains (the drain window, then in-flight
@@ -189,8 +208,12 @@ impl Server {
     /// Serves until the first of `stops`, then shuts down in steps, each cut short by the next
     /// stop (see the module doc).
     pub async fn serve_until(self, mut stops: Stops) {
-        let Server { listener, state } = self;
-        let server_cfg = &state.config.server;
+        let Server {
+            listener,
+            config,
+            state,
+        } = self;
+        let server_cfg = &config;
         let grace = server_cfg.shutdown_grace();
         let connections = Arc::new(Semaphore::new(connection_limit(server_cfg.max_connections)));
         let graceful = GracefulShutdown::new();
@@ -345,7 +368,7 @@ impl Server {
 async fn stop_accepting(
     stops: &mut Stops,
     draining_until: &mut Option<Instant>,
-    state: &AppState,
+    state: &Shared,
     window: Duration,
 ) {
     let until = match *draining_until {
@@ -682,58 +705,6 @@ async fn watchdog(
                 }
                 evicted.set(activity.evicted.notified());
             }
-        }
-    }
-}
-
-/// A server running on its own task, for tests, the demo and the benchmark.
-pub struct RunningServer {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl RunningServer {
-    /// Binds and starts serving `config` on a task of the current runtime.
-    pub async fn start(config: ValidConfig) -> Result<RunningServer, ServerError> {
-        let server = Server::bind(config).await?;
-        let addr = server.local_addr();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(
-            server
-                .serve(async {
-                    let _ = stopped.await;
-                })
-                .instrument(tracing::info_span!("server", %addr)),
-        );
-        Ok(RunningServer {
-            addr,
-            stop: Some(stop),
-            task,
-        })
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Begins the graceful shutdown without waiting for it.
-    pub fn begin_shutdown(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-
-    /// Shuts down gracefully and waits until every connection is closed.
-    pub async fn shutdown(mut self) {
-        self.begin_shutdown();
-        self.finished().await;
-    }
-
-    /// Waits for the server to finish (after [`RunningServer::begin_shutdown`]).
-    pub async fn finished(self) {
-        if let Err(e) = self.task.await {
-            tracing::warn!(error = %e, "server task failed");
         }
     }
 }

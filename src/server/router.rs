@@ -13,10 +13,10 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tracing::{Instrument, Level};
 
-use crate::app::state::AppState;
 use crate::http::body::{full, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::http::request_body;
+use crate::routes::shared::Shared;
 use crate::routes::{chat, passthrough};
 
 /// Response header carrying the request id (also on every log line of the request). The
@@ -24,7 +24,7 @@ use crate::routes::{chat, passthrough};
 pub use context_proxy_contract::REQUEST_ID_HEADER as REQUEST_ID;
 
 /// Handles one request; never fails (errors become OpenAI-shaped responses).
-pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<ProxyBody> {
+pub async fn handle(state: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBody> {
     let id = request_id(&req);
     // A header value made of visible ASCII only, so always a `str`.
     let span = tracing::info_span!("request", id = %id.to_str().unwrap_or_default());
@@ -69,7 +69,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Pr
     if http1 {
         // How long an idle keep-alive connection stays open (HTTP/1 only: HTTP/2 forbids the
         // header), so that clients with longer pools do not reuse it as it closes.
-        let idle_secs = state.config.server.idle_timeout_ms / 1000;
+        let idle_secs = state.idle_timeout.as_secs();
         if idle_secs > 0 && !response.headers().contains_key(http::header::CONNECTION) {
             response.headers_mut().insert(
                 http::header::HeaderName::from_static("keep-alive"),
@@ -106,14 +106,14 @@ impl Drop for Cancelled {
 }
 
 async fn route(
-    state: Arc<AppState>,
+    state: Arc<Shared>,
     mut req: Request<Incoming>,
     id: HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     confine_path(&mut req)?;
     if req.uri().path().starts_with("/v1/") {
         // Who is calling, before anything is stored or sent (crate::auth).
-        crate::auth::check(&state, &mut req)?;
+        crate::auth::check(&state.auth, &mut req)?;
     }
     let path = req.uri().path();
     match path {
@@ -286,7 +286,7 @@ fn method_not_allowed(req: &Request<Incoming>, allowed: &'static str) -> ProxyEr
 
 /// `/healthz`: the process serves. `/readyz`: it serves, is not draining, and its store
 /// answers (the fs store: a real write succeeds, so a full disk is reported).
-async fn health(state: &AppState, readiness: bool) -> Response<ProxyBody> {
+async fn health(state: &Shared, readiness: bool) -> Response<ProxyBody> {
     let (status, text) = if !readiness {
         (StatusCode::OK, r#"{"status":"ok"}"#.to_string())
     } else if state.is_draining() {

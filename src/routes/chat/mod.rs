@@ -39,11 +39,11 @@ use std::time::Instant;
 use http::{header, HeaderValue, Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::app::state::AppState;
 use crate::context::Mode;
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::http::request_body::{check_json_shape, read_limited};
+use crate::routes::shared::Shared;
 use crate::upstream;
 use serde_json::Value;
 
@@ -52,7 +52,7 @@ pub use request::ChatRequest;
 
 /// Runs the phases for one request.
 pub async fn handle(
-    state: Arc<AppState>,
+    state: Arc<Shared>,
     req: Request<Incoming>,
     request_id: HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -84,7 +84,7 @@ pub enum Answer {
 /// serving its model. The mode is known here: a request whose context is not managed is only
 /// peeked at for its model (no DOM); a managed one is measured, then parsed.
 async fn parse(
-    state: &AppState,
+    state: &Shared,
     req: Request<Incoming>,
     request_id: HeaderValue,
 ) -> Result<ChatCtx, ProxyError> {
@@ -94,7 +94,7 @@ async fn parse(
         .context
         .mode(&parts.headers)
         .map_err(ProxyError::InvalidRequest)?;
-    let limits = &state.config.server.body_limits();
+    let limits = &state.body_limits;
     let raw = read_limited(body, &parts.headers, limits, &state.body_budget).await?;
     let peeked = match mode {
         Mode::Off => ChatRequest::peek(raw.clone()),
@@ -130,7 +130,7 @@ async fn parse(
 
 /// identify: when the context is managed (the mode, `x-context-mode` or the config's, was read
 /// by parse), the conversation (tenant from the API key, session).
-fn identify(state: &AppState, ctx: &mut ChatCtx) {
+fn identify(state: &Shared, ctx: &mut ChatCtx) {
     if ctx.mode != Mode::Off {
         ctx.identity = state.context.identify(&ctx.headers, &ctx.request.body);
         // The caller's tenant: its proxy key's own when keys are required (crate::auth).
@@ -142,7 +142,7 @@ fn identify(state: &AppState, ctx: &mut ChatCtx) {
 
 /// plan: put back the proxy's hidden tool calls, then count and decide (no store writes). The
 /// markers name the proxy's tools as they will be offered in this request.
-async fn plan(state: &AppState, ctx: &mut ChatCtx) {
+async fn plan(state: &Shared, ctx: &mut ChatCtx) {
     if ctx.mode == Mode::Off {
         // Nothing to plan: the body was only peeked at and goes out as it came.
         return;
@@ -190,12 +190,12 @@ async fn plan(state: &AppState, ctx: &mut ChatCtx) {
 /// apply: offer the proxy's tools when the new body will refer to stored content; store what
 /// the plan removes, remember the decision, build the new body. With `store.on_error =
 /// "closed"`, a store failure refuses the request instead of forwarding it unmanaged.
-async fn apply(state: &AppState, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
+async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     let Some(plan) = ctx.plan.take() else {
         ctx.timings.planned = Some(Instant::now());
         return Ok(());
     };
-    let fail_closed = state.config.store.fail_closed();
+    let fail_closed = state.store.fail_closed();
     if fail_closed && plan.store_failed {
         return Err(ProxyError::StoreUnavailable(
             "the session's state could not be read".into(),
@@ -301,7 +301,7 @@ async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
 /// After `forward`: whether the upstream accepted the client's key. A 2xx marks the tenant
 /// accepted; a 401 or 403 for a tenant never accepted before erases what its session stored,
 /// before the client sees the answer, so a rejected key leaves nothing behind.
-async fn vet_key(state: &AppState, ctx: &ChatCtx, status: http::StatusCode) {
+async fn vet_key(state: &Shared, ctx: &ChatCtx, status: http::StatusCode) {
     let Some(identity) = &ctx.identity else {
         return;
     };
@@ -343,7 +343,7 @@ fn outgoing_body(ctx: &ChatCtx) -> bytes::Bytes {
 /// tool loop: when the proxy offered its tools and the upstream answered, run the model's
 /// calls of them and ask again, until the answer is the client's (see `tool_loop.rs`).
 async fn tool_loop(
-    state: &Arc<AppState>,
+    state: &Arc<Shared>,
     ctx: &mut ChatCtx,
     answer: upstream::Incoming,
 ) -> Result<Answer, ProxyError> {

@@ -10,7 +10,7 @@ use http::header;
 
 use super::loop_json::Final;
 use super::{Answer, ChatCtx, ChatRequest};
-use crate::app::state::AppState;
+use crate::routes::shared::Shared;
 use crate::upstream::{Incoming, UpstreamRequest};
 
 /// Error bodies read whole are at most this long (and say so in `Content-Length`); anything
@@ -20,7 +20,7 @@ const MAX_ERROR_BODY: u64 = 64 * 1024;
 /// Reads and learns from a small 400/413 answer (`Ok`: the answer to relay unchanged, and the
 /// limit it stated), or gives the answer back untouched (`Err`).
 pub async fn learn_limit(
-    state: &AppState,
+    state: &Shared,
     ctx: &ChatCtx,
     answer: Incoming,
 ) -> Result<(Answer, Option<usize>), Incoming> {
@@ -82,7 +82,7 @@ pub async fn learn_limit(
 /// Plans the client's request again against a budget well under the stated `limit` and sends
 /// it once more. `None` when it cannot be retried: nothing was sent, or the new plan does not
 /// make the request smaller (the upstream's error then goes to the client as it came).
-pub async fn retry(state: &AppState, ctx: &mut ChatCtx, limit: usize) -> Option<Incoming> {
+pub async fn retry(state: &Shared, ctx: &mut ChatCtx, limit: usize) -> Option<Incoming> {
     let outgoing = ctx.outgoing.clone()?;
     let request = ChatRequest::parse(ctx.request.raw.clone()).ok()?;
     let budget =

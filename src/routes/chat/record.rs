@@ -5,14 +5,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::ChatCtx;
-use crate::app::state::AppState;
 use crate::context::Skipped;
+use crate::routes::shared::Shared;
 use crate::upstream::relay::End;
 use crate::wire::Usage;
 
 /// Records a finished request. `usage` is the upstream's, when read.
 pub fn record(
-    state: &AppState,
+    state: &Shared,
     ctx: &ChatCtx,
     status: http::StatusCode,
     end: End,
@@ -67,9 +67,7 @@ pub fn record(
         reloaded: ctx.stats.calls.load(Ordering::Relaxed),
         upstream_calls,
         usage,
-        store_error: managed
-            .fail_open
-            .then(|| state.config.store.backend.as_str()),
+        store_error: managed.fail_open.then(|| state.store.backend.as_str()),
         proxy: between(Some(t.received), t.planned),
         upstream_wait: between(t.planned, t.upstream_headers),
         first_byte: between(Some(t.received), t.first_byte),

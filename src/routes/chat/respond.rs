@@ -11,11 +11,11 @@ use http::{HeaderValue, Response};
 
 use super::record::record;
 use super::{Answer, ChatCtx};
-use crate::app::state::AppState;
 use crate::context::{
     Managed, ACTIONS_HEADER, KEPT_PREFIX_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER,
 };
 use crate::http::body::ProxyBody;
+use crate::routes::shared::Shared;
 use crate::upstream::relay::{relay_observed, respond_observed, End, Observer};
 use crate::wire::UsageTap;
 
@@ -24,7 +24,7 @@ use crate::wire::UsageTap;
 pub use context_proxy_contract::{RELOAD_HEADER, SUMMARY_HEADER, UPSTREAM_CACHED_HEADER};
 
 /// The client's response for `answer`.
-pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<ProxyBody> {
+pub fn respond(state: Arc<Shared>, ctx: ChatCtx, answer: Answer) -> Response<ProxyBody> {
     let mut headers = context_headers(&ctx.managed);
     let summary = ctx.summary;
     let rounds = ctx.stats.rounds.load(Ordering::Relaxed);
@@ -79,7 +79,7 @@ pub fn respond(state: Arc<AppState>, ctx: ChatCtx, answer: Answer) -> Response<P
 
 /// Reads the answer as it passes and runs `record` at its end.
 struct Reader {
-    state: Arc<AppState>,
+    state: Arc<Shared>,
     /// Taken by `end`.
     ctx: Option<ChatCtx>,
     tap: UsageTap,

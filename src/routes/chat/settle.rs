@@ -7,12 +7,12 @@
 use tokio::time::Instant;
 
 use super::ChatCtx;
-use crate::app::state::AppState;
 use crate::context::{SummaryJob, SummaryPlan};
+use crate::routes::shared::Shared;
 use crate::summarizer::{Source, Task};
 use crate::telemetry::summarizer_stats::Stats;
 
-pub async fn settle(state: &AppState, ctx: &mut ChatCtx) {
+pub async fn settle(state: &Shared, ctx: &mut ChatCtx) {
     let (Some(summarizer), Some(identity)) = (&state.summarizer, &ctx.identity) else {
         return;
     };

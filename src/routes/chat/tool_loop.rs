@@ -11,11 +11,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::app::state::AppState;
 use crate::context::Identity;
 use crate::proxy_tools::exec::Exec;
 use crate::proxy_tools::hidden::{self, Exchange, Hidden};
 use crate::proxy_tools::{self, Tool, ToolNames};
+use crate::routes::shared::Shared;
 use crate::store::ContentRef;
 use crate::tokens::Encoding;
 use crate::upstream::{Upstream, UpstreamRequest};
@@ -46,7 +46,7 @@ pub struct LoopStats {
 
 /// Everything a round needs, owned, so a streaming loop can run on its own task.
 pub struct Round {
-    pub state: Arc<AppState>,
+    pub state: Arc<Shared>,
     pub upstream: Arc<Upstream>,
     pub identity: Identity,
     pub reload: Reload,
