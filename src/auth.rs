@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use http::{HeaderMap, StatusCode};
+use http::StatusCode;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -488,14 +488,14 @@ impl Auth {
         self.required
     }
 
-    /// Who sent a request with `headers`. `admin_route`: the admin token is accepted too. A
-    /// request over its key's requests-per-minute budget is refused here (429).
+    /// Who sent a request presenting the key `presented` (read from its headers by the
+    /// router). `admin_route`: the admin token is accepted too. A request over its key's
+    /// requests-per-minute budget is refused here (429).
     pub fn authenticate(
         &self,
-        headers: &HeaderMap,
+        presented: Option<&str>,
         admin_route: bool,
     ) -> Result<Caller, AuthError> {
-        let presented = api_key(headers);
         if admin_route {
             if let (Some(admin), Some(given)) = (&self.admin, presented) {
                 if sha256(given) == *admin {
@@ -554,22 +554,6 @@ impl Auth {
     }
 }
 
-/// The router's check of a `/v1/…` request: finds the [`Caller`] (401 or 429 otherwise) and
-/// leaves it in the request's extensions for the route. The admin token counts only on the
-/// proxy's own `/v1/context/…` routes.
-pub fn check<B>(auth: &Auth, req: &mut http::Request<B>) -> Result<(), AuthError> {
-    let admin_route = req.uri().path().starts_with("/v1/context/");
-    let caller = auth.authenticate(req.headers(), admin_route)?;
-    if caller.key.is_some() || caller.admin {
-        // The proxy's own credentials go no further: an upstream with a key sends its own, and
-        // one without gets none (it never sees a proxy key).
-        req.headers_mut().remove(http::header::AUTHORIZATION);
-        req.headers_mut().remove("api-key");
-    }
-    req.extensions_mut().insert(caller);
-    Ok(())
-}
-
 /// The caller the router found, from a request's extensions.
 pub fn caller(extensions: &http::Extensions) -> Option<&Caller> {
     extensions.get::<Caller>()
@@ -594,24 +578,6 @@ fn read_keys_file(path: &Path) -> Result<Vec<KeyConfig>, AuthSetupError> {
         message: e.to_string(),
     })?;
     Ok(file.keys)
-}
-
-/// The API key of a request: `Authorization: Bearer …`, or Azure's `api-key`.
-pub fn api_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(auth) = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        let key = auth
-            .strip_prefix("Bearer ")
-            .or_else(|| auth.strip_prefix("bearer "))
-            .unwrap_or(auth);
-        return Some(key.trim());
-    }
-    headers
-        .get("api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
 }
 
 #[cfg(test)]

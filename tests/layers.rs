@@ -72,11 +72,6 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "keeps the proxy's hidden calls per context Identity, finds call ids with context::units",
     ),
     (
-        "auth",
-        "HeaderMap",
-        "authenticate reads the client's key from the headers",
-    ),
-    (
         "summarizer::call",
         "HeaderMap",
         "the summarizer builds the headers of its own upstream request",

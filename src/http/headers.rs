@@ -41,6 +41,24 @@ pub fn end_to_end(from: HeaderMap, drop: &[HeaderName]) -> HeaderMap {
     out
 }
 
+/// The API key of a request: `Authorization: Bearer …`, or Azure's `api-key`.
+pub fn api_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(auth) = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        let key = auth
+            .strip_prefix("Bearer ")
+            .or_else(|| auth.strip_prefix("bearer "))
+            .unwrap_or(auth);
+        return Some(key.trim());
+    }
+    headers
+        .get("api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

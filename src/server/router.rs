@@ -13,8 +13,10 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tracing::{Instrument, Level};
 
+use crate::auth::{Auth, AuthError};
 use crate::http::body::{full, ProxyBody};
 use crate::http::error::ProxyError;
+use crate::http::headers::api_key;
 use crate::http::request_body;
 use crate::routes::shared::Shared;
 use crate::routes::{chat, passthrough};
@@ -113,7 +115,7 @@ async fn route(
     confine_path(&mut req)?;
     if req.uri().path().starts_with("/v1/") {
         // Who is calling, before anything is stored or sent (crate::auth).
-        crate::auth::check(&state.auth, &mut req)?;
+        authenticate(&state.auth, &mut req)?;
     }
     let path = req.uri().path();
     match path {
@@ -350,6 +352,22 @@ fn hex_into(out: &mut [u8], mut value: u64) {
         *digit = b"0123456789abcdef"[(value & 0xf) as usize];
         value >>= 4;
     }
+}
+
+/// Who calls a `/v1/…` request (`crate::auth`): finds the [`Caller`] (401 or 429 otherwise) and
+/// leaves it in the request's extensions for the route. The admin token counts only on the
+/// proxy's own `/v1/context/…` routes.
+fn authenticate<B>(auth: &Auth, req: &mut Request<B>) -> Result<(), AuthError> {
+    let admin_route = req.uri().path().starts_with("/v1/context/");
+    let caller = auth.authenticate(api_key(req.headers()), admin_route)?;
+    if caller.key.is_some() || caller.admin {
+        // The proxy's own credentials go no further: an upstream with a key sends its own, and
+        // one without gets none (it never sees a proxy key).
+        req.headers_mut().remove(http::header::AUTHORIZATION);
+        req.headers_mut().remove("api-key");
+    }
+    req.extensions_mut().insert(caller);
+    Ok(())
 }
 
 #[cfg(test)]
