@@ -252,7 +252,7 @@ pub struct ContextManager {
     /// How often forwarded references are stored again (`store.content_refresh_secs`).
     refresh: std::time::Duration,
     /// The proxy's tool calls hidden from clients, per session.
-    hidden: crate::reload::hidden::Hidden,
+    hidden: crate::proxy_tools::hidden::Hidden,
     /// Summaries of moved-out spans, by the prefix they cover.
     summaries: summaries::Summaries,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
@@ -320,7 +320,7 @@ impl ContextManager {
             config,
             counter,
             decisions: Decisions::new(store.clone()),
-            hidden: crate::reload::hidden::Hidden::new(store.clone()),
+            hidden: crate::proxy_tools::hidden::Hidden::new(store.clone()),
             summaries: summaries::Summaries::new(store.clone()),
             store,
             written: DashMap::new(),
@@ -394,7 +394,7 @@ impl ContextManager {
         if served_before {
             return Ok(0);
         }
-        let mut all = crate::inspect::journal_refs(&journal);
+        let mut all = crate::sessions::journal_refs(&journal);
         all.extend(refs.iter().cloned());
         all.sort();
         all.dedup();
@@ -538,7 +538,7 @@ impl ContextManager {
     }
 
     /// The `[context.reload]` settings.
-    pub fn reload_config(&self) -> &crate::reload::ReloadConfig {
+    pub fn reload_config(&self) -> &crate::proxy_tools::ReloadConfig {
         &self.config.reload
     }
 
