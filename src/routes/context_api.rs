@@ -23,7 +23,9 @@ use crate::auth::{Caller, KeyNames};
 use crate::http::body::{full, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::routes::shared::Shared;
-use crate::sessions::{erase, list_page, not_found, parse_tenant, session_page, InspectError, Page};
+use crate::sessions::{
+    erase, list_page, not_found, parse_tenant, session_page, InspectError, Page,
+};
 use crate::store::{ContentRef, SessionId, Tenant};
 
 /// Answers a `/v1/context/…` request (the router has authenticated it).

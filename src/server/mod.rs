@@ -54,8 +54,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::http::body::{BoxError, ProxyBody};
-use crate::routes::shared::Shared;
 use crate::http::request_body::{self, Receiving};
+use crate::routes::shared::Shared;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
