@@ -226,18 +226,22 @@ impl Plan {
     /// truncated result, a moved-out span), so the reload tools are worth offering. The
     /// originals of lossless transforms are stored too, but nothing in the body names them.
     pub fn refers_to_stored_content(&self) -> bool {
-        self.decided.as_ref().is_some_and(|d| {
-            d.outcome.messages.is_some()
-                && d.outcome.writes.iter().any(|w| {
-                    matches!(
-                        w.action,
-                        engine::Action::Truncated
-                            | engine::Action::Compacted
-                            | engine::Action::MovedOut
-                    )
-                })
-        })
+        self.decided
+            .as_ref()
+            .is_some_and(|d| refers_to_stored_content(&d.outcome))
     }
+}
+
+/// Whether the engine's new messages name stored content (see
+/// [`Plan::refers_to_stored_content`]).
+fn refers_to_stored_content(outcome: &engine::Outcome) -> bool {
+    outcome.messages.is_some()
+        && outcome.writes.iter().any(|w| {
+            matches!(
+                w.action,
+                engine::Action::Truncated | engine::Action::Compacted | engine::Action::MovedOut
+            )
+        })
 }
 
 /// Shared state of context management.
@@ -252,7 +256,7 @@ pub struct ContextManager {
     /// How often forwarded references are stored again (`store.content_refresh_secs`).
     refresh: std::time::Duration,
     /// The proxy's tool calls hidden from clients, per session.
-    hidden: crate::reload::hidden::Hidden,
+    hidden: crate::proxy_tools::hidden::Hidden,
     /// Summaries of moved-out spans, by the prefix they cover.
     summaries: summaries::Summaries,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
@@ -320,7 +324,7 @@ impl ContextManager {
             config,
             counter,
             decisions: Decisions::new(store.clone()),
-            hidden: crate::reload::hidden::Hidden::new(store.clone()),
+            hidden: crate::proxy_tools::hidden::Hidden::new(store.clone()),
             summaries: summaries::Summaries::new(store.clone()),
             store,
             written: DashMap::new(),
@@ -394,7 +398,7 @@ impl ContextManager {
         if served_before {
             return Ok(0);
         }
-        let mut all = crate::inspect::journal_refs(&journal);
+        let mut all = crate::sessions::journal_refs(&journal);
         all.extend(refs.iter().cloned());
         all.sort();
         all.dedup();
@@ -538,7 +542,7 @@ impl ContextManager {
     }
 
     /// The `[context.reload]` settings.
-    pub fn reload_config(&self) -> &crate::reload::ReloadConfig {
+    pub fn reload_config(&self) -> &crate::proxy_tools::ReloadConfig {
         &self.config.reload
     }
 
@@ -606,10 +610,6 @@ impl ContextManager {
                 .min(budget / 2)
                 .max(settings::MIN_TRUNCATE_TOKENS);
             settings.budget = budget;
-        }
-        if route.reserved_tokens > 0 {
-            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
-            settings.target = settings.target.saturating_sub(route.reserved_tokens);
         }
         let env = CachedEnv {
             counter: &counter,
@@ -681,6 +681,16 @@ impl ContextManager {
             ..Input::new(messages, &count.per_message, fixed)
         };
         let mut outcome = engine::run(&input, &settings, prior, &env);
+        // A request that refers to stored content goes out with the proxy's tools: when they
+        // would not fit beside it, decide again with their room kept free.
+        if route.reserved_tokens > 0
+            && refers_to_stored_content(&outcome)
+            && outcome.report.tokens_after + route.reserved_tokens > settings.budget
+        {
+            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
+            settings.target = settings.target.saturating_sub(route.reserved_tokens);
+            outcome = engine::run(&input, &settings, prior, &env);
+        }
         let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
             self.plan_summary(
                 &input,
