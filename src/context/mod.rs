@@ -4,7 +4,9 @@
 //! out as it came, with a warning.
 //!
 //! - `settings` — the `[context]` config and the budget for one model;
-//! - `units` — cutting a conversation into units that are never split;
+//! - `model` — the conversation model: items, units that are never split (pure);
+//! - `adapter` — one per wire format: a request read into items, the decision written back;
+//! - `units` — the chat names of units;
 //! - `markers` — the texts that stand in for removed content;
 //! - `engine` — lossless transforms, truncate, compact, move out (pure);
 //! - `transforms` — the lossless transforms of tool results (pure);
@@ -12,9 +14,11 @@
 //! - `limits` — limits stated by upstreams in their errors, learned and remembered;
 //! - `session` — tenant, session, prefix hashes and remembered decisions (I/O).
 
+pub mod adapter;
 pub mod engine;
 pub mod limits;
 pub mod markers;
+pub mod model;
 pub mod models;
 pub mod quota;
 pub mod session;
@@ -613,7 +617,14 @@ impl ContextManager {
             && self.config.summarizer.enabled
             && count.total as f64 > self.config.summarizer.soft_ratio * settings.budget as f64;
         if !summary_ahead
-            && engine::nothing_to_do(count.total, &count.per_message, messages, &settings, &env)
+            && engine::nothing_to_do(
+                &adapter::Chat,
+                count.total,
+                &count.per_message,
+                messages,
+                &settings,
+                &env,
+            )
         {
             let fixed = count.total - count.per_message.iter().sum::<usize>();
             report.kept_prefix_tokens =
@@ -669,7 +680,13 @@ impl ContextManager {
                 prefix_len: best.prefix_len,
                 tokens: counter.count_text(&best.summary),
             }),
-            ..Input::new(messages, &count.per_message, fixed)
+            ..Input::read(
+                &adapter::Chat,
+                messages,
+                &count.per_message,
+                &count.message_hashes,
+                fixed,
+            )
         };
         let mut outcome = engine::run(&input, &settings, prior, &env);
         let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
