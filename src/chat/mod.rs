@@ -376,6 +376,7 @@ async fn tool_loop(
         encoding: ctx.upstream.encoding,
         stats: ctx.stats.clone(),
         request_id: ctx.request_id().to_string(),
+        client_body: ctx.request.raw.clone(),
     };
     let is_stream = crate::relay::is_event_stream(&answer.headers);
     if is_stream {

@@ -970,22 +970,49 @@ impl ContextManager {
     }
 
     /// Writes every piece of content the new request refers to, unless this process stored it
-    /// less than `refresh` ago: so content is refreshed while requests point to it, and
-    /// written back within `refresh` if it was lost.
+    /// less than `refresh` ago (so content is refreshed while requests point to it) and the
+    /// store still has it: what was stored recently is checked in one cheap call, and written
+    /// again from this request when it was lost (a deleted directory, a flushed or evicted
+    /// Redis, an erased session) — a marker never points at nothing. When the store cannot
+    /// answer, this fails and the request goes out as it came.
     async fn write_all(
         &self,
         id: &Identity,
         messages: &[Value],
         writes: &[engine::Write],
     ) -> Result<Vec<usize>, StoreError> {
+        let recent: Vec<usize> = (0..writes.len())
+            .filter(|&n| {
+                self.written
+                    .get(&(id.tenant.clone(), writes[n].reference.clone()))
+                    .is_some_and(|at| at.elapsed() < self.refresh)
+            })
+            .collect();
+        let mut lost = Vec::new();
+        if !recent.is_empty() {
+            let refs: Vec<ContentRef> = recent
+                .iter()
+                .map(|&n| writes[n].reference.clone())
+                .collect();
+            let present = self.store.contains_content(&id.tenant, &refs).await?;
+            lost.extend(
+                recent
+                    .iter()
+                    .zip(present)
+                    .filter(|(_, present)| !present)
+                    .map(|(&n, _)| n),
+            );
+            if !lost.is_empty() {
+                tracing::warn!(
+                    lost = lost.len(),
+                    "stored content the request points to is gone from the store: writing it again"
+                );
+            }
+        }
         let mut stored_now = Vec::new();
         for (n, w) in writes.iter().enumerate() {
             let key = (id.tenant.clone(), w.reference.clone());
-            if self
-                .written
-                .get(&key)
-                .is_some_and(|at| at.elapsed() < self.refresh)
-            {
+            if recent.binary_search(&n).is_ok() && lost.binary_search(&n).is_err() {
                 continue;
             }
             let text = match &w.source {

@@ -265,6 +265,24 @@ impl Store for MemoryStore {
             .flatten())
     }
 
+    async fn contains_content(
+        &self,
+        tenant: &Tenant,
+        refs: &[ContentRef],
+    ) -> Result<Vec<bool>, StoreError> {
+        let now = self.shared.clock.now();
+        let items = self.shared.lock();
+        Ok(refs
+            .iter()
+            .map(|r| {
+                items
+                    .map
+                    .get(&content_key(tenant, r))
+                    .is_some_and(|item| !expired(item.used_at, now, self.shared.retention))
+            })
+            .collect())
+    }
+
     async fn append_log(
         &self,
         tenant: &Tenant,

@@ -156,6 +156,16 @@ pub trait Store: Send + Sync + 'static {
         r: &ContentRef,
     ) -> Result<Option<String>, StoreError>;
 
+    /// Which of `refs` are stored for `tenant` (one answer per ref, in order): the check made
+    /// before a request pointing at them is forwarded, so a marker never points at nothing.
+    /// Cheap — no content is read (fs: a pointer read and a `stat` per ref; Redis: one
+    /// pipelined `EXISTS`) — and it does not refresh retention.
+    async fn contains_content(
+        &self,
+        tenant: &Tenant,
+        refs: &[ContentRef],
+    ) -> Result<Vec<bool>, StoreError>;
+
     /// Appends `record` as one JSON line to the session's journal (what was offloaded, what was
     /// decided). Lines are never rewritten.
     async fn append_log(
@@ -323,6 +333,15 @@ impl Store for Timed {
         .await
     }
 
+    async fn contains_content(
+        &self,
+        tenant: &Tenant,
+        refs: &[ContentRef],
+    ) -> Result<Vec<bool>, StoreError> {
+        let fut = self.inner.contains_content(tenant, refs);
+        bounded("contains_content", self.timeout, fut).await
+    }
+
     async fn append_log(
         &self,
         tenant: &Tenant,
@@ -458,6 +477,13 @@ mod tests {
             _: &Tenant,
             _: &ContentRef,
         ) -> Result<Option<String>, StoreError> {
+            std::future::pending().await
+        }
+        async fn contains_content(
+            &self,
+            _: &Tenant,
+            _: &[ContentRef],
+        ) -> Result<Vec<bool>, StoreError> {
             std::future::pending().await
         }
         async fn append_log(

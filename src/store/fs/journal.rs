@@ -4,7 +4,7 @@
 use std::fs::OpenOptions;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
-use super::tree::{io_error, private_file, sync_dir, Tree};
+use super::tree::{io_error, private_file, refresh_on_read, sync_dir, Tree};
 use super::LOG_FILE;
 use crate::store::{SessionId, StoreError, Tenant};
 
@@ -85,7 +85,7 @@ impl Tree {
                 ),
             }
         }
-        file.set_modified(now).map_err(io_error("refresh", &path))?;
+        refresh_on_read(&file, &path, now);
         Ok(records)
     }
 }

@@ -134,6 +134,19 @@ impl Store for FsStore {
             .await
     }
 
+    async fn contains_content(
+        &self,
+        tenant: &Tenant,
+        refs: &[ContentRef],
+    ) -> Result<Vec<bool>, StoreError> {
+        let (t, refs) = (tenant.clone(), refs.to_vec());
+        self.tree
+            .run("contains_content", move |tree| {
+                refs.iter().map(|r| tree.contains_content(&t, r)).collect()
+            })
+            .await
+    }
+
     async fn append_log(
         &self,
         tenant: &Tenant,

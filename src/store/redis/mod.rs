@@ -200,6 +200,25 @@ impl Store for RedisStore {
             .map_err(|_| corrupt("not UTF-8"))
     }
 
+    async fn contains_content(
+        &self,
+        tenant: &Tenant,
+        refs: &[ContentRef],
+    ) -> Result<Vec<bool>, StoreError> {
+        if refs.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One round trip; the keys share the tenant's hash slot.
+        let mut pipe = redis::pipe();
+        for r in refs {
+            pipe.cmd("EXISTS").arg(self.content_key(tenant, r));
+        }
+        let mut conn = self.conn().await?;
+        pipe.query_async(&mut conn)
+            .await
+            .map_err(failed("contains_content"))
+    }
+
     async fn append_log(
         &self,
         tenant: &Tenant,
