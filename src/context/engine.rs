@@ -467,6 +467,19 @@ impl Work<'_> {
         self.slots[i].truncated = true;
     }
 
+    /// Stages 0 and 1 on every message: the lossless transforms (when on), then the hard cap.
+    fn first_sight(&mut self, settings: &Settings) {
+        let n = self.slots.len();
+        if settings.lossless {
+            for i in 0..n {
+                self.lossless(i);
+            }
+        }
+        for i in 0..n {
+            self.truncate(i, settings.truncate_tokens, &settings.readback);
+        }
+    }
+
     /// Whether message `i` is a tool result compaction would shrink.
     fn compactable(&self, i: usize, threshold: usize) -> bool {
         matches!(self.input.items[i].kind, Kind::ToolResult(_))
@@ -593,17 +606,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         writes: Vec::new(),
     };
 
-    // 0. Lossless transforms.
-    if settings.lossless {
-        for i in 0..n {
-            work.lossless(i);
-        }
-    }
-
-    // 1. Truncate.
-    for i in 0..n {
-        work.truncate(i, settings.truncate_tokens, &settings.readback);
-    }
+    work.first_sight(settings);
 
     // 2. Compact, with the boundary moving in batches, never into what the model has not seen.
     let unseen = unseen_start_of(&input.items, &units);
@@ -644,26 +647,12 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     };
     if settings.mode.compacts() {
         let from = decision.compact_before;
-        let pending: usize = (from..recent_start)
-            .filter(|&i| !prior_span.contains(&i) && work.compactable(i, threshold))
-            .map(|i| work.counts[i])
-            .sum();
-        if pending > 0 && (forced || price.free || pending >= settings.compact_batch_tokens) {
-            let mut moved = work.clone();
-            let mut first = None;
-            for i in from..recent_start {
-                if !prior_span.contains(&i) && moved.compactable(i, threshold) {
-                    first.get_or_insert(i);
-                    moved.compact(i, settings);
-                }
-            }
-            let first = first.unwrap_or(recent_start);
-            let freed = work.total().saturating_sub(moved.total());
-            if price.takes(freed, moved.rebilled(first, price.answered_end), settings) {
-                work = moved;
-                decision.compact_before = recent_start;
-                first_rewritten = first_rewritten.min(first);
-            }
+        if let Some((moved, first)) =
+            compaction_batch(&work, from..recent_start, &prior_span, settings, &price)
+        {
+            work = moved;
+            decision.compact_before = recent_start;
+            first_rewritten = first_rewritten.min(first);
         }
     }
 
@@ -691,22 +680,13 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         (Some(m), Some(_)) => m.run_to(&work, &units, decision.offload_before).1,
         _ => 0,
     };
-    if settings.mode.compacts()
-        && work.total() - moved_tokens > settings.budget
-        && unseen > decision.compact_before
-    {
-        decision.compact_before = unseen;
-    }
     if settings.mode.compacts() {
+        if work.total() - moved_tokens > settings.budget && unseen > decision.compact_before {
+            decision.compact_before = unseen;
+        }
         let span = span.clone().unwrap_or(0..0);
-        for i in 0..decision.compact_before {
-            if work.is_compacted(i) || span.contains(&i) {
-                continue;
-            }
-            if work.compactable(i, settings.tool_result_max_tokens) {
-                work.compact(i, settings);
-                first_rewritten = first_rewritten.min(i);
-            }
+        if let Some(first) = compact_before(&mut work, decision.compact_before, &span, settings) {
+            first_rewritten = first_rewritten.min(first);
         }
     }
 
@@ -718,6 +698,62 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     report.rewrote_prefix = first_rewritten < price.answered_end;
     report.forced = price.forced;
     assemble(work, span, decision, report, kept_end, &settings.readback)
+}
+
+/// Stage 2's batch: the compactable results in `range` (outside the prior moved-out span)
+/// compacted, when there are enough of them (or the request is over budget, or rewriting is
+/// free) and the rewrite pays. Returns the new work and the first message it rewrites.
+fn compaction_batch<'a>(
+    work: &Work<'a>,
+    range: Range<usize>,
+    prior_span: &Range<usize>,
+    settings: &Settings,
+    price: &Price,
+) -> Option<(Work<'a>, usize)> {
+    let threshold = settings.tool_result_max_tokens;
+    let end = range.end;
+    let pending: usize = range
+        .clone()
+        .filter(|&i| !prior_span.contains(&i) && work.compactable(i, threshold))
+        .map(|i| work.counts[i])
+        .sum();
+    if pending == 0 || !(price.forced || price.free || pending >= settings.compact_batch_tokens) {
+        return None;
+    }
+    let mut moved = work.clone();
+    let mut first = None;
+    for i in range {
+        if !prior_span.contains(&i) && moved.compactable(i, threshold) {
+            first.get_or_insert(i);
+            moved.compact(i, settings);
+        }
+    }
+    let first = first.unwrap_or(end);
+    let freed = work.total().saturating_sub(moved.total());
+    price
+        .takes(freed, moved.rebilled(first, price.answered_end), settings)
+        .then_some((moved, first))
+}
+
+/// Compacts every compactable result before `boundary` not yet compacted nor in the moved-out
+/// `span`; returns the first one it compacts.
+fn compact_before(
+    work: &mut Work<'_>,
+    boundary: usize,
+    span: &Range<usize>,
+    settings: &Settings,
+) -> Option<usize> {
+    let mut first = None;
+    for i in 0..boundary {
+        if work.is_compacted(i) || span.contains(&i) {
+            continue;
+        }
+        if work.compactable(i, settings.tool_result_max_tokens) {
+            work.compact(i, settings);
+            first.get_or_insert(i);
+        }
+    }
+    first
 }
 
 /// What a prefix rewrite costs this request.
