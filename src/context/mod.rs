@@ -15,9 +15,11 @@
 //! - `session` — tenant, session, prefix hashes and remembered decisions (I/O);
 //! - `planner` — decision lookup, engine, summaries ([`Planner`]);
 //! - `writer` — store writes, quotas, the written-content cache, compare-and-set ([`Writer`]);
-//! - `vetting` — tenants accepted and refused by upstreams ([`KeyVetting`]).
+//! - `vetting` — tenants accepted and refused by upstreams ([`KeyVetting`]);
+//! - `caches` — the bounded in-process caches and their bounds.
 
 pub mod adapter;
+pub mod caches;
 pub mod engine;
 pub mod limits;
 pub mod markers;

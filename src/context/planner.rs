@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use dashmap::DashMap;
+use moka::sync::Cache;
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -16,15 +16,9 @@ use super::adapter;
 use super::engine::{self, Decision, Env, Input, Report, Skipped};
 use super::session::{Decisions, Identity, Prefixes};
 use super::settings::{self, ContextConfig, Mode, RequestLimits, Settings};
-use super::{limits, markers, summaries, summary, transforms};
+use super::{caches, limits, markers, summaries, summary, transforms};
 use crate::store::{ContentRef, Store, Tenant};
 use crate::tokens::{Counter, Encoding};
-
-/// Content hashes → references and lossless forms remembered (all forgotten at once past it).
-const MEMORY_REFS: usize = 1_000_000;
-/// Sessions whose last request time is remembered (all forgotten at once past it: a forgotten
-/// session's cache counts as warm, the safe side).
-const LAST_SEEN_SESSIONS: usize = 100_000;
 
 /// Where a request goes, as far as its budget is concerned.
 #[derive(Debug, Clone, Default)]
@@ -180,15 +174,15 @@ pub struct Planner {
     /// Summaries of moved-out spans, by the prefix they cover.
     summaries: summaries::Summaries,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
-    references: DashMap<u128, ContentRef>,
+    references: Cache<u128, ContentRef>,
     /// Content hash → lossless form of a tool result (`None`: no transform applies), so each
     /// result is transformed once.
-    transformed: DashMap<u128, Option<Arc<transforms::Lossless>>>,
+    transformed: Cache<u128, Option<Arc<transforms::Lossless>>>,
     /// Context limits stated by upstreams, per upstream and model.
     learned: limits::LearnedLimits,
     /// When each session last sent a request to this process: whether the provider's cache
     /// may still hold its prefix (unknown: assumed warm).
-    last_seen: DashMap<Identity, Instant>,
+    last_seen: Cache<Identity, Instant>,
     /// Whether other processes serve the same sessions (a shared store): then this process
     /// sees only some of a session's requests, and never judges its cache expired.
     shared: bool,
@@ -197,8 +191,8 @@ pub struct Planner {
 /// The engine's view of counting and addressing, with caches.
 struct CachedEnv<'a> {
     counter: &'a Counter,
-    references: &'a DashMap<u128, ContentRef>,
-    transformed: &'a DashMap<u128, Option<Arc<transforms::Lossless>>>,
+    references: &'a Cache<u128, ContentRef>,
+    transformed: &'a Cache<u128, Option<Arc<transforms::Lossless>>>,
 }
 
 impl Env for CachedEnv<'_> {
@@ -208,28 +202,13 @@ impl Env for CachedEnv<'_> {
 
     fn reference(&self, text: &str) -> ContentRef {
         let key = xxh3_128(text.as_bytes());
-        if let Some(r) = self.references.get(&key) {
-            return r.clone();
-        }
-        let r = ContentRef::of(text);
-        if self.references.len() >= MEMORY_REFS {
-            self.references.clear();
-        }
-        self.references.insert(key, r.clone());
-        r
+        self.references.get_with(key, || ContentRef::of(text))
     }
 
     fn lossless(&self, text: &str) -> Option<Arc<transforms::Lossless>> {
         let key = xxh3_128(text.as_bytes());
-        if let Some(t) = self.transformed.get(&key) {
-            return t.clone();
-        }
-        let t = transforms::lossless(text).map(Arc::new);
-        if self.transformed.len() >= MEMORY_REFS {
-            self.transformed.clear();
-        }
-        self.transformed.insert(key, t.clone());
-        t
+        self.transformed
+            .get_with(key, || transforms::lossless(text).map(Arc::new))
     }
 }
 
@@ -242,10 +221,10 @@ impl Planner {
             hidden: crate::reload::hidden::Hidden::new(store.clone()),
             summaries: summaries::Summaries::new(store.clone()),
             store,
-            references: DashMap::new(),
-            transformed: DashMap::new(),
+            references: caches::references(),
+            transformed: caches::transformed(),
             learned: limits::LearnedLimits::new(),
-            last_seen: DashMap::new(),
+            last_seen: caches::last_seen(),
             shared: false,
         }
     }
@@ -275,10 +254,9 @@ impl Planner {
 
     /// Records that `id` sends a request now; returns when it sent the previous one.
     fn touch(&self, id: &Identity) -> Option<Instant> {
-        if self.last_seen.len() >= LAST_SEEN_SESSIONS {
-            self.last_seen.clear();
-        }
-        self.last_seen.insert(id.clone(), Instant::now())
+        let previous = self.last_seen.get(id);
+        self.last_seen.insert(id.clone(), Instant::now());
+        previous
     }
 
     /// The context limit an upstream states in an error answer (status and body as the

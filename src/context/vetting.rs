@@ -4,44 +4,36 @@
 
 use std::sync::Arc;
 
-use dashmap::DashMap;
+use moka::sync::Cache;
 use serde_json::Value;
 
 use super::session::Identity;
 use crate::store::{ContentRef, Store, StoreError, Tenant};
 
-/// Tenants remembered as accepted (all forgotten at once past it).
-const MEMORY_TENANTS: usize = 1_000_000;
-
 /// The tenants accepted and refused by upstreams.
 pub struct KeyVetting {
     store: Arc<dyn Store>,
-    /// Tenants an upstream has accepted (answered 2xx) since this process started: what they
-    /// stored is kept when a later answer refuses their key.
-    accepted: DashMap<Tenant, ()>,
+    /// Tenants an upstream has accepted (answered 2xx) lately (`caches::ACCEPTED_TTL`): what
+    /// they stored is kept when a later answer refuses their key.
+    accepted: Cache<Tenant, ()>,
 }
 
 impl KeyVetting {
     pub fn new(store: Arc<dyn Store>) -> KeyVetting {
         KeyVetting {
             store,
-            accepted: DashMap::new(),
+            accepted: super::caches::accepted(),
         }
     }
 
     /// Notes that the upstream accepted `tenant`'s key (a 2xx answer).
     pub fn accepted(&self, tenant: &Tenant) {
-        if self.accepted.contains_key(tenant) {
-            return;
-        }
-        if self.accepted.len() >= MEMORY_TENANTS {
-            self.accepted.clear();
-        }
+        // Inserted again on every 2xx: an acceptance expires a day after the last one.
         self.accepted.insert(tenant.clone(), ());
     }
 
     /// The upstream refused the key of `identity`'s request `request_id` (401 or 403). When no
-    /// upstream has accepted this tenant since the process started and the session holds
+    /// upstream has accepted this tenant lately (`caches::ACCEPTED_TTL`) and the session holds
     /// nothing from an earlier request, nothing it stored can be legitimate: the session's
     /// state, journal and stored content are erased, `refs` (what this request forwarded)
     /// included, so a rejected key leaves nothing behind for weeks. Returns how many items were

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use dashmap::DashMap;
+use moka::sync::Cache;
 use serde_json::{json, Value};
 
 use super::adapter::Adapter;
@@ -16,16 +16,13 @@ use super::quota;
 use super::session::{Decisions, Identity};
 use crate::store::{ContentRef, Store, StoreError, Tenant};
 
-/// Content references remembered as already stored (all forgotten at once past it).
-const MEMORY_REFS: usize = 1_000_000;
-
 /// Stores what plans remove and remembers decisions.
 pub struct Writer {
     store: Arc<dyn Store>,
     decisions: Decisions,
     /// Content this process stored, per tenant, and when: not stored again before `refresh`
     /// has passed (then stored again, which refreshes or restores it).
-    written: DashMap<(Tenant, ContentRef), Instant>,
+    written: Cache<(Tenant, ContentRef), Instant>,
     /// How often forwarded references are stored again (`store.content_refresh_secs`).
     refresh: std::time::Duration,
     /// Daily write quotas per tenant and in all (`store.*quota_bytes_per_day`).
@@ -37,7 +34,7 @@ impl Writer {
         Writer {
             decisions: Decisions::new(store.clone()),
             store,
-            written: DashMap::new(),
+            written: super::caches::written(),
             refresh: std::time::Duration::from_secs(60),
             quotas: quota::Quotas::new(0, 0),
         }
@@ -99,7 +96,7 @@ impl Writer {
     /// needs them stores them again.
     pub fn forget(&self, tenant: &Tenant, refs: &[ContentRef]) {
         for r in refs {
-            self.written.remove(&(tenant.clone(), r.clone()));
+            self.written.invalidate(&(tenant.clone(), r.clone()));
         }
     }
 
@@ -198,11 +195,10 @@ impl Writer {
                     w.reference
                 )));
             }
-            if self.written.len() >= MEMORY_REFS {
-                self.written.clear();
-            }
             // Logged the first time this process stores it, not on every refresh.
-            if self.written.insert(key, Instant::now()).is_none() {
+            let first = !self.written.contains_key(&key);
+            self.written.insert(key, Instant::now());
+            if first {
                 stored_now.push(n);
             }
         }
