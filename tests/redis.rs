@@ -331,3 +331,41 @@ async fn with_redis_down_recently_written_refs_are_not_forwarded() {
     assert_eq!(forwarded, compactable(), "{:?}", resp.headers());
     drop(server);
 }
+
+/// A Redis that accepts connections and never answers: a request's store calls together wait
+/// at most `op_timeout_ms`, then it is served as it came — not delayed once per store call.
+#[tokio::test]
+async fn a_hung_redis_delays_a_request_by_one_timeout_not_one_per_call() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = silent.accept().await {
+            // Held open, never read from nor answered.
+            if held_tx.send(conn).is_err() {
+                break;
+            }
+        }
+    });
+    let h = common::Harness::start_with(context_proxy::mock::MockConfig::default(), |c| {
+        c.store = config(format!("redis://{addr}"));
+        c.store.op_timeout_ms = OP_TIMEOUT_MS;
+        c.store.redis_connect_timeout_ms = 4 * OP_TIMEOUT_MS;
+        c.store.redis_response_timeout_ms = 4 * OP_TIMEOUT_MS;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    let started = Instant::now();
+    let resp = h.chat(&compactable()).await;
+    let elapsed = started.elapsed();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(h.mock.received().last().unwrap().json(), compactable());
+    // It would take three timeouts without the shared budget (the hidden calls, the decision,
+    // the write); one, and room for a loaded machine, with it.
+    assert!(
+        elapsed < Duration::from_millis(2 * OP_TIMEOUT_MS),
+        "the request waited {elapsed:?} on a hung store"
+    );
+    held_rx.close();
+}

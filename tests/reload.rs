@@ -546,6 +546,61 @@ async fn a_hidden_exchange_returns_only_to_its_own_conversation() {
         .contains("SECRET-OF-THE-FIRST-USER"));
 }
 
+/// The proxy's tool definitions go out with the request: `x-context-tokens-after` counts them
+/// (it is the proxy's exact count of the body it forwarded), and the budget keeps room for
+/// them, so a request whose compacted messages just fit still fits with the tools added.
+#[tokio::test]
+async fn the_injected_tools_are_counted_and_fit_in_the_budget() {
+    use context_proxy::tokens::{CountSettings, Counter, Encoding};
+    let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+    let tokens_after = |resp: &reqwest::Response| -> usize {
+        resp.headers()["x-context-tokens-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let request = json!({"model": "gpt-4o", "messages": conversation()});
+    let h = harness().await;
+    h.mock.push(Reply::text("ok"));
+    let resp = h.chat(&request).await;
+    assert_eq!(resp.status(), 200);
+    let forwarded = h.mock.received().last().unwrap().json();
+    assert_eq!(
+        names_of_tools(&forwarded),
+        ["context_read", "context_search"]
+    );
+    assert_eq!(tokens_after(&resp), counter.count_request(&forwarded).total);
+    // The same messages without the tools: what the proxy forwards minus its definitions.
+    let mut bare = forwarded.clone();
+    bare.as_object_mut().unwrap().remove("tools");
+    let messages_only = counter.count_request(&bare).total;
+    assert!(
+        tokens_after(&resp) > messages_only + 100,
+        "{} vs {messages_only}",
+        tokens_after(&resp)
+    );
+
+    // A budget the compacted messages fit in, but not with the tools added.
+    let budget = messages_only + 50;
+    let h = Harness::start_with(MockConfig::default(), move |c| {
+        managed(c);
+        c.context.max_context_tokens = Some(budget);
+    })
+    .await;
+    h.mock.push(Reply::text("ok"));
+    let resp = h.chat(&request).await;
+    assert_eq!(resp.status(), 200);
+    let forwarded = h.mock.received().last().unwrap().json();
+    let sent = counter.count_request(&forwarded).total;
+    assert_eq!(tokens_after(&resp), sent);
+    assert!(
+        sent <= budget,
+        "forwarded {sent} tokens against a budget of {budget}: {:?}",
+        resp.headers()["x-context-actions"]
+    );
+}
+
 #[tokio::test]
 async fn a_client_tool_of_the_same_name_makes_the_proxys_take_another() {
     let h = harness().await;

@@ -39,6 +39,9 @@ pub struct Route<'a> {
     /// The upstream's prompt-caching prices for this request's model; unset: OpenAI's (the
     /// default for an unknown host).
     pub cache: Option<crate::pricing::CachePricing>,
+    /// Tokens the proxy may add to the request after planning (its own tools' definitions):
+    /// kept free in the budget, so the request as forwarded still fits.
+    pub reserved_tokens: usize,
 }
 
 /// What the plan phase decided for one request, handed to the apply phase.
@@ -86,6 +89,8 @@ pub struct SummaryJob {
     pub span: String,
     /// The request moved this span out just now, over its hard budget: it may wait for it.
     pub blocking: bool,
+    /// The request's token encoding: the summary must fit `max_summary_tokens` in it.
+    pub encoding: Encoding,
 }
 
 /// Where the marker of a moved-out span stands, to put a summary in it.
@@ -378,6 +383,10 @@ impl Planner {
                 .max(settings::MIN_TRUNCATE_TOKENS);
             settings.budget = budget;
         }
+        if route.reserved_tokens > 0 {
+            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
+            settings.target = settings.target.saturating_sub(route.reserved_tokens);
+        }
         (settings, cache_warm)
     }
 
@@ -602,6 +611,7 @@ impl Planner {
                     &count,
                 ),
                 blocking,
+                encoding: counter.encoding(),
             })
         };
         if let Some(moved) = outcome.moved.clone() {
@@ -626,7 +636,7 @@ impl Planner {
                 .find(|r| r.prefix_len < moved.end && r.prefix_len > moved.start);
             let placed = exact.or(previous);
             if let Some(r) = placed {
-                place_into(outcome, &slot, &r.summary, counter);
+                place_into(outcome, &slot, &r.summary, cfg.max_summary_tokens, counter);
             }
             if exact.is_some() {
                 return (SummaryPlan::Hit, Some(slot));
@@ -672,7 +682,8 @@ impl Planner {
             return false;
         };
         let counter = self.counter.with_encoding(slot.encoding);
-        if !place_into(&mut decided.outcome, slot, summary, &counter) {
+        let max = self.config.summarizer.max_summary_tokens;
+        if !place_into(&mut decided.outcome, slot, summary, max, &counter) {
             return false;
         }
         plan.report = decided.outcome.report.clone();
@@ -685,8 +696,11 @@ fn place_into(
     outcome: &mut engine::Outcome,
     slot: &MarkerSlot,
     summary: &str,
+    max_summary_tokens: usize,
     counter: &Counter,
 ) -> bool {
+    // Remembered by an earlier version or another replica, it may be longer than its budget.
+    let summary = summary::bounded(summary, max_summary_tokens, counter.encoding());
     let Some(messages) = outcome.messages.as_mut() else {
         return false;
     };
@@ -695,7 +709,7 @@ fn place_into(
     };
     let before = counter.count_message(m);
     if let Some(c) = m.get_mut("content") {
-        *c = Value::String(summary::message_text(&slot.marker, summary));
+        *c = Value::String(summary::message_text(&slot.marker, &summary));
     }
     let after = counter.count_message(m);
     outcome.report.tokens_after = (outcome.report.tokens_after + after).saturating_sub(before);

@@ -758,6 +758,19 @@ async fn the_log_is_append_only_json_lines(h: Harness) {
         h.store.read_log(&t, &s2).await.unwrap(),
         [json!({"other": true})]
     );
+    // Pages: the newest first, then back from a cursor; each as the whole journal has it.
+    let page = |before, limit| h.store.read_log_page(&t, &s1, before, limit);
+    let newest = page(None, 3).await.unwrap();
+    assert_eq!((newest.first_index, newest.total), (1, 4));
+    assert_eq!(newest.records, records[1..]);
+    let older = page(Some(newest.first_index), 3).await.unwrap();
+    assert_eq!((older.first_index, older.total), (0, 4));
+    assert_eq!(older.records, records[..1]);
+    assert_eq!(page(Some(3), 2).await.unwrap().records, records[1..3]);
+    assert_eq!(page(Some(99), 1).await.unwrap().records, records[3..]);
+    assert!(page(Some(0), 5).await.unwrap().records.is_empty());
+    let none = h.store.read_log_page(&t, &session("none"), None, 5).await;
+    assert_eq!(none.unwrap(), crate::store::LogPage::default());
     // Key order is kept (serde_json's `preserve_order`).
     let back = &h.store.read_log(&t, &s1).await.unwrap()[3];
     let keys: Vec<_> = back["nested"].as_object().unwrap().keys().collect();

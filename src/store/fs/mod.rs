@@ -61,7 +61,8 @@ use async_trait::async_trait;
 
 use super::sweeper::Sweeper;
 use super::{
-    Clock, ContentKind, ContentRef, SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
+    Clock, ContentKind, ContentRef, LogPage, SessionId, StateKey, Store, StoreConfig, StoreError,
+    Tenant,
 };
 use tree::Tree;
 
@@ -170,6 +171,21 @@ impl Store for FsStore {
         let (t, s) = (tenant.clone(), session.clone());
         self.tree
             .run("read_log", move |tree| tree.read_log(&t, &s))
+            .await
+    }
+
+    async fn read_log_page(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        before: Option<usize>,
+        limit: usize,
+    ) -> Result<LogPage, StoreError> {
+        let (t, s) = (tenant.clone(), session.clone());
+        self.tree
+            .run("read_log_page", move |tree| {
+                tree.read_log_page(&t, &s, before, limit)
+            })
             .await
     }
 
