@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use context_proxy::metrics::{route_of, ChatSample, Metrics, UpstreamName};
-use context_proxy::response::Usage;
+use context_proxy::telemetry::metrics::{route_of, ChatSample, Metrics, UpstreamName};
+use context_proxy::wire::Usage;
 
 fn one_request(m: &Metrics, upstream: &UpstreamName, usage: &Usage, model: &str) {
     let in_flight = m.in_flight();

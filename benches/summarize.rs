@@ -4,7 +4,7 @@
 //!
 //! Run with `cargo bench --bench summarize` (`BENCH_SESSIONS=n` replays the first n sessions
 //! only; `BENCH_NO_SUMMARY=1` the same without summaries, to compare). Each request goes through the same plan → summary → apply steps as the chat route
-//! (`src/chat/summary.rs`), in process; between two requests of a session the harness waits
+//! (`src/routes/chat/settle.rs`), in process; between two requests of a session the harness waits
 //! for the background summaries queued so far (an agent's turn takes seconds; the mock answers
 //! in microseconds), with a deadline. Reported: input tokens forwarded against the original,
 //! the background hit rate (requests whose moved-out span had its summary ready, among those
@@ -15,14 +15,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use context_proxy::config::UpstreamConfig;
 use context_proxy::context::summary::SummarizerConfig;
 use context_proxy::context::{ContextConfig, ContextManager, Mode, Route, SummaryPlan};
 use context_proxy::mock::{MockConfig, MockUpstream, Reply};
 use context_proxy::store::{Backend, StoreConfig};
-use context_proxy::summarize::{Stats, Summarizer, Task};
+use context_proxy::summarizer::{Summarizer, Task};
+use context_proxy::telemetry::summarizer_stats::Stats;
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use context_proxy::traffic::{generate, TrafficConfig};
+use context_proxy::upstream::UpstreamConfig;
 use context_proxy::upstream::Upstreams;
 use http::{HeaderMap, HeaderValue};
 use serde_json::{json, Value};

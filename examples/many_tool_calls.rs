@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use context_proxy::chat::ChatRequest;
-use context_proxy::config::ServerConfig;
 use context_proxy::context::{ContextConfig, ContextManager, Mode};
-use context_proxy::request_body::check_json_shape;
+use context_proxy::http::request_body::check_json_shape;
+use context_proxy::routes::chat::ChatRequest;
+use context_proxy::server::ServerConfig;
 use context_proxy::store::{Backend, Store, StoreConfig};
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use serde_json::json;
@@ -60,7 +60,7 @@ async fn handle(manager: &ContextManager, raw: &Bytes, mode: Mode) -> usize {
             return peeked.raw.len();
         }
     }
-    check_json_shape(raw, &ServerConfig::default()).expect("within the JSON limits");
+    check_json_shape(raw, &ServerConfig::default().body_limits()).expect("within the JSON limits");
     let mut request = ChatRequest::parse(raw.clone()).expect("valid");
     let managed = manager
         .manage(

@@ -13,10 +13,11 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use context_proxy::config::{Config, UpstreamConfig};
+use context_proxy::app::config::Config;
+use context_proxy::app::serve::RunningServer;
 use context_proxy::mock::{MockConfig, MockUpstream, Reply};
-use context_proxy::server::RunningServer;
 use context_proxy::store::{Backend, ContentRef};
+use context_proxy::upstream::UpstreamConfig;
 use serde_json::{json, Value};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;

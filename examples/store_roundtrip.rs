@@ -15,11 +15,12 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use context_proxy::config::{Config, UpstreamConfig};
+use context_proxy::app::config::Config;
+use context_proxy::app::serve::RunningServer;
 use context_proxy::mock::{MockConfig, MockUpstream};
-use context_proxy::server::RunningServer;
 use context_proxy::store::{Backend, ContentKind, SessionId, Store, StoreConfig, Tenant};
 use context_proxy::traffic::{generate_session, TrafficConfig};
+use context_proxy::upstream::UpstreamConfig;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 

@@ -18,13 +18,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use http::{HeaderMap, StatusCode};
+use http::StatusCode;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::config::ValidConfig;
+use crate::glob::glob_match;
+use crate::http::error::ClientError;
 use crate::store::Tenant;
-use crate::upstream::glob_match;
 
 /// The `[auth]` section.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -169,9 +169,8 @@ pub enum AuthError {
     AdminTokenRequired { configured: bool },
 }
 
-impl AuthError {
-    /// Status, OpenAI error `type` and `code`.
-    pub fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+impl ClientError for AuthError {
+    fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
         match self {
             AuthError::Missing | AuthError::Invalid => (
                 StatusCode::UNAUTHORIZED,
@@ -197,7 +196,7 @@ impl AuthError {
     }
 
     /// Seconds for the `Retry-After` header, for a rate limit.
-    pub fn retry_after(&self) -> Option<u64> {
+    fn retry_after(&self) -> Option<u64> {
         match self {
             AuthError::RateLimited { retry_after, .. } => Some(*retry_after),
             _ => None,
@@ -410,9 +409,9 @@ pub struct KeyNames(Vec<(Tenant, String)>);
 
 impl KeyNames {
     /// The keys of the config and of `auth.keys_file` (read, not checked: `Auth::new` checks).
-    pub fn of(config: &ValidConfig) -> Result<KeyNames, AuthSetupError> {
-        let mut entries = config.keys.clone();
-        if let Some(path) = &config.auth.keys_file {
+    pub fn of(section: &AuthConfig, keys: &[KeyConfig]) -> Result<KeyNames, AuthSetupError> {
+        let mut entries = keys.to_vec();
+        if let Some(path) = &section.keys_file {
             entries.extend(read_keys_file(path)?);
         }
         Ok(KeyNames::from_entries(&entries))
@@ -442,21 +441,24 @@ impl KeyNames {
 }
 
 impl Auth {
-    /// Builds the key table from the config and `auth.keys_file`; `env` reads the admin token.
+    /// Builds the key table from `[auth]`, `[[keys]]` and `auth.keys_file`; `upstream_keys`:
+    /// an upstream sends a key of its own, so clients must present a proxy key (unless
+    /// `open_relay`); `env` reads the admin token.
     pub fn new(
-        config: &ValidConfig,
+        section: &AuthConfig,
+        keys: &[KeyConfig],
+        upstream_keys: bool,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Auth, AuthSetupError> {
-        let mut entries = config.keys.clone();
-        if let Some(path) = &config.auth.keys_file {
+        let mut entries = keys.to_vec();
+        if let Some(path) = &section.keys_file {
             entries.extend(read_keys_file(path)?);
             check_keys("keys", &entries).map_err(|message| AuthSetupError::Invalid {
                 path: path.display().to_string(),
                 message,
             })?;
         }
-        let upstream_keys = config.upstreams.iter().any(|u| u.api_key_env.is_some());
-        let admin = match &config.auth.admin_token_env {
+        let admin = match &section.admin_token_env {
             None => None,
             Some(var) => match env(var) {
                 Some(token) if !token.is_empty() => Some(sha256(&token)),
@@ -468,10 +470,10 @@ impl Auth {
             .filter_map(|k| Some((parse_hash(&k.sha256)?, Arc::new(Key::new(k)))))
             .collect::<HashMap<_, _>>();
         Ok(Auth {
-            required: upstream_keys && !config.auth.open_relay,
+            required: upstream_keys && !section.open_relay,
             keys,
             admin,
-            inspect_by_client_key: config.auth.inspect_by_client_key,
+            inspect_by_client_key: section.inspect_by_client_key,
             names: KeyNames::from_entries(&entries),
         })
     }
@@ -486,14 +488,14 @@ impl Auth {
         self.required
     }
 
-    /// Who sent a request with `headers`. `admin_route`: the admin token is accepted too. A
-    /// request over its key's requests-per-minute budget is refused here (429).
+    /// Who sent a request presenting the key `presented` (read from its headers by the
+    /// router). `admin_route`: the admin token is accepted too. A request over its key's
+    /// requests-per-minute budget is refused here (429).
     pub fn authenticate(
         &self,
-        headers: &HeaderMap,
+        presented: Option<&str>,
         admin_route: bool,
     ) -> Result<Caller, AuthError> {
-        let presented = api_key(headers);
         if admin_route {
             if let (Some(admin), Some(given)) = (&self.admin, presented) {
                 if sha256(given) == *admin {
@@ -552,25 +554,6 @@ impl Auth {
     }
 }
 
-/// The router's check of a `/v1/…` request: finds the [`Caller`] (401 or 429 otherwise) and
-/// leaves it in the request's extensions for the route. The admin token counts only on the
-/// proxy's own `/v1/context/…` routes.
-pub fn check<B>(
-    state: &crate::state::AppState,
-    req: &mut http::Request<B>,
-) -> Result<(), AuthError> {
-    let admin_route = req.uri().path().starts_with("/v1/context/");
-    let caller = state.auth.authenticate(req.headers(), admin_route)?;
-    if caller.key.is_some() || caller.admin {
-        // The proxy's own credentials go no further: an upstream with a key sends its own, and
-        // one without gets none (it never sees a proxy key).
-        req.headers_mut().remove(http::header::AUTHORIZATION);
-        req.headers_mut().remove("api-key");
-    }
-    req.extensions_mut().insert(caller);
-    Ok(())
-}
-
 /// The caller the router found, from a request's extensions.
 pub fn caller(extensions: &http::Extensions) -> Option<&Caller> {
     extensions.get::<Caller>()
@@ -595,24 +578,6 @@ fn read_keys_file(path: &Path) -> Result<Vec<KeyConfig>, AuthSetupError> {
         message: e.to_string(),
     })?;
     Ok(file.keys)
-}
-
-/// The API key of a request: `Authorization: Bearer …`, or Azure's `api-key`.
-pub fn api_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(auth) = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        let key = auth
-            .strip_prefix("Bearer ")
-            .or_else(|| auth.strip_prefix("bearer "))
-            .unwrap_or(auth);
-        return Some(key.trim());
-    }
-    headers
-        .get("api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
 }
 
 #[cfg(test)]

@@ -1,17 +1,24 @@
 //! `context-proxy`: an OpenAI-compatible reverse proxy that manages the context of tool-using
 //! agents. The binary (`main.rs`) parses the command line and calls into this library.
 //!
-//! The request path: [`server`] accepts connections → [`router`] names the request and picks a
-//! handler → [`chat`] (the proxy's own phases) or [`passthrough`] (verbatim) → [`upstream`]
-//! sends it → [`relay`] streams the answer back. Errors become responses in [`error`].
+//! The request path: [`server`] accepts connections and its router names the request →
+//! [`routes`] answers it (`chat`, the proxy's own phases; `passthrough`, verbatim) →
+//! [`upstream`] sends it and relays the answer back. Errors become responses in
+//! [`http::error`].
+//!
+//! The modules stand in layers (ARCHITECTURE.md; `tests/layers.rs` holds them): leaves
+//! ([`wire`], [`telemetry`], [`glob`], [`service`] and the leaf crates), adapters ([`store`],
+//! [`upstream`], [`http`]), the domain ([`context`], [`proxy_tools`], [`auth`], [`sessions`],
+//! [`summarizer`], [`recorder`]), routes and the server ([`routes`], [`server`]), and the
+//! composition root ([`app`]). An import points down, never up, and never in a circle.
 //!
 //! Leaves the proxy shares with its tools, and the dev tooling, live in crates of their own
-//! under `crates/` and are re-exported here under their old paths: [`tokens`] (token
-//! counting), [`pricing`] (the providers' prompt-caching prices), [`contract`] (the names of
-//! the proxy's own headers), [`corpus`] (the agent-traffic corpus format), [`mock`] (the mock
-//! upstream) and [`traffic`] (the sample-traffic generator). The tools that drive a running
-//! proxy (`bench`, `replay`, `probe`, the demo's session) are the `context-proxy-drive` crate,
-//! which only the binary uses: the library does not contain them.
+//! under `crates/` and are re-exported here: [`tokens`] (token counting), [`pricing`] (the
+//! providers' prompt-caching prices), [`contract`] (the names of the proxy's own headers),
+//! [`corpus`] (the agent-traffic corpus format), [`mock`] (the mock upstream) and [`traffic`]
+//! (the sample-traffic generator). The tools that drive a running proxy (`bench`, `replay`,
+//! `probe`, the demo's session) are the `context-proxy-drive` crate, which only the binary
+//! uses: the library does not contain them.
 
 #![forbid(unsafe_code)]
 
@@ -21,31 +28,22 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+pub mod app;
 pub mod auth;
-pub mod body;
-pub mod chat;
-pub mod check_config;
-pub mod config;
 pub mod context;
-pub mod env_overrides;
-pub mod error;
-pub mod headers;
-pub mod healthcheck;
-pub mod inspect;
-pub mod logging;
-pub mod metrics;
-pub mod passthrough;
-pub mod record;
-pub mod relay;
-pub mod reload;
-pub mod request_body;
-pub mod response;
-pub mod router;
+pub mod glob;
+pub mod http;
+pub mod proxy_tools;
+pub mod recorder;
+pub mod routes;
 pub mod server;
-pub mod state;
+pub mod service;
+pub mod sessions;
 pub mod store;
-pub mod summarize;
+pub mod summarizer;
+pub mod telemetry;
 pub mod upstream;
+pub mod wire;
 
 pub use context_proxy_contract as contract;
 pub use context_proxy_corpus as corpus;

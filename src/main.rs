@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use context_proxy::config::{Config, ValidConfig};
+use context_proxy::app::config::{Config, ValidConfig};
 use context_proxy::mock::{MockConfig, MockUpstream};
-use context_proxy::server::{Server, Stop};
+use context_proxy::server::Stop;
 use tracing::Instrument;
 
 /// OpenAI-compatible reverse proxy that manages the context of tool-using agents.
@@ -54,7 +54,7 @@ enum Command {
     /// and ask for every needle: reachability (mock in reader mode) or recall (a real model).
     Probe(context_proxy_drive::fidelity::ProbeArgs),
     /// Check that a running proxy is healthy (GET /healthz answers 200): exit status 0, else 1.
-    Healthcheck(context_proxy::healthcheck::HealthcheckArgs),
+    Healthcheck(context_proxy::app::healthcheck::HealthcheckArgs),
     /// Check a config file (default: --config, else ./config.toml, else the defaults) with
     /// its CONTEXT_PROXY_<SECTION>__<KEY> environment overrides, and print the effective
     /// configuration with secrets masked. Exit status 1 and the key at fault when it is wrong.
@@ -107,7 +107,7 @@ fn load_config(cli: &Cli) -> anyhow::Result<ValidConfig> {
 }
 
 async fn serve(config: ValidConfig, demo: bool, cli_config: Option<PathBuf>) -> anyhow::Result<()> {
-    let _log = context_proxy::logging::init(&config.log);
+    let _log = context_proxy::telemetry::logging::init(&config.log);
     let store_outlives_process = config.store.backend != context_proxy::store::Backend::Memory;
     // In the demo the mock lives as long as the proxy serves.
     let (config, _mock) = if demo {
@@ -127,7 +127,7 @@ async fn serve(config: ValidConfig, demo: bool, cli_config: Option<PathBuf>) -> 
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
-    let server = Server::bind(config).await?;
+    let server = context_proxy::app::serve::bind(config).await?;
     let addr = server.local_addr();
     // Listen for signals before saying we listen: a Ctrl-C right after must not kill the
     // process outright.
@@ -279,11 +279,11 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Probe(args)) => {
             Ok(runtime(0)?.block_on(context_proxy_drive::fidelity::run(args))?)
         }
-        Some(Command::Healthcheck(args)) => Ok(context_proxy::healthcheck::run(&args)?),
+        Some(Command::Healthcheck(args)) => Ok(context_proxy::app::healthcheck::run(&args)?),
         Some(Command::CheckConfig { ref file }) => {
             let path = file.clone().or_else(|| config_path(&cli));
             let vars: Vec<(String, String)> = env_vars().collect();
-            let (_, report) = context_proxy::check_config::check(path.as_deref(), &vars)?;
+            let (_, report) = context_proxy::app::check_config::check(path.as_deref(), &vars)?;
             print!("{report}");
             Ok(())
         }
@@ -292,7 +292,7 @@ fn main() -> anyhow::Result<()> {
             ref session,
         }) => {
             let config = load_config(&cli)?;
-            let out = runtime(1)?.block_on(context_proxy::inspect::run_cli(
+            let out = runtime(1)?.block_on(context_proxy::app::inspect::run_cli(
                 &config,
                 tenant.as_deref(),
                 session.as_deref(),

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{assert_openai_error, Harness};
+use context_proxy::app::config::Config;
 use context_proxy::auth::{key_tenant, KeyConfig};
-use context_proxy::config::Config;
 use context_proxy::mock::MockConfig;
 use context_proxy::store::{Backend, ContentRef, StoreConfig};
 use serde_json::{json, Value};

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::Harness;
-use context_proxy::config::Config;
+use context_proxy::app::config::Config;
 use context_proxy::mock::MockConfig;
 use context_proxy::store::{Backend, ContentRef, StoreConfig, Tenant};
 use serde_json::{json, Value};

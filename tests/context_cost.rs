@@ -5,8 +5,8 @@
 mod common;
 
 use common::Harness;
-use context_proxy::config::UpstreamConfig;
 use context_proxy::mock::MockConfig;
+use context_proxy::upstream::UpstreamConfig;
 use serde_json::{json, Value};
 
 fn numbered_lines(prefix: &str, n: usize) -> String {
@@ -120,7 +120,7 @@ async fn the_same_conversation_is_decided_by_each_upstreams_cache_prices() {
 /// on an upstream priced like Anthropic's whose cached prefix lives 0 s (`configure` sets the
 /// rest of the proxy).
 async fn after_the_cache_lifetime(
-    configure: impl FnOnce(&mut context_proxy::config::Config),
+    configure: impl FnOnce(&mut context_proxy::app::config::Config),
 ) -> String {
     let h = Harness::start_with(MockConfig::default(), |c| {
         c.context.keep_recent_messages = 2;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{assert_openai_error, config_for, Harness};
+use context_proxy::app::serve::RunningServer;
 use context_proxy::mock::{MockConfig, Reply};
-use context_proxy::server::RunningServer;
 use serde_json::json;
 
 #[tokio::test]

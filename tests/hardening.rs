@@ -799,7 +799,7 @@ async fn errors_name_the_upstream_never_its_address() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
-    let proxy = context_proxy::server::RunningServer::start(
+    let proxy = context_proxy::app::serve::RunningServer::start(
         common::config_for(&format!("http://127.0.0.1:{port}/v1"))
             .validate()
             .unwrap(),
@@ -1048,7 +1048,7 @@ async fn a_body_failing_mid_way_names_the_upstream_never_its_address() {
                 .await;
         }
     });
-    let proxy = context_proxy::server::RunningServer::start(
+    let proxy = context_proxy::app::serve::RunningServer::start(
         common::config_for(&format!("http://127.0.0.1:{port}/v1"))
             .validate()
             .unwrap(),

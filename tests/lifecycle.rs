@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{config_for, sse_data, Harness, WAIT};
+use context_proxy::app::serve::RunningServer;
 use context_proxy::mock::{Gate, MockConfig, MockUpstream, Reply};
-use context_proxy::server::RunningServer;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

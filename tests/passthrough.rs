@@ -5,9 +5,9 @@ mod common;
 
 use bytes::Bytes;
 use common::{config_for, Harness, WAIT};
-use context_proxy::config::UpstreamConfig;
+use context_proxy::app::serve::RunningServer;
 use context_proxy::mock::{MockConfig, MockUpstream, Reply};
-use context_proxy::server::RunningServer;
+use context_proxy::upstream::UpstreamConfig;
 use serde_json::{json, Value};
 
 const FULL_REQUEST: &str = include_str!("fixtures/full_request.json");

@@ -4,7 +4,7 @@
 mod common;
 
 use common::Harness;
-use context_proxy::config::Config;
+use context_proxy::app::config::Config;
 use context_proxy::mock::MockConfig;
 use context_proxy_drive::fidelity::{plant, probe, sample_sessions, ProbeRun};
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::Harness;
-use context_proxy::config::Config;
+use context_proxy::app::config::Config;
 use context_proxy::corpus::recording::{self, Exchange};
 use context_proxy::mock::MockConfig;
 use context_proxy::traffic::TrafficConfig;

@@ -6,9 +6,9 @@
 mod common;
 
 use common::redis::TestRedis;
-use context_proxy::config::Config;
+use context_proxy::app::config::Config;
+use context_proxy::app::serve::RunningServer;
 use context_proxy::mock::{MockConfig, MockUpstream};
-use context_proxy::server::RunningServer;
 use context_proxy::store::{Backend, ContentRef, SessionId, StoreConfig, Tenant};
 use serde_json::{json, Value};
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{sse_data, Harness, WAIT};
-use context_proxy::config::Config;
+use context_proxy::app::config::Config;
 use context_proxy::mock::{Gate, MockConfig, Reply};
 use context_proxy::store::ContentRef;
 use serde_json::{json, Value};

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use context_proxy::context::{ContextConfig, ContextManager, Mode};
-use context_proxy::response::{SseConfig, SseReader};
 use context_proxy::store::{self, Backend, StoreConfig};
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
+use context_proxy::wire::{SseConfig, SseReader};
 use http::{HeaderMap, HeaderValue};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};

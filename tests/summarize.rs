@@ -8,10 +8,11 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use common::{Harness, WAIT};
-use context_proxy::config::{Config, UpstreamConfig};
+use context_proxy::app::config::Config;
 use context_proxy::context::summary::PROMPT_OPENING;
 use context_proxy::context::Mode;
 use context_proxy::mock::{MockConfig, MockUpstream, Reply};
+use context_proxy::upstream::UpstreamConfig;
 use serde_json::{json, Value};
 
 const SUMMARY: &str = "## Task overview\nFix the parser in src/parse.rs.\n\n## Current state\nRead src/f0.rs.\n\n\
@@ -537,7 +538,7 @@ async fn two_replicas_on_one_redis_summarize_a_prefix_once() {
 async fn replicas_summarize_once(store: std::sync::Arc<dyn context_proxy::store::Store>) {
     use context_proxy::context::summary::SummarizerConfig;
     use context_proxy::context::SummaryJob;
-    use context_proxy::summarize::{Source, Summarizer, Task};
+    use context_proxy::summarizer::{Source, Summarizer, Task};
     let mock = MockUpstream::start(MockConfig {
         latency: Duration::from_millis(300),
         ..MockConfig::default()
@@ -596,7 +597,7 @@ async fn replicas_summarize_once(store: std::sync::Arc<dyn context_proxy::store:
     assert_eq!(sources, [Source::Cached, Source::Computed]);
     assert_eq!(mock.received().len(), 1);
     for r in &replicas {
-        context_proxy::state::Service::stop(&**r).await;
+        context_proxy::service::Service::stop(&**r).await;
     }
 }
 

@@ -1,8 +1,8 @@
 //! An upstream request is built once and can be sent any number of times (a tool loop or a
 //! retry sends it again): every send puts the same bytes on the wire.
 
-use context_proxy::config::UpstreamConfig;
 use context_proxy::mock::{MockConfig, MockUpstream};
+use context_proxy::upstream::UpstreamConfig;
 use context_proxy::upstream::Upstreams;
 use http::{HeaderMap, Method};
 

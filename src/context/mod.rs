@@ -222,7 +222,7 @@ impl ContextManager {
     }
 
     /// The `[context.reload]` settings.
-    pub fn reload_config(&self) -> &crate::reload::ReloadConfig {
+    pub fn reload_config(&self) -> &crate::proxy_tools::ReloadConfig {
         &self.planner.config().reload
     }
 

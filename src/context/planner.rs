@@ -144,18 +144,22 @@ impl Plan {
     /// truncated result, a moved-out span), so the reload tools are worth offering. The
     /// originals of lossless transforms are stored too, but nothing in the body names them.
     pub fn refers_to_stored_content(&self) -> bool {
-        self.decided.as_ref().is_some_and(|d| {
-            d.outcome.messages.is_some()
-                && d.outcome.writes.iter().any(|w| {
-                    matches!(
-                        w.action,
-                        engine::Action::Truncated
-                            | engine::Action::Compacted
-                            | engine::Action::MovedOut
-                    )
-                })
-        })
+        self.decided
+            .as_ref()
+            .is_some_and(|d| refers_to_stored_content(&d.outcome))
     }
+}
+
+/// Whether the engine's new messages name stored content (see
+/// [`Plan::refers_to_stored_content`]).
+fn refers_to_stored_content(outcome: &engine::Outcome) -> bool {
+    outcome.messages.is_some()
+        && outcome.writes.iter().any(|w| {
+            matches!(
+                w.action,
+                engine::Action::Truncated | engine::Action::Compacted | engine::Action::MovedOut
+            )
+        })
 }
 
 /// What the store holds for a conversation's prefix.
@@ -175,7 +179,7 @@ pub struct Planner {
     store: Arc<dyn Store>,
     decisions: Decisions,
     /// The proxy's tool calls hidden from clients, per session.
-    hidden: crate::reload::hidden::Hidden,
+    hidden: crate::proxy_tools::hidden::Hidden,
     /// Summaries of moved-out spans, by the prefix they cover.
     summaries: summaries::Summaries,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
@@ -223,7 +227,7 @@ impl Planner {
             config,
             counter,
             decisions: Decisions::new(store.clone()),
-            hidden: crate::reload::hidden::Hidden::new(store.clone()),
+            hidden: crate::proxy_tools::hidden::Hidden::new(store.clone()),
             summaries: summaries::Summaries::new(store.clone()),
             store,
             references: caches::references(),
@@ -383,10 +387,6 @@ impl Planner {
                 .max(settings::MIN_TRUNCATE_TOKENS);
             settings.budget = budget;
         }
-        if route.reserved_tokens > 0 {
-            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
-            settings.target = settings.target.saturating_sub(route.reserved_tokens);
-        }
         (settings, cache_warm)
     }
 
@@ -471,7 +471,7 @@ impl Planner {
             };
             return Plan::unchanged(report);
         };
-        let (settings, cache_warm) = self.settings_for(identity, route, model, mode, body).await;
+        let (mut settings, cache_warm) = self.settings_for(identity, route, model, mode, body).await;
         let env = CachedEnv {
             counter: &counter,
             references: &self.references,
@@ -538,6 +538,16 @@ impl Planner {
             )
         };
         let mut outcome = engine::run(&input, &settings, prior, &env);
+        // A request that refers to stored content goes out with the proxy's tools: when they
+        // would not fit beside it, decide again with their room kept free.
+        if route.reserved_tokens > 0
+            && refers_to_stored_content(&outcome)
+            && outcome.report.tokens_after + route.reserved_tokens > settings.budget
+        {
+            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
+            settings.target = settings.target.saturating_sub(route.reserved_tokens);
+            outcome = engine::run(&input, &settings, prior, &env);
+        }
         let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
             self.plan_summary(
                 &input,

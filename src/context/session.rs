@@ -31,7 +31,7 @@ pub struct Identity {
 /// Tenant from the API key; session from `x-context-session`, else from the conversation's
 /// first messages (its instructions and first user message).
 pub fn identify(headers: &HeaderMap, messages: &[Value]) -> Identity {
-    let tenant = Tenant::from_api_key(crate::auth::api_key(headers));
+    let tenant = Tenant::from_api_key(crate::http::headers::api_key(headers));
     let session = match headers
         .get(SESSION_HEADER)
         .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())

@@ -107,7 +107,7 @@ pub struct ContextConfig {
     /// `"my-model" = { window = 32768, max_output = 4096 }`; a trailing `*` matches a prefix).
     pub model_windows: HashMap<String, WindowEntry>,
     /// The proxy's `context_read` / `context_search` tools (`[context.reload]`).
-    pub reload: crate::reload::ReloadConfig,
+    pub reload: crate::proxy_tools::ReloadConfig,
     /// Summaries of moved-out spans (`[context.summarizer]`).
     pub summarizer: super::summary::SummarizerConfig,
 }
@@ -193,7 +193,7 @@ impl Default for ContextConfig {
             preview_head_lines: 8,
             preview_tail_lines: 4,
             model_windows: HashMap::new(),
-            reload: crate::reload::ReloadConfig::default(),
+            reload: crate::proxy_tools::ReloadConfig::default(),
             summarizer: super::summary::SummarizerConfig::default(),
         }
     }

@@ -67,7 +67,7 @@ impl KeyVetting {
         if served_before {
             return Ok((0, Vec::new()));
         }
-        let mut all = crate::inspect::journal_refs(&journal);
+        let mut all = crate::sessions::journal_refs(&journal);
         all.extend(refs.iter().cloned());
         all.sort();
         all.dedup();

@@ -293,7 +293,7 @@ pub trait Store: Send + Sync + 'static {
     /// just no longer deleted in the background.
     async fn close(&self);
 
-    // Inspection and erasure (`crate::inspect`): rare operations that walk a tenant's items.
+    // Inspection and erasure (`crate::routes::context_api`): rare operations that walk a tenant's items.
 
     /// The sessions that have a journal or state under `tenant`, or under every tenant
     /// when `None` (the admin's view), sorted. Reads the tenant's whole key space (Redis: a

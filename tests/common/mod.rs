@@ -7,9 +7,10 @@ pub mod redis;
 
 use std::time::Duration;
 
-use context_proxy::config::{Config, UpstreamConfig};
+use context_proxy::app::config::Config;
+use context_proxy::app::serve::RunningServer;
 use context_proxy::mock::{MockConfig, MockUpstream};
-use context_proxy::server::RunningServer;
+use context_proxy::upstream::UpstreamConfig;
 
 /// Longest a test waits for something that should happen at once (a failure guard, not a sleep).
 pub const WAIT: Duration = Duration::from_secs(10);

@@ -11,8 +11,8 @@ use http::{header, HeaderValue, Response, StatusCode};
 use serde_json::Value;
 use tracing::{debug, warn};
 
+use super::ctx::Ctx;
 use super::script::{Completion, Gate, Reply};
-use super::server::Ctx;
 use super::sse::{self, StreamPlan};
 use super::usage::prompt_tokens;
 use super::wire::{self, Answer, AnswerMeta};

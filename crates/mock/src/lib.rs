@@ -18,6 +18,7 @@
 mod body;
 mod chat;
 pub mod cli;
+mod ctx;
 pub mod reader;
 mod routes;
 pub mod script;

@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 use tracing::debug;
 
 use super::chat::{self, json_response, shutting_down};
+use super::ctx::Ctx;
 use super::script::Reply;
-use super::server::Ctx;
 use super::state::Received;
 use super::wire;
 use crate::body::MockBody;

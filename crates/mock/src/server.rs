@@ -1,5 +1,5 @@
 //! The mock's HTTP server: the accept loop, one task per connection serving HTTP/1.1 or h2c
-//! (`hyper_util`'s auto builder, `TCP_NODELAY`), and the [`Lifecycle`] every task holds.
+//! (`hyper_util`'s auto builder, `TCP_NODELAY`), and the handle that stops them.
 //!
 //! Shutdown follows mini-redis: the handle owns a `watch` sender whose closing tells every task
 //! to stop, and every task holds a clone of one `mpsc` sender, so the handle knows all tasks have
@@ -18,57 +18,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info_span, warn, Instrument, Span};
 
+use super::ctx::{Ctx, Lifecycle};
 use super::state::State;
 use super::{routes, MockConfig};
 
 /// Pause after a failed `accept` (e.g. out of file descriptors) before trying again.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(20);
-
-/// What every task of a running mock holds: the stop signal, and a token whose drop tells the
-/// handle the task has finished.
-#[derive(Debug, Clone)]
-pub(crate) struct Lifecycle {
-    stop: watch::Receiver<bool>,
-    _running: mpsc::Sender<()>,
-}
-
-impl Lifecycle {
-    /// Resolves once the mock is shutting down (or its handle was dropped).
-    pub(crate) async fn stopping(&self) {
-        let mut stop = self.stop.clone();
-        // An error means the handle is gone, which is a stop too.
-        let _ = stop.wait_for(|stopped| *stopped).await;
-    }
-
-    /// Sleeps for `delay`; false when the mock started shutting down first.
-    pub(crate) async fn sleep(&self, delay: Duration) -> bool {
-        if delay.is_zero() {
-            return true;
-        }
-        tokio::select! {
-            () = tokio::time::sleep(delay) => true,
-            () = self.stopping() => false,
-        }
-    }
-
-    /// Runs `future` unless the mock starts shutting down first.
-    pub(crate) async fn unless_stopping<F: Future>(&self, future: F) -> Option<F::Output> {
-        tokio::select! {
-            output = future => Some(output),
-            () = self.stopping() => None,
-        }
-    }
-}
-
-/// What request handlers need.
-#[derive(Debug, Clone)]
-pub(crate) struct Ctx {
-    pub(crate) state: Arc<State>,
-    pub(crate) config: Arc<MockConfig>,
-    /// `x-mock-name`, when the mock has a (header-safe) name.
-    pub(crate) name_header: Option<HeaderValue>,
-    pub(crate) life: Lifecycle,
-}
 
 /// The handle's side of the lifecycle.
 #[derive(Debug)]
@@ -101,10 +56,7 @@ pub(crate) fn start(listener: TcpListener, state: Arc<State>, config: MockConfig
         state,
         config: Arc::new(config),
         name_header,
-        life: Lifecycle {
-            stop: stop_rx,
-            _running: running,
-        },
+        life: Lifecycle::new(stop_rx, running),
     };
     let addr = listener.local_addr().ok();
     let span = info_span!("mock_upstream", name = %ctx.config.name, addr = ?addr);

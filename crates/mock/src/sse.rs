@@ -21,8 +21,8 @@ use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tracing::{debug, info_span, Instrument};
 
+use super::ctx::Lifecycle;
 use super::script::Gate;
-use super::server::Lifecycle;
 use super::state::State;
 use crate::body::{BoxError, MockBody};
 

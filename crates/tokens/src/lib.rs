@@ -22,11 +22,13 @@ mod counter;
 mod encoding;
 mod json;
 mod message;
+mod settings;
 mod tools;
 
 pub use cache::stable_hash;
-pub use counter::{CountSettings, Counter, RequestCount};
+pub use counter::{Counter, RequestCount};
 pub use encoding::{Encoding, UnknownEncoding};
 pub use json::{field, str_field};
 pub use message::{REPLY_PRIMING, TOKENS_PER_MESSAGE, TOKENS_PER_NAME, TOKENS_PER_TOOL_CALL};
+pub use settings::CountSettings;
 pub use tools::tools_tokens;

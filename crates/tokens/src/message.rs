@@ -23,9 +23,9 @@
 
 use serde_json::{Map, Value};
 
-use super::counter::CountSettings;
 use super::encoding::Encoding;
 use super::json::{field, str_field};
+use super::settings::CountSettings;
 
 /// Framing tokens of every message (`<|start|>{role}<|message|>…<|end|>`).
 pub const TOKENS_PER_MESSAGE: usize = 3;

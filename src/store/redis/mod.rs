@@ -26,7 +26,7 @@
 //! proxy starts and keeps running while Redis is away (see `conn.rs`).
 
 mod conn;
-mod inspect;
+mod sessions;
 #[cfg(test)]
 pub(crate) mod test_server;
 

@@ -1,0 +1,194 @@
+//! The tool loop for a non-streaming answer: read it whole; while it calls only the proxy's
+//! tools, run them and ask again; give the client the final answer with `usage` summed over
+//! every round. When the model calls the client's tools too, the client gets its own calls only
+//! and the proxy's are kept for the next turn.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{header, HeaderMap, StatusCode};
+use serde_json::Value;
+
+use super::tool_loop::{assistant_message, without_withdrawn_calls, Round};
+use crate::http::error::ProxyError;
+use crate::upstream::{Incoming, UpstreamError};
+use crate::wire::{Completion, Usage};
+
+/// Longest non-streaming answer the loop reads (a larger one is relayed as it is).
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// The final answer for the client.
+pub struct Final {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// Runs the loop from the first answer.
+pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError> {
+    let mut answer = first;
+    let mut usage: Option<Usage> = None;
+    loop {
+        let status = answer.status;
+        let mut headers = answer.headers.clone();
+        headers.remove(header::CONTENT_LENGTH);
+        let bytes = read_all(answer, &round).await?;
+        let body = match serde_json::from_slice::<Value>(&bytes) {
+            Ok(body) if status.is_success() => body,
+            // An error (in round 2 too) or something else than JSON: the client gets it as it is.
+            _ => {
+                return Ok(Final {
+                    status,
+                    headers,
+                    body: bytes,
+                })
+            }
+        };
+        let Ok(completion) = Completion::from_json(&body) else {
+            return Ok(Final {
+                status,
+                headers,
+                body: bytes,
+            });
+        };
+        if let Some(u) = &completion.usage {
+            match &mut usage {
+                Some(sum) => sum.add(u),
+                None => usage = Some(u.clone()),
+            }
+        }
+        let Some(choice) = completion.choices.first() else {
+            return Ok(finish(status, headers, body, bytes, &usage, &round));
+        };
+        let (proxy, client) = round.kinds(&choice.tool_calls);
+        if !proxy {
+            return Ok(finish(status, headers, body, bytes, &usage, &round));
+        }
+        if round.tools_withdrawn() {
+            return Ok(withdrawn(status, headers, body, client, &usage, &round));
+        }
+        let results = round.run_calls(&choice.tool_calls).await;
+        if client {
+            // Mixed: the client gets its own calls; the proxy's wait in the session.
+            let mut body = body;
+            let message = body
+                .pointer("/choices/0/message")
+                .cloned()
+                .unwrap_or(Value::Null);
+            let visible = round.hide(&message, results).await;
+            if let Some(slot) = body.pointer_mut("/choices/0/message") {
+                *slot = visible;
+            }
+            return Ok(finish(status, headers, body, Bytes::new(), &usage, &round));
+        }
+        let assistant = assistant_message(choice.content.as_deref(), &choice.tool_calls);
+        let request = round.next_request(assistant, results);
+        answer = round.upstream.send(&request).await?;
+        round.stats.upstream_calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The model called the proxy's tools after they were withdrawn: the calls are not run and the
+/// upstream is not asked again. The client gets the answer without them (its text, its own
+/// calls), or a 502 saying why when nothing is left.
+fn withdrawn(
+    status: StatusCode,
+    headers: HeaderMap,
+    mut body: Value,
+    client: bool,
+    usage: &Option<Usage>,
+    round: &Round,
+) -> Final {
+    let rounds = round.stats.rounds.load(Ordering::Relaxed) as usize;
+    tracing::warn!(
+        rounds,
+        "the model called the proxy's tools after they were withdrawn: not run"
+    );
+    let message = body
+        .pointer("/choices/0/message")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let Some(visible) = without_withdrawn_calls(round, &message) else {
+        let error = ProxyError::ToolLoopExhausted { rounds };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        return Final {
+            status: error.classify().0,
+            headers,
+            body: error.body(),
+        };
+    };
+    if let Some(slot) = body.pointer_mut("/choices/0/message") {
+        *slot = visible;
+    }
+    if !client {
+        if let Some(reason) = body.pointer_mut("/choices/0/finish_reason") {
+            *reason = Value::from("stop");
+        }
+    }
+    finish(status, headers, body, Bytes::new(), usage, round)
+}
+
+/// The client's answer: the upstream's bytes when nothing needs changing, else the body with
+/// `usage` summed over the rounds.
+fn finish(
+    status: StatusCode,
+    mut headers: HeaderMap,
+    mut body: Value,
+    original: Bytes,
+    usage: &Option<Usage>,
+    round: &Round,
+) -> Final {
+    // The cached prefix the upstream reported, summed over the rounds: the answer is read
+    // whole, so it can go in a header.
+    if let Some(cached) = usage.as_ref().and_then(|u| u.cached_tokens) {
+        headers.insert(
+            super::respond::UPSTREAM_CACHED_HEADER,
+            http::HeaderValue::from(cached),
+        );
+    }
+    let rounds = round.stats.rounds.load(Ordering::Relaxed);
+    if rounds == 0 && !original.is_empty() {
+        return Final {
+            status,
+            headers,
+            body: original,
+        };
+    }
+    if let Some(usage) = usage {
+        if body.get("usage").is_some_and(|u| !u.is_null()) {
+            usage.write_into(&mut body);
+        }
+    }
+    Final {
+        status,
+        headers,
+        body: Bytes::from(body.to_string()),
+    }
+}
+
+/// The whole body of `answer`, bounded in size, each chunk within the read timeout.
+async fn read_all(answer: Incoming, round: &Round) -> Result<Bytes, ProxyError> {
+    let mut out = Vec::new();
+    let mut chunks = std::pin::pin!(answer.into_stream());
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| {
+            ProxyError::from(UpstreamError::Unreachable {
+                upstream: round.upstream.name.clone(),
+                detail: format!("its answer broke off: {e}"),
+            })
+        })?;
+        if out.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(ProxyError::from(UpstreamError::Unreachable {
+                upstream: round.upstream.name.clone(),
+                detail: format!("its answer is larger than {MAX_ANSWER_BYTES} bytes"),
+            }));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(out))
+}

@@ -1,0 +1,409 @@
+//! `POST /v1/chat/completions`: the proxy's own request path, as a short list of phases over
+//! one per-request context ([`ChatCtx`]):
+//!
+//! **parse → identify → plan → apply → forward → tool loop → respond → record**
+//!
+//! - `parse` reads the body (bounded) and parses it; the raw bytes are kept, so a request no
+//!   phase changes reaches the upstream byte-identical;
+//! - `identify` says whose conversation it is (tenant, session), in which mode, and which
+//!   upstream serves its model;
+//! - `plan` puts back what the proxy hid from the client earlier (its own tool calls), counts
+//!   the conversation and lets the pure engine decide ([`crate::context`]), then settles the
+//!   summary of a moved-out span (`settle.rs`, [`crate::summarizer`]);
+//! - `apply` stores what the plan removes, builds the new body, and offers the proxy's own
+//!   tools when the body refers to stored content ([`crate::proxy_tools`]);
+//! - `forward` builds the upstream request once (it can be sent again) and sends it; the
+//!   answer's status tells whether the upstream accepted the client's key (`vet_key`);
+//! - `tool loop` learns the limit an upstream states when it says the context is too long,
+//!   plans again against a much smaller budget and retries once (`overflow.rs`), answers the model's calls of the proxy's tools and asks the upstream
+//!   again, hiding them from the client (`tool_loop.rs`, `loop_json.rs`, `loop_stream.rs`);
+//! - `respond` relays the answer to the client as it arrives, reading it on the way;
+//! - `record` runs once the response is known — when its body has ended or the client left.
+//!
+//! Each phase is a plain function with one job; this function is the list.
+
+mod ctx;
+mod dom;
+mod loop_json;
+mod loop_stream;
+mod overflow;
+mod record;
+mod request;
+mod respond;
+mod settle;
+mod tool_loop;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{header, HeaderValue, Method, Request, Response};
+use hyper::body::Incoming;
+
+use crate::context::Mode;
+use crate::http::body::ProxyBody;
+use crate::http::error::ProxyError;
+use crate::http::request_body::{check_json_shape, read_limited};
+use crate::routes::shared::Shared;
+use crate::upstream;
+use serde_json::Value;
+
+pub use ctx::{ChatCtx, Timings};
+pub use request::ChatRequest;
+
+/// Runs the phases for one request.
+pub async fn handle(
+    state: Arc<Shared>,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let mut ctx = parse(&state, req, request_id).await?;
+    identify(&state, &mut ctx);
+    // The store calls of planning and applying share one budget: a hung store delays the
+    // request once, by `op_timeout_ms`, not once per call.
+    let store_time = state.store.op_timeout();
+    crate::store::with_phase_budget(store_time, async {
+        plan(&state, &mut ctx).await;
+        apply(&state, &mut ctx).await
+    })
+    .await?;
+    reserve(&mut ctx)?;
+    let answer = forward(&mut ctx).await?;
+    vet_key(&state, &ctx, answer.status).await;
+    let answer = tool_loop(&state, &mut ctx, answer).await?;
+    Ok(respond::respond(state, ctx, answer))
+}
+
+/// What the client gets: the upstream's answer relayed as it is, or one the tool loop built.
+pub enum Answer {
+    Relay(upstream::Incoming),
+    Json(loop_json::Final),
+    Stream {
+        status: http::StatusCode,
+        headers: http::HeaderMap,
+        events: std::pin::Pin<
+            Box<dyn futures_util::Stream<Item = Result<bytes::Bytes, upstream::BodyError>> + Send>,
+        >,
+    },
+}
+
+/// parse: the body, read under `server.max_body_bytes`, as a JSON object, and the upstream
+/// serving its model. The mode is known here: a request whose context is not managed is only
+/// peeked at for its model (no DOM); a managed one is measured, then parsed.
+async fn parse(
+    state: &Shared,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+) -> Result<ChatCtx, ProxyError> {
+    let received = Instant::now();
+    let (parts, body) = req.into_parts();
+    let mode = state
+        .context
+        .mode(&parts.headers)
+        .map_err(ProxyError::InvalidRequest)?;
+    let limits = &state.body_limits;
+    let raw = read_limited(body, &parts.headers, limits, &state.body_budget).await?;
+    let peeked = match mode {
+        Mode::Off => ChatRequest::peek(raw.clone()),
+        _ => None,
+    };
+    let request = match peeked {
+        Some(request) => request,
+        None => {
+            let shape = check_json_shape(&raw, limits)?;
+            crate::http::request_body::hold_parsed(&state.body_budget, shape)?;
+            ChatRequest::parse(raw)?
+        }
+    };
+    let upstream = state.upstreams.route(request.model()).clone();
+    tracing::debug!(upstream = %upstream.name, model = request.model().unwrap_or(""), "routed");
+    crate::auth::authorize(&parts.extensions, request.model(), &upstream.name)?;
+    let caller = crate::auth::caller(&parts.extensions).cloned();
+    // A body only peeked at (mode off, or JSON a DOM cannot hold) is forwarded as it came.
+    let mode = if request.body.is_null() {
+        if mode != Mode::Off {
+            tracing::info!("the body holds a lone surrogate escape: forwarded unmanaged");
+        }
+        Mode::Off
+    } else {
+        mode
+    };
+    let mut ctx = ChatCtx::new(request_id, parts, request, upstream, received);
+    ctx.mode = mode;
+    ctx.caller = caller;
+    ctx.model = ctx.request.model().map(str::to_owned);
+    Ok(ctx)
+}
+
+/// identify: when the context is managed (the mode, `x-context-mode` or the config's, was read
+/// by parse), the conversation (tenant from the API key, session).
+fn identify(state: &Shared, ctx: &mut ChatCtx) {
+    if ctx.mode != Mode::Off {
+        ctx.identity = state.context.identify(&ctx.headers, &ctx.request.body);
+        // The caller's tenant: its proxy key's own when keys are required (crate::auth).
+        if let (Some(identity), Some(caller)) = (&mut ctx.identity, &ctx.caller) {
+            identity.tenant = caller.tenant.clone();
+        }
+    }
+}
+
+/// plan: put back the proxy's hidden tool calls, then count and decide (no store writes). The
+/// markers name the proxy's tools as they will be offered in this request.
+async fn plan(state: &Shared, ctx: &mut ChatCtx) {
+    if ctx.mode == Mode::Off {
+        // Nothing to plan: the body was only peeked at and goes out as it came.
+        return;
+    }
+    ctx.offer = crate::proxy_tools::offer(&ctx.request.body, state.context.reload_config());
+    if let crate::proxy_tools::Offer::Tools(names) = &ctx.offer {
+        let encoding = ctx.upstream.encoding.unwrap_or_else(|| {
+            crate::tokens::Encoding::for_model(ctx.model.as_deref().unwrap_or(""))
+        });
+        ctx.offer_tokens = crate::proxy_tools::definitions_tokens(names, encoding);
+    }
+    let plan = state
+        .context
+        .plan(
+            ctx.identity.as_ref(),
+            &mut ctx.request.body,
+            ctx.mode,
+            &crate::context::Route {
+                upstream: Some(&ctx.upstream.name),
+                encoding: ctx.upstream.encoding,
+                default_window: ctx.upstream.context_window,
+                readback: match &ctx.offer {
+                    crate::proxy_tools::Offer::Tools(names) => {
+                        crate::context::markers::Readback::Tools {
+                            read: names.read.clone(),
+                            search: names.search.clone(),
+                        }
+                    }
+                    crate::proxy_tools::Offer::NotOffered(_) => {
+                        crate::context::markers::Readback::Stored
+                    }
+                },
+                budget_override: ctx.budget_override,
+                summarize: state.summarizer.is_some(),
+                cache: Some(
+                    ctx.upstream
+                        .cache
+                        .for_model(ctx.model.as_deref().unwrap_or("")),
+                ),
+                reserved_tokens: ctx.offer_tokens,
+            },
+        )
+        .await;
+    if plan.restored > 0 {
+        ctx.restored = plan.restored;
+        ctx.body_changed = true;
+    }
+    ctx.plan = Some(plan);
+    settle::settle(state, ctx).await;
+}
+
+/// apply: offer the proxy's tools when the new body will refer to stored content; store what
+/// the plan removes, remember the decision, build the new body. With `store.on_error =
+/// "closed"`, a store failure refuses the request instead of forwarding it unmanaged.
+async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
+    let Some(plan) = ctx.plan.take() else {
+        ctx.timings.planned = Some(Instant::now());
+        return Ok(());
+    };
+    let fail_closed = state.store.fail_closed();
+    if fail_closed && plan.store_failed {
+        return Err(ProxyError::StoreUnavailable(
+            "the session's state could not be read".into(),
+        ));
+    }
+    let offered = if plan.refers_to_stored_content() {
+        match ctx.offer.clone() {
+            crate::proxy_tools::Offer::Tools(names) => {
+                let client_had_tools = ctx
+                    .request
+                    .body
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .is_some_and(|t| !t.is_empty());
+                crate::proxy_tools::inject(&mut ctx.request.body, &names);
+                Some((names, client_had_tools))
+            }
+            crate::proxy_tools::Offer::NotOffered(why) => {
+                tracing::debug!(?why, "the proxy's tools are not offered");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let request_id = ctx.request_id.clone();
+    ctx.managed = state
+        .context
+        .apply(
+            ctx.identity.as_ref(),
+            plan,
+            &mut ctx.request.body,
+            request_id.to_str().unwrap_or_default(),
+        )
+        .await;
+    if let Some((names, client_had_tools)) = offered {
+        if ctx.managed.body.is_some() {
+            // The definitions go out with the request: they are counted in what it sends.
+            ctx.managed.report.tokens_after += ctx.offer_tokens;
+            ctx.reload = Some(tool_loop::Reload {
+                names,
+                client_had_tools,
+                refs: ctx.managed.refs.clone(),
+            });
+        } else {
+            // Nothing was stored after all (the store failed): no tools either.
+            crate::proxy_tools::remove(&mut ctx.request.body, &names, client_had_tools);
+        }
+    }
+    if fail_closed && ctx.managed.fail_open {
+        return Err(ProxyError::StoreUnavailable(
+            "the removed content could not be stored".into(),
+        ));
+    }
+    ctx.timings.planned = Some(Instant::now());
+    Ok(())
+}
+
+/// After `apply`: reserves the request's estimated tokens (the prompt as forwarded, and the
+/// answer's room it asked for) against its key's tokens-per-minute budget, so concurrent
+/// requests cannot all pass on one balance (429 otherwise); `record` settles it.
+fn reserve(ctx: &mut ChatCtx) -> Result<(), ProxyError> {
+    let Some(caller) = &ctx.caller else {
+        return Ok(());
+    };
+    let prompt = if ctx.managed.counted {
+        ctx.managed.report.tokens_after
+    } else {
+        0
+    };
+    let output = crate::context::RequestLimits::requested_output_of(&ctx.request.body).unwrap_or(0);
+    let estimate = (prompt + output) as u64;
+    caller.reserve_tokens(estimate)?;
+    ctx.reserved_tokens = estimate;
+    Ok(())
+}
+
+/// forward: the upstream request, built once from the new body (or the client's bytes) and the
+/// client's headers, then sent.
+async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
+    let body = outgoing_body(ctx);
+    let request = ctx.upstream.request(
+        Method::POST,
+        "/chat/completions",
+        ctx.query.as_deref(),
+        std::mem::take(&mut ctx.headers),
+        // Content-Length follows the body we send. Accept-Encoding is left out so the answer
+        // comes uncompressed and the proxy can read it as it streams past.
+        &[
+            header::HOST,
+            header::CONTENT_LENGTH,
+            header::ACCEPT_ENCODING,
+        ],
+        body,
+    );
+    let answer = ctx.upstream.send(&request).await?;
+    ctx.stats
+        .upstream_calls
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ctx.timings.upstream_headers = Some(Instant::now());
+    ctx.outgoing = Some(request);
+    Ok(answer)
+}
+
+/// After `forward`: whether the upstream accepted the client's key. A 2xx marks the tenant
+/// accepted; a 401 or 403 for a tenant never accepted before erases what its session stored,
+/// before the client sees the answer, so a rejected key leaves nothing behind.
+async fn vet_key(state: &Shared, ctx: &ChatCtx, status: http::StatusCode) {
+    let Some(identity) = &ctx.identity else {
+        return;
+    };
+    if status.is_success() {
+        state.context.accepted(&identity.tenant);
+        return;
+    }
+    if status != http::StatusCode::UNAUTHORIZED && status != http::StatusCode::FORBIDDEN {
+        return;
+    }
+    match state
+        .context
+        .rejected(identity, &ctx.managed.refs, ctx.request_id())
+        .await
+    {
+        Ok(0) => {}
+        Ok(items) => {
+            state.metrics.record_rejected_erased(items);
+            tracing::info!(
+                status = status.as_u16(),
+                session = %identity.session,
+                items,
+                "the upstream refused the key: erased what this session stored"
+            );
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot erase what a refused key stored"),
+    }
+}
+
+/// The body to send: the new one, the JSON changed otherwise, or the client's bytes.
+fn outgoing_body(ctx: &ChatCtx) -> bytes::Bytes {
+    match (&ctx.managed.body, ctx.body_changed) {
+        (Some(body), _) => body.clone(),
+        (None, true) => bytes::Bytes::from(ctx.request.body.to_string()),
+        (None, false) => ctx.request.raw.clone(),
+    }
+}
+
+/// tool loop: when the proxy offered its tools and the upstream answered, run the model's
+/// calls of them and ask again, until the answer is the client's (see `tool_loop.rs`).
+async fn tool_loop(
+    state: &Arc<Shared>,
+    ctx: &mut ChatCtx,
+    answer: upstream::Incoming,
+) -> Result<Answer, ProxyError> {
+    let answer = match overflow::learn_limit(state, ctx, answer).await {
+        Ok((relayed, Some(limit))) => match overflow::retry(state, ctx, limit).await {
+            // A second "too long" is relayed as the upstream sent it.
+            Some(answer) => answer,
+            None => return Ok(relayed),
+        },
+        Ok((relayed, None)) => return Ok(relayed),
+        Err(answer) => answer,
+    };
+    let (Some(reload), Some(identity), Some(outgoing)) =
+        (&ctx.reload, &ctx.identity, &ctx.outgoing)
+    else {
+        return Ok(Answer::Relay(answer));
+    };
+    if !answer.status.is_success() {
+        return Ok(Answer::Relay(answer));
+    }
+    let model = ctx.request.model().unwrap_or("").to_string();
+    let round = tool_loop::Round {
+        state: state.clone(),
+        upstream: ctx.upstream.clone(),
+        identity: identity.clone(),
+        reload: reload.clone(),
+        body: std::mem::take(&mut ctx.request.body),
+        outgoing: outgoing.clone(),
+        model,
+        encoding: ctx.upstream.encoding,
+        stats: ctx.stats.clone(),
+        request_id: ctx.request_id().to_string(),
+        client_body: ctx.request.raw.clone(),
+    };
+    let is_stream = crate::upstream::relay::is_event_stream(&answer.headers);
+    if is_stream {
+        let status = answer.status;
+        let mut headers = answer.headers.clone();
+        headers.remove(header::CONTENT_LENGTH);
+        let events = Box::pin(loop_stream::spawn(round, answer));
+        return Ok(Answer::Stream {
+            status,
+            headers,
+            events,
+        });
+    }
+    Ok(Answer::Json(loop_json::run(round, answer).await?))
+}

@@ -1,0 +1,151 @@
+//! record: what one request did, once its response is known — metrics, the comparison of the
+//! proxy's token count with the upstream's `usage`, a debug line with the timings, and the
+//! exchange handed to the traffic recorder when one runs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::ChatCtx;
+use crate::context::Skipped;
+use crate::routes::shared::Shared;
+use crate::upstream::relay::End;
+use crate::wire::Usage;
+
+/// Records a finished request. `usage` is the upstream's, when read.
+pub fn record(
+    state: &Shared,
+    ctx: &ChatCtx,
+    status: http::StatusCode,
+    end: End,
+    usage: Option<&Usage>,
+    response: Option<bytes::Bytes>,
+) {
+    let billed = usage.map(|u| u.prompt_tokens);
+    if let Some(caller) = &ctx.caller {
+        caller.settle_tokens(
+            usage.map_or(ctx.managed.report.tokens_after as u64, |u| u.total_tokens),
+            ctx.reserved_tokens,
+        );
+    }
+    let metrics = &state.metrics;
+    let add = |c: &AtomicU64, n: usize| c.fetch_add(n as u64, Ordering::Relaxed);
+    let managed = &ctx.managed;
+    add(&metrics.chat_requests, 1);
+    add(&metrics.tokens_before, managed.report.tokens_before);
+    add(&metrics.tokens_after, managed.report.tokens_after);
+    if managed.body.is_some() {
+        add(&metrics.context_rewritten, 1);
+    }
+    if managed.fail_open {
+        add(&metrics.context_fail_open, 1);
+    }
+    match managed.report.skipped {
+        Some(Skipped::Malformed(_)) => {
+            add(&metrics.context_malformed, 1);
+        }
+        Some(Skipped::QuotaExceeded(scope)) => metrics.record_quota_exceeded(scope.as_str()),
+        _ => {}
+    }
+    let upstream_calls = ctx.stats.upstream_calls.load(Ordering::Relaxed);
+    // Only one upstream call's usage is comparable with the proxy's count of the request.
+    if let (true, 1, Some(billed)) = (managed.counted, upstream_calls, billed) {
+        metrics.record_usage(managed.report.tokens_after, billed);
+    }
+    let t = &ctx.timings;
+    let between = |from: Option<std::time::Instant>, to: Option<std::time::Instant>| {
+        Some(to?.saturating_duration_since(from?))
+    };
+    let report = &managed.report;
+    metrics.record_chat(&crate::telemetry::metrics::ChatSample {
+        model: ctx.model.as_deref(),
+        upstream: &ctx.upstream.name,
+        tokens_before: report.tokens_before,
+        tokens_after: report.tokens_after,
+        kept_prefix_tokens: report.kept_prefix_tokens,
+        truncated: report.truncated,
+        compacted: report.compacted,
+        offloaded: report.offloaded,
+        reloaded: ctx.stats.calls.load(Ordering::Relaxed),
+        upstream_calls,
+        usage,
+        store_error: managed.fail_open.then(|| state.store.backend.as_str()),
+        proxy: between(Some(t.received), t.planned),
+        upstream_wait: between(t.planned, t.upstream_headers),
+        first_byte: between(Some(t.received), t.first_byte),
+        total: between(Some(t.received), t.done),
+    });
+    let ms = |at: Option<std::time::Instant>| {
+        at.map(|at| at.duration_since(t.received).as_secs_f64() * 1e3)
+    };
+    tracing::debug!(
+        status = status.as_u16(),
+        end = ?end,
+        upstream = %ctx.upstream.name,
+        upstream_calls,
+        reload_rounds = ctx.stats.rounds.load(Ordering::Relaxed),
+        restored = ctx.restored,
+        actions = %managed.report.actions(),
+        planned_ms = ms(t.planned),
+        upstream_headers_ms = ms(t.upstream_headers),
+        first_byte_ms = ms(t.first_byte),
+        done_ms = ms(t.done),
+        "chat request recorded"
+    );
+    if let Some(recorder) = &state.recorder {
+        if !recorder.offer(pending(ctx, status, end, response)) {
+            add(&metrics.record_dropped, 1);
+        }
+    }
+}
+
+/// The exchange for the recorder: bytes the request already holds, shared, not copied.
+fn pending(
+    ctx: &ChatCtx,
+    status: http::StatusCode,
+    end: End,
+    response: Option<bytes::Bytes>,
+) -> crate::recorder::Pending {
+    let t = &ctx.timings;
+    let ms = |at: Option<std::time::Instant>| {
+        at.map(|at| at.duration_since(t.received).as_secs_f64() * 1e3)
+    };
+    let forwarded = ctx
+        .outgoing
+        .as_ref()
+        .map(|o| o.body.clone())
+        .filter(|body| *body != ctx.request.raw);
+    let session = match &ctx.identity {
+        Some(identity) => Some(identity.session.name().into_owned()),
+        None => ctx
+            .outgoing
+            .as_ref()
+            .and_then(|o| o.headers.get(crate::context::session::SESSION_HEADER))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+    };
+    let managed = &ctx.managed;
+    crate::recorder::Pending {
+        at: std::time::SystemTime::now()
+            .checked_sub(t.received.elapsed())
+            .unwrap_or_else(std::time::SystemTime::now),
+        request_id: ctx.request_id().to_string(),
+        session,
+        tenant: ctx.identity.as_ref().map(|i| i.tenant.as_str().to_string()),
+        mode: ctx.mode.as_str(),
+        request: ctx.request.raw.clone(),
+        forwarded,
+        response,
+        status: status.as_u16(),
+        end,
+        ttfb_ms: ms(t.first_byte),
+        total_ms: ms(t.done),
+        tokens_before: managed.counted.then_some(managed.report.tokens_before),
+        tokens_after: managed.counted.then_some(managed.report.tokens_after),
+        actions: if managed.counted {
+            managed.report.actions()
+        } else {
+            "off".to_string()
+        },
+        upstream_calls: u64::from(ctx.stats.upstream_calls.load(Ordering::Relaxed)),
+        reload_rounds: u64::from(ctx.stats.rounds.load(Ordering::Relaxed)),
+    }
+}

@@ -1,0 +1,328 @@
+//! Relaying an upstream response to the client as it arrives: status and end-to-end headers
+//! unchanged, body chunks forwarded one by one with no buffering.
+//!
+//! When an event stream (`text/event-stream`) fails or falls silent mid-way at an event
+//! boundary, the client gets one final `data: {"error":…}` event (how OpenAI reports an error
+//! mid-stream) instead of a bare cut; anywhere else the connection is aborted so the client
+//! sees an incomplete body rather than a truncated one passed off as whole.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use http::header;
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+
+use crate::http::body::{BoxError, ProxyBody};
+use crate::upstream::{BodyError, Incoming};
+use crate::wire::error::openai_error;
+
+/// How a relayed body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The upstream's body was relayed whole.
+    Complete,
+    /// The upstream failed or fell silent mid-way.
+    Failed,
+    /// The client went away (or the server cut the connection) before the end.
+    Cancelled,
+}
+
+/// Sees a relayed body as it passes. Neither method may block: they run on the response path.
+pub trait Observer: Send + 'static {
+    /// Every chunk, before it is sent on.
+    fn chunk(&mut self, _bytes: &Bytes) {}
+    /// Once, when the body ended or was dropped.
+    fn end(&mut self, _end: End) {}
+}
+
+/// Observes nothing.
+impl Observer for () {}
+
+/// The client's response for `incoming`.
+pub fn relay(incoming: Incoming) -> http::Response<ProxyBody> {
+    relay_observed(incoming, ())
+}
+
+/// [`relay`], showing every chunk and the end of the body to `observer`. The observer is told
+/// the end exactly once, also when the client goes away and the body is dropped.
+pub fn relay_observed(
+    mut incoming: Incoming,
+    observer: impl Observer,
+) -> http::Response<ProxyBody> {
+    let status = incoming.status;
+    let headers = std::mem::take(&mut incoming.headers);
+    let is_event_stream = is_event_stream(&headers);
+    let length = content_length(&headers);
+    let body = relay_body(incoming.into_stream(), is_event_stream, length, observer);
+    let mut response = http::Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// Whether `headers` say the body is an event stream (`text/event-stream`).
+pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The body's length as its `Content-Length` declares it.
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Whether a chunk of an event stream ends where an event ends (a blank line).
+pub fn ends_event(chunk: &[u8]) -> bool {
+    chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n")
+}
+
+/// A response built by the proxy (`status`, end-to-end `headers`, the body as `chunks`),
+/// relayed the same way as an upstream's, with `observer`.
+pub fn respond_observed(
+    status: http::StatusCode,
+    headers: http::HeaderMap,
+    chunks: impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
+    observer: impl Observer,
+) -> http::Response<ProxyBody> {
+    let is_event_stream = is_event_stream(&headers);
+    let length = content_length(&headers);
+    let mut response = http::Response::new(relay_body(chunks, is_event_stream, length, observer));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+type Chunks = Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>>;
+
+/// The upstream's chunks with an observer: tells it each chunk, and the end once (on drop at
+/// the latest).
+struct Observed<O: Observer> {
+    chunks: Chunks,
+    observer: O,
+    ended: bool,
+    /// Bytes still to come when the body's length is declared: once they have all passed, the
+    /// body is whole (hyper stops polling a body at its `Content-Length` and drops it, so its
+    /// end would otherwise look like a client that left).
+    remaining: Option<u64>,
+}
+
+impl<O: Observer> Observed<O> {
+    fn end(&mut self, end: End) {
+        if !self.ended {
+            self.ended = true;
+            self.observer.end(end);
+        }
+    }
+}
+
+impl<O: Observer + Unpin> Stream for Observed<O> {
+    type Item = Result<Bytes, BodyError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let polled = this.chunks.as_mut().poll_next(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(bytes))) => {
+                this.observer.chunk(bytes);
+                if let Some(remaining) = &mut this.remaining {
+                    *remaining = remaining.saturating_sub(bytes.len() as u64);
+                    if *remaining == 0 {
+                        this.end(End::Complete);
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.end(End::Failed),
+            Poll::Ready(None) => this.end(End::Complete),
+            Poll::Pending => {}
+        }
+        polled
+    }
+}
+
+impl<O: Observer> Drop for Observed<O> {
+    fn drop(&mut self) {
+        self.end(End::Cancelled);
+    }
+}
+
+fn relay_body(
+    chunks: impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
+    is_event_stream: bool,
+    length: Option<u64>,
+    observer: impl Observer,
+) -> ProxyBody {
+    let mut at_event_boundary = true;
+    let observed = Observed {
+        chunks: Box::pin(chunks),
+        observer: Unpinned(observer),
+        ended: false,
+        remaining: length.filter(|&n| n > 0),
+    };
+    let frames = observed.map(move |item| match item {
+        Ok(bytes) => {
+            if !bytes.is_empty() {
+                at_event_boundary = ends_event(&bytes);
+            }
+            Ok(Frame::data(bytes))
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "upstream body ended early");
+            if is_event_stream && at_event_boundary {
+                Ok(Frame::data(error_event(&err)))
+            } else {
+                Err(BoxError::from(err))
+            }
+        }
+    });
+    StreamBody::new(frames).boxed_unsync()
+}
+
+/// Any observer, made `Unpin` (its methods take `&mut self`; it is never pinned in place).
+struct Unpinned<O>(O);
+
+impl<O: Observer> Observer for Unpinned<O> {
+    fn chunk(&mut self, bytes: &Bytes) {
+        self.0.chunk(bytes);
+    }
+    fn end(&mut self, end: End) {
+        self.0.end(end);
+    }
+}
+
+impl<O> Unpin for Unpinned<O> {}
+
+/// One SSE event carrying `err` in the OpenAI error shape.
+fn error_event(err: &BodyError) -> Bytes {
+    let code = match err {
+        BodyError::Idle { .. } => "upstream_timeout",
+        BodyError::Failed { .. } => "upstream_stream_error",
+    };
+    let value = openai_error(&err.to_string(), "upstream_error", None, Some(code));
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn collect(body: ProxyBody) -> (Vec<u8>, bool) {
+        let mut body = body;
+        let mut out = Vec::new();
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(f) => out.extend_from_slice(f.data_ref().map(|b| &b[..]).unwrap_or_default()),
+                Err(_) => return (out, true),
+            }
+        }
+        (out, false)
+    }
+
+    fn failing(first: &'static str) -> impl futures_util::Stream<Item = Result<Bytes, BodyError>> {
+        futures_util::stream::iter(vec![
+            Ok(Bytes::from_static(first.as_bytes())),
+            Err(BodyError::Idle {
+                upstream: "u".into(),
+                timeout_ms: 5,
+            }),
+        ])
+    }
+
+    #[tokio::test]
+    async fn event_stream_failure_at_boundary_ends_with_error_event() {
+        let (bytes, aborted) = collect(relay_body(failing("data: {}\n\n"), true, None, ())).await;
+        assert!(!aborted);
+        let text = String::from_utf8(bytes).unwrap();
+        let last = text.trim_end().rsplit("\n\n").next().unwrap();
+        let event: serde_json::Value =
+            serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(event["error"]["code"], "upstream_timeout");
+    }
+
+    #[tokio::test]
+    async fn failure_mid_event_or_in_json_aborts() {
+        let (_, aborted) = collect(relay_body(failing("data: {\"id\""), true, None, ())).await;
+        assert!(aborted);
+        let (_, aborted) = collect(relay_body(failing("{\"id\":"), false, None, ())).await;
+        assert!(aborted);
+    }
+
+    /// Records what it was told.
+    #[derive(Clone, Default)]
+    struct Seen(std::sync::Arc<std::sync::Mutex<(Vec<u8>, Vec<End>)>>);
+
+    impl Observer for Seen {
+        fn chunk(&mut self, bytes: &Bytes) {
+            self.0.lock().unwrap().0.extend_from_slice(bytes);
+        }
+        fn end(&mut self, end: End) {
+            self.0.lock().unwrap().1.push(end);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_observer_sees_every_chunk_and_the_end_once() {
+        let chunks = futures_util::stream::iter(vec![
+            Ok(Bytes::from_static(b"data: 1\n\n")),
+            Ok(Bytes::from_static(b"data: 2\n\n")),
+        ]);
+        let seen = Seen::default();
+        let (bytes, aborted) = collect(relay_body(chunks, true, None, seen.clone())).await;
+        assert!(!aborted);
+        let (observed, ends) = seen.0.lock().unwrap().clone();
+        assert_eq!(observed, bytes);
+        assert_eq!(ends, vec![End::Complete]);
+
+        let seen = Seen::default();
+        collect(relay_body(
+            failing("data: {}\n\n"),
+            true,
+            None,
+            seen.clone(),
+        ))
+        .await;
+        assert_eq!(seen.0.lock().unwrap().1, vec![End::Failed]);
+    }
+
+    #[tokio::test]
+    async fn a_body_of_declared_length_is_complete_once_it_has_all_passed() {
+        // The end of the stream is never polled (hyper stops at Content-Length), then dropped.
+        let chunks = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"{\"id\":1}"))])
+            .chain(futures_util::stream::pending());
+        let seen = Seen::default();
+        let mut body = relay_body(chunks, false, Some(8), seen.clone());
+        body.frame().await.unwrap().unwrap();
+        drop(body);
+        assert_eq!(seen.0.lock().unwrap().1, vec![End::Complete]);
+        // Short of its length, it was cut.
+        let chunks = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"{\"id\""))])
+            .chain(futures_util::stream::pending());
+        let seen = Seen::default();
+        let mut body = relay_body(chunks, false, Some(8), seen.clone());
+        body.frame().await.unwrap().unwrap();
+        drop(body);
+        assert_eq!(seen.0.lock().unwrap().1, vec![End::Cancelled]);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_tells_the_observer_cancelled() {
+        let chunks = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"data: 1\n\n"))])
+            .chain(futures_util::stream::pending());
+        let seen = Seen::default();
+        let mut body = relay_body(chunks, true, None, seen.clone());
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.data_ref().unwrap().as_ref(), b"data: 1\n\n");
+        assert!(seen.0.lock().unwrap().1.is_empty());
+        drop(body);
+        assert_eq!(seen.0.lock().unwrap().1, vec![End::Cancelled]);
+    }
+}
