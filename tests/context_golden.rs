@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use context_proxy::context::{ContextConfig, ContextManager, Mode};
 use context_proxy::corpus::Session;
-use context_proxy::store::{Backend, Store, StoreConfig};
+use context_proxy::store::{Backend, Store, StoreConfig, Tenant};
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use context_proxy::traffic::{generate, TrafficConfig};
 use sha2::{Digest, Sha256};
@@ -58,13 +58,12 @@ async fn manager() -> ContextManager {
 /// Every request of `session` in `mode`, through one manager, as the proxy would forward it.
 async fn replay(session: &Session, mode: Mode, out: &mut Hashes) {
     let manager = manager().await;
-    let mut headers = http::HeaderMap::new();
-    let key = format!("Bearer sk-golden-{}", session.id);
-    headers.insert("authorization", key.parse().expect("header"));
-    headers.insert("x-context-session", session.id.parse().expect("header"));
+    let tenant = Tenant::from_api_key(Some(&format!("sk-golden-{}", session.id)));
     for k in 0..session.request_count() {
         let mut body = session.request(k);
-        let managed = manager.manage(&headers, &mut body, mode, None).await;
+        let managed = manager
+            .manage(&tenant, Some(&session.id), &mut body, mode, None)
+            .await;
         // A body the manager leaves alone is forwarded as the client sent it.
         let forwarded = managed
             .body

@@ -39,7 +39,6 @@ pub mod writer;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::HeaderMap;
 use serde_json::Value;
 
 use crate::store::{ContentRef, Store, StoreError, Tenant};
@@ -197,11 +196,12 @@ impl ContextManager {
         self.planner.retry_budget(limit, body, sent_tokens)
     }
 
-    /// The mode of a request: the `x-context-mode` header, else the config's.
-    pub fn mode(&self, headers: &HeaderMap) -> Result<Mode, String> {
-        match headers.get(MODE_HEADER) {
+    /// The mode of a request: the one it asks for (the route's `x-context-mode`), else the
+    /// config's.
+    pub fn mode(&self, requested: Option<&str>) -> Result<Mode, String> {
+        match requested {
             None => Ok(self.planner.config().mode),
-            Some(v) => v.to_str().ok().and_then(Mode::parse).ok_or_else(|| {
+            Some(v) => Mode::parse(v).ok_or_else(|| {
                 format!("{MODE_HEADER} must be one of off, compact, compress, auto")
             }),
         }
@@ -231,10 +231,17 @@ impl ContextManager {
         self.planner.counter_for(model, encoding)
     }
 
-    /// Identify: whose conversation `body` is, or `None` when it has no `messages` array.
-    pub fn identify(&self, headers: &HeaderMap, body: &Value) -> Option<Identity> {
-        let messages = body.get("messages").and_then(Value::as_array)?;
-        Some(identify(headers, messages))
+    /// Identify: whose conversation `body` is — `tenant`'s, in the session the client named
+    /// (`session_hint`) or the one its opening identifies — or `None` when it holds no
+    /// conversation.
+    pub fn identify(
+        &self,
+        tenant: Tenant,
+        session_hint: Option<&str>,
+        body: &Value,
+    ) -> Option<Identity> {
+        let messages = Chat.payloads(body)?;
+        Some(identify(tenant, session_hint, &messages))
     }
 
     /// Plan: what to do with the request ([`Planner::plan`]).
@@ -314,12 +321,13 @@ impl ContextManager {
     /// identify, plan and apply in one call (tests and benchmarks).
     pub async fn manage(
         &self,
-        headers: &HeaderMap,
+        tenant: &Tenant,
+        session_hint: Option<&str>,
         body: &mut Value,
         mode: Mode,
         encoding: Option<Encoding>,
     ) -> Managed {
-        let identity = self.identify(headers, body);
+        let identity = self.identify(tenant.clone(), session_hint, body);
         let route = Route {
             encoding,
             ..Route::default()

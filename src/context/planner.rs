@@ -471,7 +471,8 @@ impl Planner {
             };
             return Plan::unchanged(report);
         };
-        let (mut settings, cache_warm) = self.settings_for(identity, route, model, mode, body).await;
+        let (mut settings, cache_warm) =
+            self.settings_for(identity, route, model, mode, body).await;
         let env = CachedEnv {
             counter: &counter,
             references: &self.references,
