@@ -25,7 +25,6 @@ use context_proxy::context::{ContextConfig, ContextManager, Mode, Settings};
 use context_proxy::store::{Backend, Store, StoreConfig};
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use context_proxy::traffic::{generate, AgentKind, TrafficConfig};
-use http::HeaderMap;
 use serde_json::{json, Value};
 
 fn main() {
@@ -116,8 +115,7 @@ async fn planning() {
         list.push(json!({"role": "assistant", "content": "They all validate the request first."}));
         list.push(json!({"role": "user", "content": "And how do they respond?"}));
     }
-    let mut headers = HeaderMap::new();
-    headers.insert("authorization", "Bearer sk-bench".parse().expect("header"));
+    let tenant = context_proxy::store::Tenant::from_api_key(Some("sk-bench"));
     println!(
         "Plan and apply (`ContextManager::manage`, memory store) on a {}-message, {tokens}-token conversation, budget {} (gpt-4o × 0.8):\n",
         body["messages"].as_array().map_or(0, Vec::len),
@@ -139,27 +137,27 @@ async fn planning() {
         .await;
         let mut b = body.clone();
         let t = Instant::now();
-        black_box(plain.manage(&headers, &mut b, Mode::Auto, None).await);
+        black_box(plain.manage(&tenant, None, &mut b, Mode::Auto, None).await);
         cold_plain.push(t.elapsed());
         let m = manager().await;
         let mut b = body.clone();
         let t = Instant::now();
-        let managed = m.manage(&headers, &mut b, Mode::Auto, None).await;
+        let managed = m.manage(&tenant, None, &mut b, Mode::Auto, None).await;
         cold.push(t.elapsed());
         actions = managed.report.actions();
         reduced = (managed.report.tokens_before, managed.report.tokens_after);
         black_box(managed);
         let mut b = next.clone();
         let t = Instant::now();
-        black_box(m.manage(&headers, &mut b, Mode::Auto, None).await);
+        black_box(m.manage(&tenant, None, &mut b, Mode::Auto, None).await);
         warm.push(t.elapsed());
         let mut b = next.clone();
         let t = Instant::now();
-        black_box(m.manage(&headers, &mut b, Mode::Auto, None).await);
+        black_box(m.manage(&tenant, None, &mut b, Mode::Auto, None).await);
         same.push(t.elapsed());
         let mut b = next.clone();
         let t = Instant::now();
-        black_box(m.manage(&headers, &mut b, Mode::Off, None).await);
+        black_box(m.manage(&tenant, None, &mut b, Mode::Off, None).await);
         off.push(t.elapsed());
     }
     println!("| case | median |");

@@ -25,7 +25,6 @@ use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use context_proxy::traffic::{generate, TrafficConfig};
 use context_proxy::upstream::UpstreamConfig;
 use context_proxy::upstream::Upstreams;
-use http::{HeaderMap, HeaderValue};
 use serde_json::{json, Value};
 
 const SUMMARY: &str = "## Task overview\nThe agent's task, its success criteria and constraints.\n\n\
@@ -94,11 +93,6 @@ async fn run() {
     let (mut misses_over_budget, mut misses_priced, mut misses_other) = (0usize, 0usize, 0usize);
     let (mut pairs, mut same_prefix) = (0usize, 0usize);
     for session in &sessions {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            "x-context-session",
-            HeaderValue::from_str(&session.id).expect("session id"),
-        );
         let mut previous: Option<Vec<Value>> = None;
         for &end in &session.request_ends {
             let mut body = json!({
@@ -106,7 +100,11 @@ async fn run() {
                 "messages": &session.messages[..end],
                 "tools": session.tools,
             });
-            let identity = manager.identify(&headers, &body);
+            let identity = manager.identify(
+                context_proxy::store::Tenant::from_api_key(None),
+                Some(&session.id),
+                &body,
+            );
             let route = Route {
                 summarize,
                 ..Route::default()

@@ -64,7 +64,8 @@ async fn handle(manager: &ContextManager, raw: &Bytes, mode: Mode) -> usize {
     let mut request = ChatRequest::parse(raw.clone()).expect("valid");
     let managed = manager
         .manage(
-            &http::HeaderMap::new(),
+            &context_proxy::store::Tenant::from_api_key(None),
+            None,
             &mut request.body,
             mode,
             Some(Encoding::O200kBase),

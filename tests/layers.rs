@@ -54,18 +54,6 @@ const LAYERS: &[(&str, u8)] = &[
 /// imports or names, what it imports or names, why). A module path matches itself and every
 /// module under it; the target is a module path or one of the names of [`NAMED_ONLY_IN`].
 const EXCEPTIONS: &[(&str, &str, &str)] = &[
-    // The context layer still reads HTTP headers and the journal through other modules; the
-    // conversation-model work takes them out of `src/context/`.
-    (
-        "context",
-        "HeaderMap",
-        "ContextManager::identify reads the tenant and the session hint from the headers",
-    ),
-    (
-        "context::summary",
-        "context::engine",
-        "the summarizer's input reads message text with the engine's content_text",
-    ),
     (
         "proxy_tools::hidden",
         "context",

@@ -6,9 +6,8 @@
 use std::sync::Arc;
 
 use context_proxy::context::{ContextConfig, ContextManager, Mode};
-use context_proxy::store::{self, Backend, StateKey, Store, StoreConfig};
+use context_proxy::store::{self, Backend, StateKey, Store, StoreConfig, Tenant};
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
-use http::HeaderMap;
 use serde_json::{json, Value};
 
 fn manager(store: Arc<dyn Store>) -> ContextManager {
@@ -44,9 +43,12 @@ fn conversation(turns: usize) -> Vec<Value> {
     messages
 }
 
-async fn forwarded(m: &ContextManager, headers: &HeaderMap, messages: &[Value]) -> Vec<Value> {
+async fn forwarded(m: &ContextManager, session: &str, messages: &[Value]) -> Vec<Value> {
     let mut body = json!({"model": "gpt-4o", "messages": messages});
-    let managed = m.manage(headers, &mut body, Mode::Compact, None).await;
+    let tenant = Tenant::from_api_key(Some("sk-replicas"));
+    let managed = m
+        .manage(&tenant, Some(session), &mut body, Mode::Compact, None)
+        .await;
     assert!(!managed.fail_open, "{:?}", managed.report);
     body["messages"].as_array().cloned().unwrap_or_default()
 }
@@ -59,16 +61,14 @@ async fn two_replicas_taking_turns_keep_the_prefix_byte_identical() {
     };
     let shared = store::open(&cfg).await.unwrap();
     let replicas = [manager(shared.clone()), manager(shared.clone())];
-    let mut headers = HeaderMap::new();
-    headers.insert("authorization", "Bearer sk-replicas".parse().unwrap());
-    headers.insert("x-context-session", "replica-test".parse().unwrap());
+    let headers = "replica-test";
 
     let mut previous: Vec<Value> = Vec::new();
     let mut compactions = 0;
     for turn in 1..=24 {
         // Alternate replicas, sometimes twice in a row on the same one.
         let replica = &replicas[(turn * 7 / 3) % 2];
-        let out = forwarded(replica, &headers, &conversation(turn)).await;
+        let out = forwarded(replica, headers, &conversation(turn)).await;
         let compacted = out
             .iter()
             .filter(|m| m["content"].as_str().is_some_and(|c| c.contains("ctx_")))
@@ -122,9 +122,7 @@ async fn decisions_of_two_replicas_are_all_kept() {
     };
     let shared = store::open(&cfg).await.unwrap();
     let (a, b) = (manager(shared.clone()), manager(shared.clone()));
-    let mut headers = HeaderMap::new();
-    headers.insert("authorization", "Bearer sk-replicas".parse().unwrap());
-    headers.insert("x-context-session", "branches".parse().unwrap());
+    let headers = "branches";
 
     // Three branches of one session (they differ from their first user message on), decided
     // by A, then B, then A again: A must not write back a stale view that drops B's decision.
@@ -134,12 +132,16 @@ async fn decisions_of_two_replicas_are_all_kept() {
         c.push(json!({"role": "user", "content": "Go on."}));
         c
     };
-    let out_a = forwarded(&a, &headers, &branch("a")).await;
-    let out_b = forwarded(&b, &headers, &branch("b")).await;
-    let out_c = forwarded(&a, &headers, &branch("c")).await;
+    let out_a = forwarded(&a, headers, &branch("a")).await;
+    let out_b = forwarded(&b, headers, &branch("b")).await;
+    let out_c = forwarded(&a, headers, &branch("c")).await;
 
     let id = a
-        .identify(&headers, &json!({"messages": branch("a")}))
+        .identify(
+            Tenant::from_api_key(Some("sk-replicas")),
+            Some(headers),
+            &json!({"messages": branch("a")}),
+        )
         .unwrap();
     let key = StateKey::parse("decisions").unwrap();
     let state = shared
@@ -150,7 +152,7 @@ async fn decisions_of_two_replicas_are_all_kept() {
     let entries: Vec<Value> = serde_json::from_slice(&state).unwrap();
     assert_eq!(entries.len(), 3, "a decision was lost: {entries:?}");
     // Each replica reproduces the other's output for every branch.
-    assert_eq!(forwarded(&b, &headers, &branch("a")).await, out_a);
-    assert_eq!(forwarded(&a, &headers, &branch("b")).await, out_b);
-    assert_eq!(forwarded(&b, &headers, &branch("c")).await, out_c);
+    assert_eq!(forwarded(&b, headers, &branch("a")).await, out_a);
+    assert_eq!(forwarded(&a, headers, &branch("b")).await, out_b);
+    assert_eq!(forwarded(&b, headers, &branch("c")).await, out_c);
 }

@@ -10,7 +10,6 @@ use context_proxy::context::{ContextConfig, ContextManager, Mode};
 use context_proxy::store::{self, Backend, StoreConfig};
 use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use context_proxy::wire::{SseConfig, SseReader};
-use http::{HeaderMap, HeaderValue};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -223,17 +222,13 @@ proptest! {
         session in prop::option::of("[a-z0-9]{1,8}"),
     ) {
         let (runtime, manager) = fixture();
-        let mut headers = HeaderMap::new();
-        headers.insert("authorization", HeaderValue::from_static("Bearer sk-fuzz"));
-        if let Some(session) = session {
-            headers.insert("x-context-session", HeaderValue::from_str(&session).unwrap());
-        }
+        let tenant = context_proxy::store::Tenant::from_api_key(Some("sk-fuzz"));
         // Through the bytes, as the proxy receives it.
         let raw = serde_json::to_vec(&body).unwrap();
         if let Ok(parsed) = serde_json::from_slice::<Value>(&raw) {
             body = parsed;
         }
-        let managed = runtime.block_on(manager.manage(&headers, &mut body, mode, None));
+        let managed = runtime.block_on(manager.manage(&tenant, session.as_deref(), &mut body, mode, None));
         let run = RUN.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(bytes) = managed.body {
             REWRITTEN.fetch_add(1, Ordering::Relaxed);

@@ -572,7 +572,13 @@ async fn replicas_summarize_once(store: std::sync::Arc<dyn context_proxy::store:
         store.clone(),
     );
     let task = Task {
-        identity: manager.identify(&http::HeaderMap::new(), &body).unwrap(),
+        identity: manager
+            .identify(
+                context_proxy::store::Tenant::from_api_key(None),
+                None,
+                &body,
+            )
+            .unwrap(),
         job: SummaryJob {
             prefix_len: 6,
             prefix_hash: format!("{:032x}", 42u128),

@@ -1,7 +1,9 @@
 //! The context engine: decides what to truncate, compact and move out of one request, and
-//! builds the new messages. Pure: messages, their token counts, the settings and the decision
-//! recorded for this conversation's prefix go in; the new messages, the store writes they
-//! depend on, the new decision and a report come out. No I/O, no clock, no randomness.
+//! builds the new items. Pure: the conversation's items (the [model](super::model): what each
+//! is, its tokens; their JSON read and rebuilt only through the wire format's
+//! [adapter](super::adapter)), the settings and the decision recorded for this conversation's
+//! prefix go in; the new items, the store writes they depend on, the new decision and a report
+//! come out. No I/O, no clock, no randomness. ("Message" below means an item.)
 //!
 //! Stages, in order:
 //! 0. **Lossless** (when `lossless`): every tool result, at first sight, loses what carries no
@@ -30,20 +32,22 @@
 //! Every removed byte is in a [`Write`]; a conversation that is not well formed is left as it
 //! came.
 
-use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::adapter::{Adapter, Chat};
 use super::markers;
+use super::model::{self, Item, Kind};
 use super::settings::{Mode, Settings};
 use super::transforms::{self, Lossless};
-use super::units::{is_instruction, role, segment};
 use crate::pricing::CachePricing;
 use crate::store::{ContentKind, ContentRef};
-use crate::tokens::{field, str_field};
+
+/// The text of a chat message's content (the chat adapter's [`Adapter::text`]).
+pub use super::adapter::chat::content_text;
 
 /// Tokens the engine reserves for a truncation marker inside the hard cap.
 const TRUNCATION_MARKER_TOKENS: usize = 120;
@@ -220,7 +224,12 @@ pub struct Outcome {
 
 /// One request's conversation, as counted.
 pub struct Input<'a> {
+    /// The items' JSON, read and rebuilt only through `adapter`.
     pub messages: &'a [Value],
+    /// What each item is (same length as `messages`).
+    pub items: Vec<Item<'a>>,
+    /// The wire format of `messages`.
+    pub adapter: &'a dyn Adapter,
     /// Tokens of each message, framing included (same length as `messages`).
     pub counts: &'a [usize],
     /// Tokens outside the messages: reply priming, tool schemas, response format.
@@ -243,10 +252,24 @@ pub struct ReadySummary {
 }
 
 impl<'a> Input<'a> {
-    /// A conversation as counted, the cache warm and no summary ready.
+    /// A chat conversation as counted, the cache warm and no summary ready.
     pub fn new(messages: &'a [Value], counts: &'a [usize], fixed: usize) -> Input<'a> {
+        Input::read(&Chat, messages, counts, &[], fixed)
+    }
+
+    /// A conversation of `adapter`'s wire format as counted (`hashes`: each item's stable
+    /// hash, or empty), the cache warm and no summary ready.
+    pub fn read(
+        adapter: &'a dyn Adapter,
+        messages: &'a [Value],
+        counts: &'a [usize],
+        hashes: &[u128],
+        fixed: usize,
+    ) -> Input<'a> {
         Input {
             messages,
+            items: adapter.items(messages, counts, hashes, None),
+            adapter,
             counts,
             fixed,
             cache_warm: true,
@@ -257,9 +280,9 @@ impl<'a> Input<'a> {
     /// Where what the previous request of this conversation held ends: at the model's last
     /// answer (0 when it has not answered yet).
     pub fn answered_end(&self) -> usize {
-        self.messages
+        self.items
             .iter()
-            .rposition(|m| role(m) == "assistant")
+            .rposition(|m| m.kind.is_assistant())
             .unwrap_or(0)
     }
 
@@ -294,54 +317,15 @@ pub fn rewrite_pays(
             > rebilled as f64 * cache.rebill_rate()
 }
 
-/// The text of a message's content: a string, or an array made only of text parts.
-pub fn content_text(message: &Value) -> Option<Cow<'_, str>> {
-    match field(message, "content")? {
-        Value::String(s) => Some(Cow::Borrowed(s)),
-        Value::Array(parts) if !parts.is_empty() => {
-            let texts: Option<Vec<&str>> = parts
-                .iter()
-                .map(|p| match str_field(p, "type") {
-                    Some("text") => str_field(p, "text"),
-                    _ => None,
-                })
-                .collect();
-            Some(Cow::Owned(texts?.join("\n")))
-        }
-        _ => None,
-    }
-}
-
-/// Whether [`content_text`] has something for `message`, without building it.
-fn has_text_content(message: &Value) -> bool {
-    match field(message, "content") {
-        Some(Value::String(_)) => true,
-        Some(Value::Array(parts)) => {
-            !parts.is_empty()
-                && parts
-                    .iter()
-                    .all(|p| str_field(p, "type") == Some("text") && str_field(p, "text").is_some())
-        }
-        _ => false,
-    }
-}
-
 /// Whether a lossless transform applies to some tool result (asked of `env`, which callers
 /// cache by content, so a conversation seen before costs one hash per result).
-pub fn has_pending_transform(messages: &[Value], env: &dyn Env) -> bool {
+pub fn has_pending_transform(adapter: &dyn Adapter, messages: &[Value], env: &dyn Env) -> bool {
     messages.iter().any(|m| {
-        role(m) == "tool"
-            && str_field(m, "content").is_some_and(|text| env.lossless(text).is_some())
+        matches!(adapter.kind(m), Kind::ToolResult(_))
+            && adapter
+                .whole_text(m)
+                .is_some_and(|text| env.lossless(text).is_some())
     })
-}
-
-/// `message` with its content replaced by `text`, every other field kept in place.
-fn with_content(message: &Value, text: String) -> Value {
-    let mut m = message.clone();
-    if let Some(content) = m.get_mut("content") {
-        *content = Value::String(text);
-    }
-    m
 }
 
 /// What happened to one message.
@@ -401,17 +385,17 @@ impl Work<'_> {
 
     /// Stage 0 on message `i`: the lossless form of a tool result, kept when it saves tokens.
     fn lossless(&mut self, i: usize) {
-        let message = &self.input.messages[i];
-        if role(message) != "tool" {
+        let (input, message) = (self.input, &self.input.messages[i]);
+        if !matches!(input.items[i].kind, Kind::ToolResult(_)) {
             return;
         }
-        let Some(Value::String(text)) = field(message, "content") else {
+        let Some(text) = input.adapter.whole_text(message) else {
             return;
         };
         let Some(lossless) = self.env.lossless(text) else {
             return;
         };
-        let new = with_content(message, lossless.text.clone());
+        let new = input.adapter.with_text(message, lossless.text.clone());
         let tokens = self.env.count_message(&new);
         if tokens >= self.counts[i] {
             return;
@@ -435,17 +419,17 @@ impl Work<'_> {
 
     /// Stage 1 on message `i`: head and tail of its text as it now stands, never over `cap`.
     fn truncate(&mut self, i: usize, cap: usize, readback: &markers::Readback) {
-        let message = &self.input.messages[i];
-        let kind = match role(message) {
-            "tool" => ContentKind::ToolResult,
-            "user" => ContentKind::UserText,
+        let (input, message) = (self.input, &self.input.messages[i]);
+        let kind = match input.items[i].kind {
+            Kind::ToolResult(_) => ContentKind::ToolResult,
+            Kind::User => ContentKind::UserText,
             _ => return,
         };
         let tokens = self.counts[i];
         if tokens <= cap {
             return;
         }
-        let Some(original) = content_text(message) else {
+        let Some(original) = input.adapter.text(message) else {
             return;
         };
         let text: &str = match &self.slots[i].lossless {
@@ -462,7 +446,7 @@ impl Work<'_> {
             if attempt + 1 == TRUNCATION_ATTEMPTS {
                 keep = 0;
             }
-            let new = with_content(
+            let new = input.adapter.with_text(
                 message,
                 markers::truncated(text, tokens, keep, &reference, readback),
             );
@@ -483,17 +467,30 @@ impl Work<'_> {
         self.slots[i].truncated = true;
     }
 
+    /// Stages 0 and 1 on every message: the lossless transforms (when on), then the hard cap.
+    fn first_sight(&mut self, settings: &Settings) {
+        let n = self.slots.len();
+        if settings.lossless {
+            for i in 0..n {
+                self.lossless(i);
+            }
+        }
+        for i in 0..n {
+            self.truncate(i, settings.truncate_tokens, &settings.readback);
+        }
+    }
+
     /// Whether message `i` is a tool result compaction would shrink.
     fn compactable(&self, i: usize, threshold: usize) -> bool {
-        role(&self.input.messages[i]) == "tool"
+        matches!(self.input.items[i].kind, Kind::ToolResult(_))
             && (self.counts[i] > threshold || self.slots[i].truncated)
-            && has_text_content(&self.input.messages[i])
+            && self.input.adapter.has_text(&self.input.messages[i])
     }
 
     /// Stage 2 on message `i` (a compactable tool result): a preview of the original text.
     fn compact(&mut self, i: usize, settings: &Settings) {
-        let message = &self.input.messages[i];
-        let Some(text) = content_text(message) else {
+        let (input, message) = (self.input, &self.input.messages[i]);
+        let Some(text) = input.adapter.text(message) else {
             return;
         };
         let reference = self.env.reference(&text);
@@ -505,7 +502,7 @@ impl Work<'_> {
             settings.preview_tail_lines,
             &settings.readback,
         );
-        let new = with_content(message, preview);
+        let new = input.adapter.with_text(message, preview);
         self.write(
             reference,
             ContentKind::ToolResult,
@@ -524,6 +521,7 @@ impl Work<'_> {
 /// The one case where [`run`] could still act is a conversation moved out earlier that is back
 /// under budget, which needs the budget or mode to have changed between its requests.
 pub fn nothing_to_do(
+    adapter: &dyn Adapter,
     total: usize,
     per_message: &[usize],
     messages: &[Value],
@@ -537,7 +535,7 @@ pub fn nothing_to_do(
                 <= settings
                     .tool_result_max_tokens
                     .min(settings.truncate_tokens)
-            && !(settings.lossless && has_pending_transform(messages, env)))
+            && !(settings.lossless && has_pending_transform(adapter, messages, env)))
 }
 
 /// Attempts at cutting a text under the hard cap.
@@ -548,8 +546,14 @@ const TRUNCATION_ATTEMPTS: usize = 4;
 /// results came after it is unseen whole). 0 when the model has answered nothing yet; `n` when
 /// the last message is the model's.
 pub fn unseen_start(messages: &[Value], units: &[Range<usize>]) -> usize {
-    let n = messages.len();
-    match messages.iter().rposition(|m| role(m) == "assistant") {
+    let items = Chat.items(messages, &[], &[], None);
+    unseen_start_of(&items, units)
+}
+
+/// [`unseen_start`] over items.
+fn unseen_start_of(items: &[Item<'_>], units: &[Range<usize>]) -> usize {
+    let n = items.len();
+    match items.iter().rposition(|m| m.kind.is_assistant()) {
         None => 0,
         Some(a) => units.iter().find(|u| u.end > a + 1).map_or(n, |u| u.start),
     }
@@ -586,7 +590,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     if settings.mode == Mode::Off || n == 0 {
         return unchanged(report);
     }
-    let units = match segment(input.messages) {
+    let units = match model::units(&input.items) {
         Ok(units) => units,
         Err(malformed) => {
             report.skipped = Some(Skipped::Malformed(malformed.to_string()));
@@ -602,20 +606,10 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         writes: Vec::new(),
     };
 
-    // 0. Lossless transforms.
-    if settings.lossless {
-        for i in 0..n {
-            work.lossless(i);
-        }
-    }
-
-    // 1. Truncate.
-    for i in 0..n {
-        work.truncate(i, settings.truncate_tokens, &settings.readback);
-    }
+    work.first_sight(settings);
 
     // 2. Compact, with the boundary moving in batches, never into what the model has not seen.
-    let unseen = unseen_start(input.messages, &units);
+    let unseen = unseen_start_of(&input.items, &units);
     let recent_start = recent_start(&units, n, settings.keep_recent, unseen);
     let mut decision = Decision {
         compact_before: prior.compact_before.min(unseen),
@@ -636,7 +630,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     let movable = settings
         .mode
         .offloads()
-        .then(|| movable(input.messages, &units, settings, recent_start))
+        .then(|| movable(&input.items, &units, settings, recent_start))
         .flatten();
     let (moved_end, moved_tokens) =
         movable.map_or((0, 0), |m| m.run_to(&work, &units, decision.offload_before));
@@ -649,35 +643,16 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
             || before < settings.cache.min_cacheable_prefix
             || settings.cache.rebill_rate() <= 0.0,
         answered_end: input.answered_end(),
-        horizon: horizon(
-            input.messages,
-            settings,
-            work.total() - moved_tokens,
-            before,
-        ),
+        horizon: horizon(&input.items, settings, work.total() - moved_tokens, before),
     };
     if settings.mode.compacts() {
         let from = decision.compact_before;
-        let pending: usize = (from..recent_start)
-            .filter(|&i| !prior_span.contains(&i) && work.compactable(i, threshold))
-            .map(|i| work.counts[i])
-            .sum();
-        if pending > 0 && (forced || price.free || pending >= settings.compact_batch_tokens) {
-            let mut moved = work.clone();
-            let mut first = None;
-            for i in from..recent_start {
-                if !prior_span.contains(&i) && moved.compactable(i, threshold) {
-                    first.get_or_insert(i);
-                    moved.compact(i, settings);
-                }
-            }
-            let first = first.unwrap_or(recent_start);
-            let freed = work.total().saturating_sub(moved.total());
-            if price.takes(freed, moved.rebilled(first, price.answered_end), settings) {
-                work = moved;
-                decision.compact_before = recent_start;
-                first_rewritten = first_rewritten.min(first);
-            }
+        if let Some((moved, first)) =
+            compaction_batch(&work, from..recent_start, &prior_span, settings, &price)
+        {
+            work = moved;
+            decision.compact_before = recent_start;
+            first_rewritten = first_rewritten.min(first);
         }
     }
 
@@ -705,22 +680,13 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         (Some(m), Some(_)) => m.run_to(&work, &units, decision.offload_before).1,
         _ => 0,
     };
-    if settings.mode.compacts()
-        && work.total() - moved_tokens > settings.budget
-        && unseen > decision.compact_before
-    {
-        decision.compact_before = unseen;
-    }
     if settings.mode.compacts() {
+        if work.total() - moved_tokens > settings.budget && unseen > decision.compact_before {
+            decision.compact_before = unseen;
+        }
         let span = span.clone().unwrap_or(0..0);
-        for i in 0..decision.compact_before {
-            if work.is_compacted(i) || span.contains(&i) {
-                continue;
-            }
-            if work.compactable(i, settings.tool_result_max_tokens) {
-                work.compact(i, settings);
-                first_rewritten = first_rewritten.min(i);
-            }
+        if let Some(first) = compact_before(&mut work, decision.compact_before, &span, settings) {
+            first_rewritten = first_rewritten.min(first);
         }
     }
 
@@ -732,6 +698,62 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     report.rewrote_prefix = first_rewritten < price.answered_end;
     report.forced = price.forced;
     assemble(work, span, decision, report, kept_end, &settings.readback)
+}
+
+/// Stage 2's batch: the compactable results in `range` (outside the prior moved-out span)
+/// compacted, when there are enough of them (or the request is over budget, or rewriting is
+/// free) and the rewrite pays. Returns the new work and the first message it rewrites.
+fn compaction_batch<'a>(
+    work: &Work<'a>,
+    range: Range<usize>,
+    prior_span: &Range<usize>,
+    settings: &Settings,
+    price: &Price,
+) -> Option<(Work<'a>, usize)> {
+    let threshold = settings.tool_result_max_tokens;
+    let end = range.end;
+    let pending: usize = range
+        .clone()
+        .filter(|&i| !prior_span.contains(&i) && work.compactable(i, threshold))
+        .map(|i| work.counts[i])
+        .sum();
+    if pending == 0 || !(price.forced || price.free || pending >= settings.compact_batch_tokens) {
+        return None;
+    }
+    let mut moved = work.clone();
+    let mut first = None;
+    for i in range {
+        if !prior_span.contains(&i) && moved.compactable(i, threshold) {
+            first.get_or_insert(i);
+            moved.compact(i, settings);
+        }
+    }
+    let first = first.unwrap_or(end);
+    let freed = work.total().saturating_sub(moved.total());
+    price
+        .takes(freed, moved.rebilled(first, price.answered_end), settings)
+        .then_some((moved, first))
+}
+
+/// Compacts every compactable result before `boundary` not yet compacted nor in the moved-out
+/// `span`; returns the first one it compacts.
+fn compact_before(
+    work: &mut Work<'_>,
+    boundary: usize,
+    span: &Range<usize>,
+    settings: &Settings,
+) -> Option<usize> {
+    let mut first = None;
+    for i in 0..boundary {
+        if work.is_compacted(i) || span.contains(&i) {
+            continue;
+        }
+        if work.compactable(i, settings.tool_result_max_tokens) {
+            work.compact(i, settings);
+            first.get_or_insert(i);
+        }
+    }
+    first
 }
 
 /// What a prefix rewrite costs this request.
@@ -753,8 +775,8 @@ struct Price {
 /// the prior decision leaves it, over the conversation's growth per request, from `raw`, its
 /// tokens as sent). A short conversation is not rewritten for savings it may never collect,
 /// and a rewrite that the next cut would repeat waits for it.
-pub fn horizon(messages: &[Value], settings: &Settings, size: usize, raw: usize) -> f64 {
-    let answered = messages.iter().filter(|m| role(m) == "assistant").count();
+pub fn horizon(items: &[Item<'_>], settings: &Settings, size: usize, raw: usize) -> f64 {
+    let answered = items.iter().filter(|m| m.kind.is_assistant()).count();
     let mut h = settings.cache_horizon_turns.min(answered as f64);
     if answered > 0 && raw > 0 {
         let growth = raw as f64 / answered as f64;
@@ -791,26 +813,27 @@ struct Movable {
 }
 
 fn movable(
-    messages: &[Value],
+    items: &[Item<'_>],
     units: &[Range<usize>],
     settings: &Settings,
     recent_start: usize,
 ) -> Option<Movable> {
-    let pinned_end = match messages.iter().position(|m| role(m) == "user") {
+    let is_instruction = |i: usize| items[i].kind == Kind::Instructions;
+    let pinned_end = match items.iter().position(|m| m.kind == Kind::User) {
         Some(task) if settings.pin_task => task + 1,
         _ => 0,
     };
     let first = units
         .iter()
-        .position(|u| u.start >= pinned_end && !is_instruction(&messages[u.start]))?;
-    let last_user = messages
+        .position(|u| u.start >= pinned_end && !is_instruction(u.start))?;
+    let last_user = items
         .iter()
-        .rposition(|m| role(m) == "user")
+        .rposition(|m| m.kind == Kind::User)
         .unwrap_or(0);
     let limit = units[first..]
         .iter()
-        .find(|u| is_instruction(&messages[u.start]))
-        .map_or(messages.len(), |u| u.start)
+        .find(|u| is_instruction(u.start))
+        .map_or(items.len(), |u| u.start)
         .min(recent_start)
         .min(last_user);
     Some(Movable {
@@ -895,15 +918,17 @@ fn moved_out_marker(work: &Work<'_>, span: Range<usize>, readback: &markers::Rea
     let moved = &input.messages[span.clone()];
     let mut lines = String::new();
     for m in moved {
-        lines.push_str(&m.to_string());
+        lines.push_str(&input.adapter.line(m));
         lines.push('\n');
     }
     let moved_tokens: usize = input.counts[span].iter().sum();
     let reference = work.env.reference(&lines);
-    let message = serde_json::json!({
-        "role": "user",
-        "content": markers::offloaded(moved.len(), moved_tokens, &reference, readback),
-    });
+    let message = input.adapter.marker(markers::offloaded(
+        moved.len(),
+        moved_tokens,
+        &reference,
+        readback,
+    ));
     let tokens = work.env.count_message(&message);
     MovedOut {
         lines,
@@ -966,7 +991,7 @@ fn assemble(
                 // written once, for the first message that had it).
                 let needed: std::collections::HashSet<ContentRef> = (0..n)
                     .filter(|j| !span.contains(j) && work.slots[*j].changed())
-                    .filter_map(|j| content_text(&input.messages[j]))
+                    .filter_map(|j| input.adapter.text(&input.messages[j]))
                     .map(|text| work.env.reference(&text))
                     .collect();
                 work.writes.retain(|w| {
@@ -1035,6 +1060,7 @@ impl Env for crate::tokens::Counter {
 mod tests {
     use super::*;
     use crate::context::settings::ContextConfig;
+    use crate::context::units::segment;
     use crate::tokens::{CountSettings, Counter, Encoding};
     use serde_json::json;
 
@@ -1447,7 +1473,7 @@ mod content_tests {
             json!({}),
         ];
         for m in cases {
-            assert_eq!(has_text_content(&m), content_text(&m).is_some(), "{m}");
+            assert_eq!(Chat.has_text(&m), content_text(&m).is_some(), "{m}");
         }
     }
 }

@@ -8,7 +8,6 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use xxhash_rust::xxh3::Xxh3;
@@ -28,14 +27,11 @@ pub struct Identity {
     pub session: SessionId,
 }
 
-/// Tenant from the API key; session from `x-context-session`, else from the conversation's
-/// first messages (its instructions and first user message).
-pub fn identify(headers: &HeaderMap, messages: &[Value]) -> Identity {
-    let tenant = Tenant::from_api_key(crate::http::headers::api_key(headers));
-    let session = match headers
-        .get(SESSION_HEADER)
-        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-    {
+/// The conversation of `tenant` whose session the client named `session_hint` (the route's
+/// `x-context-session`), else the one its first messages (its instructions and first user
+/// message) identify.
+pub fn identify(tenant: Tenant, session_hint: Option<&str>, messages: &[Value]) -> Identity {
+    let session = match session_hint {
         Some(given) => {
             SessionId::parse(given).unwrap_or_else(|_| SessionId::derive(given.as_bytes()))
         }
@@ -194,15 +190,15 @@ mod tests {
         ];
         let mut more = msgs.to_vec();
         more.push(json!({"role": "assistant", "content": "later"}));
-        let h = HeaderMap::new();
-        assert_eq!(identify(&h, &msgs), identify(&h, &more));
-        let mut h2 = HeaderMap::new();
-        h2.insert(SESSION_HEADER, "My Session/1".parse().unwrap());
-        assert_ne!(identify(&h2, &msgs).session, identify(&h, &msgs).session);
-        let mut k1 = HeaderMap::new();
-        k1.insert("authorization", "Bearer sk-a".parse().unwrap());
-        let mut k2 = HeaderMap::new();
-        k2.insert("authorization", "Bearer sk-b".parse().unwrap());
-        assert_ne!(identify(&k1, &msgs).tenant, identify(&k2, &msgs).tenant);
+        let t = || Tenant::from_api_key(None);
+        assert_eq!(identify(t(), None, &msgs), identify(t(), None, &more));
+        let named = identify(t(), Some("My Session/1"), &msgs);
+        assert_ne!(named.session, identify(t(), None, &msgs).session);
+        assert_eq!(named.session.name(), "My Session/1");
+        let (k1, k2) = (Some("sk-a"), Some("sk-b"));
+        assert_ne!(
+            identify(Tenant::from_api_key(k1), None, &msgs).tenant,
+            identify(Tenant::from_api_key(k2), None, &msgs).tenant
+        );
     }
 }

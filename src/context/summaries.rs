@@ -113,7 +113,11 @@ mod tests {
             .map(|i| json!({"role": "user", "content": format!("m{i}")}))
             .collect();
         let prefixes = Prefixes::of(&messages);
-        let id = super::super::session::identify(&http::HeaderMap::new(), &messages);
+        let id = super::super::session::identify(
+            crate::store::Tenant::from_api_key(None),
+            None,
+            &messages,
+        );
         let entry = |len: usize, text: &str| Recorded {
             prefix_len: len,
             prefix_hash: hash_hex(prefixes.get(len).unwrap()),

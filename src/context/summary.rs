@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::engine::content_text;
+use super::adapter::chat::content_text;
 use super::markers::{self, Readback};
 use super::units::role;
 use crate::store::ContentRef;

@@ -83,14 +83,22 @@ pub struct Summarizer {
     named: Option<Arc<Upstream>>,
     /// Prefixes being computed in this process → a receiver that changes when it ends.
     inflight: DashMap<String, watch::Receiver<bool>>,
-    /// Prefixes that failed → when they may be tried again, and how many failures in a row.
-    backoff: DashMap<String, (Instant, u32)>,
+    /// Prefixes that failed → when they may be tried again, and how many failures in a row:
+    /// at most [`BACKOFF_SPANS`], each forgotten [`BACKOFF_MEMORY`] backoffs after its last
+    /// failure, so a long outage cannot grow it.
+    backoff: moka::sync::Cache<String, (Instant, u32)>,
     queue: mpsc::Sender<Task>,
     stop: watch::Sender<bool>,
     worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
     holder: String,
     pub stats: Arc<Stats>,
 }
+
+/// Failing spans whose backoff is remembered (the least likely to be asked again evicted).
+pub const BACKOFF_SPANS: u64 = 10_000;
+/// A span's backoff is forgotten this many base backoffs (`retry_backoff_ms`) after its last
+/// failure (twice the longest backoff): it is then tried as if it had never failed.
+pub const BACKOFF_MEMORY: u32 = 64;
 
 /// Removes an in-flight entry and wakes its waiters when dropped.
 struct Flight<'a> {
@@ -115,6 +123,8 @@ impl Summarizer {
         stats: Arc<Stats>,
     ) -> Arc<Summarizer> {
         let (queue, rx) = mpsc::channel(config.queue_capacity);
+        let backoff_memory = (Duration::from_millis(config.retry_backoff_ms) * BACKOFF_MEMORY)
+            .max(Duration::from_secs(1));
         let (stop, stop_rx) = watch::channel(false);
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let holder = format!(
@@ -132,7 +142,10 @@ impl Summarizer {
             store,
             named,
             inflight: DashMap::new(),
-            backoff: DashMap::new(),
+            backoff: moka::sync::Cache::builder()
+                .max_capacity(BACKOFF_SPANS)
+                .time_to_live(backoff_memory)
+                .build(),
             queue,
             stop,
             worker: Mutex::new(None),
@@ -178,7 +191,7 @@ impl Summarizer {
     fn backing_off(&self, key: &str) -> bool {
         self.backoff
             .get(key)
-            .is_some_and(|e| Instant::now() < e.value().0)
+            .is_some_and(|(until, _)| Instant::now() < until)
     }
 
     /// The summary of `task`'s prefix: recorded already, computed by someone else meanwhile,
@@ -246,7 +259,7 @@ impl Summarizer {
             .unwrap_or(Err(Failure::Timeout));
             let outcome = match result {
                 Ok(summary) => {
-                    self.backoff.remove(&key);
+                    self.backoff.invalidate(&key);
                     let recorded = self
                         .summaries
                         .record(
@@ -285,13 +298,12 @@ impl Summarizer {
             Stats::add(&self.stats.timeouts);
         }
         let base = Duration::from_millis(self.config.retry_backoff_ms);
-        let mut entry = self
-            .backoff
-            .entry(key.to_string())
-            .or_insert((Instant::now(), 0));
-        let n = entry.1.min(5);
-        entry.1 += 1;
-        entry.0 = Instant::now() + base * (1 << n);
+        let failures = self.backoff.get(key).map_or(0, |(_, n)| n);
+        let n = failures.min(5);
+        self.backoff.insert(
+            key.to_string(),
+            (Instant::now() + base * (1 << n), failures + 1),
+        );
         tracing::warn!(error = %e, "summary failed: the marker stands, retrying later");
     }
 

@@ -98,7 +98,12 @@ async fn parse(
     let (parts, body) = req.into_parts();
     let mode = state
         .context
-        .mode(&parts.headers)
+        .mode(
+            parts
+                .headers
+                .get(crate::context::MODE_HEADER)
+                .map(|v| v.to_str().unwrap_or("")),
+        )
         .map_err(ProxyError::InvalidRequest)?;
     let limits = &state.body_limits;
     let raw = read_limited(body, &parts.headers, limits, &state.body_budget).await?;
@@ -138,11 +143,17 @@ async fn parse(
 /// by parse), the conversation (tenant from the API key, session).
 fn identify(state: &Shared, ctx: &mut ChatCtx) {
     if ctx.mode != Mode::Off {
-        ctx.identity = state.context.identify(&ctx.headers, &ctx.request.body);
-        // The caller's tenant: its proxy key's own when keys are required (crate::auth).
-        if let (Some(identity), Some(caller)) = (&mut ctx.identity, &ctx.caller) {
-            identity.tenant = caller.tenant.clone();
-        }
+        // The caller's tenant: its proxy key's own when keys are required (crate::auth), else
+        // the hash of the API key it presented.
+        let tenant = match &ctx.caller {
+            Some(caller) => caller.tenant.clone(),
+            None => crate::store::Tenant::from_api_key(crate::http::headers::api_key(&ctx.headers)),
+        };
+        let session = ctx
+            .headers
+            .get(crate::context::session::SESSION_HEADER)
+            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok());
+        ctx.identity = state.context.identify(tenant, session, &ctx.request.body);
     }
 }
 

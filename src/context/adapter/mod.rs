@@ -1,0 +1,141 @@
+//! Adapters: one per wire format, between a request body and the [conversation
+//! model](super::model). An adapter reads a request into items (what each element of the
+//! conversation is, its text) and writes the engine's decision back, touching only what
+//! changed: an item the engine leaves alone keeps its bytes.
+//!
+//! The engine holds each item's JSON (its payload) and asks the adapter to read and rebuild it;
+//! it never reads a field name itself. Chat completions ([`chat::Chat`]) is the first adapter;
+//! the Responses API and Anthropic Messages are the next (see `docs/conversation-model.md`).
+
+pub mod chat;
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use serde_json::Value;
+
+use super::model::{Item, Kind};
+
+pub use chat::Chat;
+
+/// A wire format's view of a request's conversation.
+pub trait Adapter: Send + Sync {
+    /// The format's name, for logs (`chat`, …).
+    fn name(&self) -> &'static str;
+
+    /// The conversation's items as JSON values, in order, or `None` when the body holds no
+    /// conversation.
+    fn payloads<'b>(&self, body: &'b Value) -> Option<Cow<'b, [Value]>>;
+
+    /// What one item is.
+    fn kind<'v>(&self, item: &'v Value) -> Kind<'v>;
+
+    /// The text an item carries that the engine may shorten (a string, or only text parts,
+    /// joined by newlines), or `None`.
+    fn text<'v>(&self, item: &'v Value) -> Option<Cow<'v, str>>;
+
+    /// Whether [`Adapter::text`] has something for `item`, without building it.
+    fn has_text(&self, item: &Value) -> bool {
+        self.text(item).is_some()
+    }
+
+    /// The item's text when it is one string as sent (what a lossless transform may rewrite).
+    fn whole_text<'v>(&self, item: &'v Value) -> Option<&'v str>;
+
+    /// `item` with its text replaced by `text`, every other field kept in place.
+    fn with_text(&self, item: &Value, text: String) -> Value;
+
+    /// A user turn standing for moved-out items, reading `text`.
+    fn marker(&self, text: String) -> Value;
+
+    /// One item as a line of the stored record of a moved-out span.
+    fn line(&self, item: &Value) -> String {
+        item.to_string()
+    }
+
+    /// Where the conversation and each item sit in `raw`, the body `payloads` was read from;
+    /// `None` when they cannot be found (the bytes are not a body of this format).
+    fn spans(&self, raw: &[u8]) -> Option<Spans>;
+
+    /// Writes the new items into `body` in place of the conversation.
+    fn write(&self, body: &mut Value, items: Vec<Value>);
+
+    /// The items of `payloads`, with their counts and hashes (the same length, or empty when
+    /// not computed) and their byte spans (when known).
+    fn items<'v>(
+        &self,
+        payloads: &'v [Value],
+        counts: &[usize],
+        hashes: &[u128],
+        spans: Option<&[Range<usize>]>,
+    ) -> Vec<Item<'v>> {
+        payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Item {
+                kind: self.kind(p),
+                tokens: counts.get(i).copied().unwrap_or(0),
+                hash: hashes.get(i).copied().unwrap_or(0),
+                span: spans.and_then(|s| s.get(i).cloned()),
+            })
+            .collect()
+    }
+}
+
+/// Where a conversation sits in a request's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spans {
+    /// The conversation's array, brackets included.
+    pub list: Range<usize>,
+    /// Each item, in order.
+    pub items: Vec<Range<usize>>,
+}
+
+/// One item of a body rebuilt from the original bytes.
+#[derive(Debug, Clone, Copy)]
+pub enum Piece<'v> {
+    /// Original item `i`, copied from the bytes as it came.
+    Kept(usize),
+    /// An item the engine wrote, serialized.
+    New(&'v Value),
+}
+
+/// `raw` with the conversation at `spans.list` replaced by `pieces`: everything the engine did
+/// not change keeps its bytes (whitespace, escapes, number forms, key order).
+pub fn splice(raw: &[u8], spans: &Spans, pieces: &[Piece<'_>]) -> Vec<u8> {
+    let items = &spans.items;
+    let kept =
+        |piece: Option<&Piece<'_>>, i: usize| matches!(piece, Some(Piece::Kept(k)) if *k == i);
+    let mut out = Vec::with_capacity(raw.len());
+    out.extend_from_slice(&raw[..spans.list.start]);
+    // Separators between originals still side by side keep their bytes too.
+    match items.first() {
+        Some(first) if kept(pieces.first(), 0) => {
+            out.extend_from_slice(&raw[spans.list.start..first.start])
+        }
+        _ => out.push(b'['),
+    }
+    for (n, piece) in pieces.iter().enumerate() {
+        if n > 0 {
+            match (&pieces[n - 1], piece) {
+                (Piece::Kept(a), Piece::Kept(b)) if *b == a + 1 => {
+                    out.extend_from_slice(&raw[items[*a].end..items[*b].start])
+                }
+                _ => out.push(b','),
+            }
+        }
+        match piece {
+            Piece::Kept(i) => out.extend_from_slice(&raw[items[*i].clone()]),
+            // A `Value` always serializes (its keys are strings).
+            Piece::New(v) => out.extend_from_slice(v.to_string().as_bytes()),
+        }
+    }
+    match items.last() {
+        Some(last) if kept(pieces.last(), items.len() - 1) => {
+            out.extend_from_slice(&raw[last.end..spans.list.end])
+        }
+        _ => out.push(b']'),
+    }
+    out.extend_from_slice(&raw[spans.list.end..]);
+    out
+}

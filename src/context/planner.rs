@@ -1,0 +1,728 @@
+//! The planner: counts a request, looks up what was decided for its conversation's prefix and
+//! the summaries recorded for it, runs the pure [engine](super::engine) and places a ready
+//! summary. It reads the store (decisions, summaries, the proxy's hidden calls, learned limits)
+//! and never writes content: what the plan removes is stored by the
+//! [writer](super::writer). Never fails: a store error is logged and the engine decides
+//! without the session's state.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use moka::sync::Cache;
+use serde_json::Value;
+use xxhash_rust::xxh3::xxh3_128;
+
+use super::adapter;
+use super::engine::{self, Decision, Env, Input, Report, Skipped};
+use super::session::{Decisions, Identity, Prefixes};
+use super::settings::{self, ContextConfig, Mode, RequestLimits, Settings};
+use super::{caches, limits, markers, summaries, summary, transforms};
+use crate::store::{ContentRef, Store, Tenant};
+use crate::tokens::{Counter, Encoding};
+
+/// Where a request goes, as far as its budget is concerned.
+#[derive(Debug, Clone, Default)]
+pub struct Route<'a> {
+    /// The upstream's name (learned limits are kept per upstream and model).
+    pub upstream: Option<&'a str>,
+    /// The upstream's tokenizer override.
+    pub encoding: Option<Encoding>,
+    /// The upstream's default context window (`context_window` of a self-hosted server).
+    pub default_window: Option<usize>,
+    /// How markers tell the model to read content back in this request.
+    pub readback: markers::Readback,
+    /// A budget replacing the one resolved for the model (a retry after the upstream said the
+    /// context is too long).
+    pub budget_override: Option<usize>,
+    /// Whether moved-out spans are summarized for this request (`[context.summarizer]`).
+    pub summarize: bool,
+    /// The upstream's prompt-caching prices for this request's model; unset: OpenAI's (the
+    /// default for an unknown host).
+    pub cache: Option<crate::pricing::CachePricing>,
+    /// Tokens the proxy may add to the request after planning (its own tools' definitions):
+    /// kept free in the budget, so the request as forwarded still fits.
+    pub reserved_tokens: usize,
+}
+
+/// What the plan phase decided for one request, handed to the apply phase.
+#[derive(Debug)]
+pub struct Plan {
+    /// What the plan does (the token figures mean something when `counted`).
+    pub report: Report,
+    /// The request was counted; false in mode off.
+    pub counted: bool,
+    /// The session's state could not be read (the plan was made without it).
+    pub store_failed: bool,
+    /// Hidden exchanges of the proxy's tools put back into the body's messages.
+    pub restored: usize,
+    /// Set when the engine ran: what it needs from the session to apply.
+    pub(super) decided: Option<Decided>,
+    /// What a summary does for this request (see [`SummaryPlan`]).
+    pub summary: SummaryPlan,
+}
+
+/// What a summary does for one request.
+#[derive(Debug, Default)]
+pub enum SummaryPlan {
+    /// No span is moved out, nor worth summarizing yet.
+    #[default]
+    None,
+    /// The moved-out span's summary was ready and is placed.
+    Hit,
+    /// A span is moved out without its summary: the marker stands (with the previous summary,
+    /// if any) unless the job completes in time.
+    Missing(SummaryJob),
+    /// Under the hard budget but over the soft watermark: the next span is worth summarizing
+    /// in the background.
+    Ahead(SummaryJob),
+}
+
+/// One summary to compute: the previous summary and the newly covered span.
+#[derive(Debug, Clone)]
+pub struct SummaryJob {
+    /// The summary covers `messages[..prefix_len]` (after the pinned head).
+    pub prefix_len: usize,
+    pub prefix_hash: String,
+    /// The summary of a shorter prefix of the same span, merged into the new one.
+    pub previous: Option<String>,
+    /// The newly covered messages, compacted, as the summarizer reads them.
+    pub span: String,
+    /// The request moved this span out just now, over its hard budget: it may wait for it.
+    pub blocking: bool,
+    /// The request's token encoding: the summary must fit `max_summary_tokens` in it.
+    pub encoding: Encoding,
+}
+
+/// Where the marker of a moved-out span stands, to put a summary in it.
+#[derive(Debug)]
+pub(super) struct MarkerSlot {
+    index: usize,
+    marker: String,
+    encoding: Encoding,
+}
+
+/// What the engine decided for a request, with what the writer needs to record it.
+#[derive(Debug)]
+pub struct Decided {
+    pub(super) prefixes: Prefixes,
+    pub(super) prior: Decision,
+    pub(super) outcome: engine::Outcome,
+    pub(super) marker: Option<MarkerSlot>,
+}
+
+impl Plan {
+    fn off() -> Plan {
+        Plan {
+            report: Report::default(),
+            counted: false,
+            store_failed: false,
+            restored: 0,
+            decided: None,
+            summary: SummaryPlan::None,
+        }
+    }
+
+    fn unchanged(report: Report) -> Plan {
+        Plan {
+            report,
+            counted: true,
+            store_failed: false,
+            restored: 0,
+            decided: None,
+            summary: SummaryPlan::None,
+        }
+    }
+
+    /// Whether applying this plan changes the request.
+    pub fn rewrites(&self) -> bool {
+        self.decided
+            .as_ref()
+            .is_some_and(|d| d.outcome.messages.is_some())
+    }
+
+    /// Whether the new body shows the model a reference to stored content (a compacted or
+    /// truncated result, a moved-out span), so the reload tools are worth offering. The
+    /// originals of lossless transforms are stored too, but nothing in the body names them.
+    pub fn refers_to_stored_content(&self) -> bool {
+        self.decided
+            .as_ref()
+            .is_some_and(|d| refers_to_stored_content(&d.outcome))
+    }
+}
+
+/// Whether the engine's new messages name stored content (see
+/// [`Plan::refers_to_stored_content`]).
+fn refers_to_stored_content(outcome: &engine::Outcome) -> bool {
+    outcome.messages.is_some()
+        && outcome.writes.iter().any(|w| {
+            matches!(
+                w.action,
+                engine::Action::Truncated | engine::Action::Compacted | engine::Action::MovedOut
+            )
+        })
+}
+
+/// What the store holds for a conversation's prefix.
+struct SessionState {
+    prior: Decision,
+    /// The store did not answer: the plan is made without the session's state.
+    store_failed: bool,
+    /// Summaries are placed and planned for this request.
+    summarize: bool,
+    ready: Vec<summaries::Recorded>,
+}
+
+/// Plans requests: the decision lookup, the engine, the summaries.
+pub struct Planner {
+    config: ContextConfig,
+    counter: Counter,
+    store: Arc<dyn Store>,
+    decisions: Decisions,
+    /// The proxy's tool calls hidden from clients, per session.
+    hidden: crate::proxy_tools::hidden::Hidden,
+    /// Summaries of moved-out spans, by the prefix they cover.
+    summaries: summaries::Summaries,
+    /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
+    references: Cache<u128, ContentRef>,
+    /// Content hash → lossless form of a tool result (`None`: no transform applies), so each
+    /// result is transformed once.
+    transformed: Cache<u128, Option<Arc<transforms::Lossless>>>,
+    /// Context limits stated by upstreams, per upstream and model.
+    learned: limits::LearnedLimits,
+    /// When each session last sent a request to this process: whether the provider's cache
+    /// may still hold its prefix (unknown: assumed warm).
+    last_seen: Cache<Identity, Instant>,
+    /// Whether other processes serve the same sessions (a shared store): then this process
+    /// sees only some of a session's requests, and never judges its cache expired.
+    shared: bool,
+}
+
+/// The engine's view of counting and addressing, with caches.
+struct CachedEnv<'a> {
+    counter: &'a Counter,
+    references: &'a Cache<u128, ContentRef>,
+    transformed: &'a Cache<u128, Option<Arc<transforms::Lossless>>>,
+}
+
+impl Env for CachedEnv<'_> {
+    fn count_message(&self, message: &Value) -> usize {
+        self.counter.count_message(message)
+    }
+
+    fn reference(&self, text: &str) -> ContentRef {
+        let key = xxh3_128(text.as_bytes());
+        self.references.get_with(key, || ContentRef::of(text))
+    }
+
+    fn lossless(&self, text: &str) -> Option<Arc<transforms::Lossless>> {
+        let key = xxh3_128(text.as_bytes());
+        self.transformed
+            .get_with(key, || transforms::lossless(text).map(Arc::new))
+    }
+}
+
+impl Planner {
+    pub fn new(config: ContextConfig, counter: Counter, store: Arc<dyn Store>) -> Planner {
+        Planner {
+            config,
+            counter,
+            decisions: Decisions::new(store.clone()),
+            hidden: crate::proxy_tools::hidden::Hidden::new(store.clone()),
+            summaries: summaries::Summaries::new(store.clone()),
+            store,
+            references: caches::references(),
+            transformed: caches::transformed(),
+            learned: limits::LearnedLimits::new(),
+            last_seen: caches::last_seen(),
+            shared: false,
+        }
+    }
+
+    /// Serving sessions that other processes serve too (see
+    /// [`ContextManager::with_shared_sessions`](super::ContextManager::with_shared_sessions)).
+    pub fn with_shared_sessions(mut self, shared: bool) -> Planner {
+        self.shared = shared;
+        self
+    }
+
+    /// The `[context]` settings.
+    pub fn config(&self) -> &ContextConfig {
+        &self.config
+    }
+
+    /// Summaries of moved-out spans, by the prefix they cover.
+    pub fn summaries(&self) -> &summaries::Summaries {
+        &self.summaries
+    }
+
+    /// The token counter for `model` (or the upstream's `encoding`).
+    pub fn counter_for(&self, model: &str, encoding: Option<Encoding>) -> Counter {
+        self.counter
+            .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)))
+    }
+
+    /// Records that `id` sends a request now; returns when it sent the previous one.
+    fn touch(&self, id: &Identity) -> Option<Instant> {
+        let previous = self.last_seen.get(id);
+        self.last_seen.insert(id.clone(), Instant::now());
+        previous
+    }
+
+    /// The context limit an upstream states in an error answer (status and body as the
+    /// upstream sent them), for a retry of the request that drew it. The limit is also learned
+    /// for the next requests of `model` on `upstream` when the request's own size supports it
+    /// (`limits::Evidence`): at first for its tenant only, for every tenant once confirmed.
+    pub async fn learn_from_upstream_error(
+        &self,
+        upstream: &str,
+        model: &str,
+        status: u16,
+        body: &[u8],
+        drawn: &limits::Drawn<'_>,
+    ) -> Option<usize> {
+        let limit = limits::stated_limit(status, body)?;
+        let request = RequestLimits {
+            upstream_default_window: drawn.default_window,
+            ..RequestLimits::default()
+        };
+        let evidence = limits::Evidence {
+            tenant: drawn.tenant,
+            sent_tokens: drawn.sent_tokens,
+            requested_output: RequestLimits::requested_output_of(drawn.sent),
+            window: self.config.known_window(model, &request),
+        };
+        if self
+            .learned
+            .learn(&*self.store, upstream, model, limit, &evidence)
+            .await
+        {
+            tracing::info!(
+                upstream,
+                model,
+                limit,
+                "learned the context limit from the upstream (for this tenant until confirmed)"
+            );
+        } else if !evidence.supports(limit) {
+            tracing::info!(
+                upstream,
+                model,
+                limit,
+                sent_tokens = drawn.sent_tokens,
+                "the upstream states a context limit the request does not support: not learned"
+            );
+        }
+        Some(limit)
+    }
+
+    /// The upstream answered the request retried against `limit`: the limit holds for every
+    /// tenant's requests of `model` on `upstream`.
+    pub async fn confirm_limit(&self, upstream: &str, model: &str, limit: usize) {
+        if self
+            .learned
+            .confirm(&*self.store, upstream, model, limit)
+            .await
+        {
+            tracing::info!(
+                upstream,
+                model,
+                limit,
+                "confirmed the learned context limit for every tenant"
+            );
+        }
+    }
+
+    /// The budget of a second attempt after the upstream stated its `limit`: well below the
+    /// input limit it implies, and well below what was sent.
+    pub fn retry_budget(&self, limit: usize, body: &Value, sent_tokens: usize) -> usize {
+        let output = RequestLimits::requested_output_of(body)
+            .unwrap_or(self.config.output_reserve_tokens)
+            .min(limit / 2);
+        let input = limit.saturating_sub(output);
+        (input * 6 / 10).min(sent_tokens * 6 / 10).max(1)
+    }
+
+    /// What this request adds to the config's budget: its `max_completion_tokens` /
+    /// `max_tokens`, the upstream's default window, and the limit learned for its model on that
+    /// upstream.
+    fn request_limits(
+        &self,
+        route: &Route<'_>,
+        model: &str,
+        body: &Value,
+        tenant: &Tenant,
+    ) -> RequestLimits {
+        RequestLimits {
+            requested_output: RequestLimits::requested_output_of(body),
+            upstream_default_window: route.default_window,
+            learned_window: self.learned.get(route.upstream, model, tenant),
+        }
+    }
+
+    /// The settings of one request of `model` in `mode` on `route` (its limits, the route's
+    /// prices and readback, a retry's smaller budget), and whether the provider's cache may
+    /// still hold the conversation's prefix (noting that it sends a request now).
+    async fn settings_for(
+        &self,
+        identity: &Identity,
+        route: &Route<'_>,
+        model: &str,
+        mode: Mode,
+        body: &Value,
+    ) -> (Settings, bool) {
+        let last_seen = self.touch(identity);
+        self.learned.load(&*self.store).await;
+        let limits = self.request_limits(route, model, body, &identity.tenant);
+        let mut settings = self.config.resolve(model, mode, &limits);
+        settings.readback = route.readback.clone();
+        if let Some(cache) = route.cache {
+            settings.cache = cache;
+        }
+        let cache_warm = self.shared
+            || last_seen.is_none_or(|t| t.elapsed().as_secs() < settings.cache.cache_ttl_secs);
+        if let Some(budget) = route.budget_override.filter(|&b| b < settings.budget) {
+            settings.target = (budget as f64 * self.config.target_ratio) as usize;
+            settings.truncate_tokens = settings
+                .truncate_tokens
+                .min(budget / 2)
+                .max(settings::MIN_TRUNCATE_TOKENS);
+            settings.budget = budget;
+        }
+        (settings, cache_warm)
+    }
+
+    /// Puts back the proxy's own tool calls hidden from the client into `body`'s messages;
+    /// returns how many. A store error only warns: the conversation is planned as sent.
+    async fn restore_hidden(&self, identity: &Identity, body: &mut Value) -> usize {
+        let Some(Value::Array(list)) = body.get_mut("messages") else {
+            return 0;
+        };
+        match self.hidden.restore(identity, list).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the proxy's hidden tool calls: planning the conversation as the client sent it");
+                0
+            }
+        }
+    }
+
+    /// The decision recorded for the conversation's prefix and, when `summarize` (and the
+    /// store answers), the summaries recorded for it.
+    async fn session_state(
+        &self,
+        identity: &Identity,
+        prefixes: &Prefixes,
+        summarize: bool,
+    ) -> SessionState {
+        let (prior, store_failed) = match self.decisions.lookup(identity, prefixes).await {
+            Ok(d) => (d, false),
+            Err(e) => {
+                tracing::warn!(error = %e, "context store unavailable: deciding without the session's state");
+                (Decision::default(), true)
+            }
+        };
+        let summarize = summarize && !store_failed;
+        let mut ready = Vec::new();
+        if summarize {
+            match self.summaries.matching(identity, prefixes).await {
+                Ok(found) => ready = found,
+                Err(e) => tracing::warn!(error = %e, "cannot read the session's summaries"),
+            }
+        }
+        SessionState {
+            prior,
+            store_failed,
+            summarize,
+            ready,
+        }
+    }
+
+    /// Plan: counts the request, looks up the decision recorded for its conversation's prefix
+    /// (only when the pure engine says a decision could matter) and runs the engine. Never
+    /// fails: a store error is logged and the engine decides without the session's state.
+    pub async fn plan(
+        &self,
+        identity: Option<&Identity>,
+        body: &mut Value,
+        mode: Mode,
+        route: &Route<'_>,
+    ) -> Plan {
+        let encoding = route.encoding;
+        let started = Instant::now();
+        if mode == Mode::Off {
+            // Untouched and uncounted: pass-through never loads the BPE tables.
+            return Plan::off();
+        }
+        let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+        let counter = self
+            .counter
+            .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)));
+        let mut count = counter.count_request(body);
+        let mut report = Report {
+            tokens_before: count.total,
+            tokens_after: count.total,
+            ..Report::default()
+        };
+        let (Some(identity), Some(messages)) =
+            (identity, body.get("messages").and_then(Value::as_array))
+        else {
+            let report = Report {
+                skipped: Some(Skipped::NoMessages),
+                ..report
+            };
+            return Plan::unchanged(report);
+        };
+        let (mut settings, cache_warm) =
+            self.settings_for(identity, route, model, mode, body).await;
+        let env = CachedEnv {
+            counter: &counter,
+            references: &self.references,
+            transformed: &self.transformed,
+        };
+        // Over the summarizer's soft watermark, a summary may be started ahead of time.
+        let summary_ahead = route.summarize
+            && mode.offloads()
+            && self.config.summarizer.enabled
+            && count.total as f64 > self.config.summarizer.soft_ratio * settings.budget as f64;
+        if !summary_ahead
+            && engine::nothing_to_do(
+                &adapter::Chat,
+                count.total,
+                &count.per_message,
+                messages,
+                &settings,
+                &env,
+            )
+        {
+            let fixed = count.total - count.per_message.iter().sum::<usize>();
+            report.kept_prefix_tokens =
+                Input::new(messages, &count.per_message, fixed).unchanged_prefix_tokens();
+            return Plan::unchanged(report);
+        }
+        // Put back the proxy's own tool calls hidden from the client. Only a conversation that
+        // needs planning can hold them: one was made when an earlier, shorter request of it
+        // showed a reference, and what made that request need planning is still here.
+        let restored = self.restore_hidden(identity, body).await;
+        if restored > 0 {
+            count = counter.count_request(body);
+            report.tokens_before = count.total;
+            report.tokens_after = count.total;
+        }
+        let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+            return Plan::unchanged(report);
+        };
+        // Counted from this very body (after any restore): the hashes are its messages'.
+        debug_assert_eq!(count.message_hashes.len(), messages.len());
+        let prefixes = Prefixes::from_hashes(count.message_hashes.iter().copied());
+        let SessionState {
+            prior,
+            store_failed,
+            summarize,
+            ready,
+        } = self
+            .session_state(identity, &prefixes, route.summarize && mode.offloads())
+            .await;
+        let fixed = count.total - count.per_message.iter().sum::<usize>();
+        // A ready summary may move the boundary to the end of the span it covers, when the
+        // engine finds that it pays.
+        let input = Input {
+            cache_warm,
+            ready_summary: ready.first().map(|best| engine::ReadySummary {
+                prefix_len: best.prefix_len,
+                tokens: counter.count_text(&best.summary),
+            }),
+            ..Input::read(
+                &adapter::Chat,
+                messages,
+                &count.per_message,
+                &count.message_hashes,
+                fixed,
+            )
+        };
+        let mut outcome = engine::run(&input, &settings, prior, &env);
+        // A request that refers to stored content goes out with the proxy's tools: when they
+        // would not fit beside it, decide again with their room kept free.
+        if route.reserved_tokens > 0
+            && refers_to_stored_content(&outcome)
+            && outcome.report.tokens_after + route.reserved_tokens > settings.budget
+        {
+            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
+            settings.target = settings.target.saturating_sub(route.reserved_tokens);
+            outcome = engine::run(&input, &settings, prior, &env);
+        }
+        let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
+            self.plan_summary(
+                &input,
+                &settings,
+                &mut outcome,
+                prior,
+                &ready,
+                &prefixes,
+                &counter,
+                &env,
+            )
+        } else {
+            (SummaryPlan::None, None)
+        };
+        tracing::debug!(
+            before = outcome.report.tokens_before,
+            after = outcome.report.tokens_after,
+            actions = %outcome.report.actions(),
+            compact_before = outcome.decision.compact_before,
+            offload_before = outcome.decision.offload_before,
+            budget = settings.budget,
+            micros = started.elapsed().as_micros() as u64,
+            "context plan"
+        );
+        Plan {
+            report: outcome.report.clone(),
+            counted: true,
+            store_failed,
+            restored,
+            decided: Some(Decided {
+                prefixes,
+                prior,
+                outcome,
+                marker,
+            }),
+            summary,
+        }
+    }
+
+    /// After the engine ran: places the summary of the moved-out span when it is ready (else
+    /// the previous one, with the marker naming every original), or says which summary is
+    /// worth computing.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_summary(
+        &self,
+        input: &Input<'_>,
+        settings: &Settings,
+        outcome: &mut engine::Outcome,
+        prior: Decision,
+        ready: &[summaries::Recorded],
+        prefixes: &Prefixes,
+        counter: &Counter,
+        env: &CachedEnv<'_>,
+    ) -> (SummaryPlan, Option<MarkerSlot>) {
+        let cfg = &self.config.summarizer;
+        let job = |from: usize, end: usize, previous: Option<&summaries::Recorded>, blocking| {
+            let count = |t: &str| counter.count_text(t);
+            let room = cfg
+                .max_input_tokens
+                .saturating_sub(cfg.max_summary_tokens + 1_000)
+                .saturating_sub(previous.map_or(0, |p| count(&p.summary)));
+            let prefix_hash = summaries::hash_hex(prefixes.get(end)?);
+            Some(SummaryJob {
+                prefix_len: end,
+                prefix_hash,
+                previous: previous.map(|p| p.summary.clone()),
+                span: summary::render_span(
+                    &input.messages[from..end],
+                    settings.tool_result_max_tokens,
+                    room.max(1_000),
+                    &count,
+                ),
+                blocking,
+                encoding: counter.encoding(),
+            })
+        };
+        if let Some(moved) = outcome.moved.clone() {
+            let Some(messages) = outcome.messages.as_mut() else {
+                return (SummaryPlan::None, None);
+            };
+            let Some(Value::String(marker)) = messages
+                .get(moved.start)
+                .and_then(|m| m.get("content"))
+                .cloned()
+            else {
+                return (SummaryPlan::None, None);
+            };
+            let slot = MarkerSlot {
+                index: moved.start,
+                marker,
+                encoding: counter.encoding(),
+            };
+            let exact = ready.iter().find(|r| r.prefix_len == moved.end);
+            let previous = ready
+                .iter()
+                .find(|r| r.prefix_len < moved.end && r.prefix_len > moved.start);
+            let placed = exact.or(previous);
+            if let Some(r) = placed {
+                place_into(outcome, &slot, &r.summary, cfg.max_summary_tokens, counter);
+            }
+            if exact.is_some() {
+                return (SummaryPlan::Hit, Some(slot));
+            }
+            let from = previous.map_or(moved.start, |p| p.prefix_len);
+            let blocking = moved.end > prior.offload_before;
+            let plan = job(from, moved.end, previous, blocking)
+                .map_or(SummaryPlan::None, SummaryPlan::Missing);
+            return (plan, Some(slot));
+        }
+        // Nothing moved out: is the next span worth summarizing ahead of time?
+        if (outcome.report.tokens_after as f64) <= cfg.soft_ratio * settings.budget as f64 {
+            return (SummaryPlan::None, None);
+        }
+        let forced = Settings {
+            budget: 1,
+            ..settings.clone()
+        };
+        let candidate = engine::run(input, &forced, prior, env);
+        let Some(span) = candidate.moved else {
+            return (SummaryPlan::None, None);
+        };
+        let previous = ready
+            .iter()
+            .find(|r| r.prefix_len < span.end && r.prefix_len > span.start);
+        let from = previous.map_or(span.start, |p| p.prefix_len);
+        let freed: usize = input.counts[from..span.end].iter().sum();
+        if freed < cfg.min_freed_tokens {
+            return (SummaryPlan::None, None);
+        }
+        (
+            job(from, span.end, previous, false).map_or(SummaryPlan::None, SummaryPlan::Ahead),
+            None,
+        )
+    }
+
+    /// Puts a summary computed while the request waited into the plan's marker message.
+    pub fn place_summary(&self, plan: &mut Plan, summary: &str) -> bool {
+        let Some(decided) = plan.decided.as_mut() else {
+            return false;
+        };
+        let Some(slot) = decided.marker.as_ref() else {
+            return false;
+        };
+        let counter = self.counter.with_encoding(slot.encoding);
+        let max = self.config.summarizer.max_summary_tokens;
+        if !place_into(&mut decided.outcome, slot, summary, max, &counter) {
+            return false;
+        }
+        plan.report = decided.outcome.report.clone();
+        true
+    }
+}
+
+/// Replaces the marker message of `slot` by the marker and `summary`, and recounts it.
+fn place_into(
+    outcome: &mut engine::Outcome,
+    slot: &MarkerSlot,
+    summary: &str,
+    max_summary_tokens: usize,
+    counter: &Counter,
+) -> bool {
+    // Remembered by an earlier version or another replica, it may be longer than its budget.
+    let summary = summary::bounded(summary, max_summary_tokens, counter.encoding());
+    let Some(messages) = outcome.messages.as_mut() else {
+        return false;
+    };
+    let Some(m) = messages.get_mut(slot.index) else {
+        return false;
+    };
+    let before = counter.count_message(m);
+    if let Some(c) = m.get_mut("content") {
+        *c = Value::String(summary::message_text(&slot.marker, &summary));
+    }
+    let after = counter.count_message(m);
+    outcome.report.tokens_after = (outcome.report.tokens_after + after).saturating_sub(before);
+    true
+}
