@@ -1,6 +1,6 @@
-//! What the store holds about a tenant's sessions, read for people: the list of sessions, one
-//! session's detail (statistics from its journal, every reference it stored, the journal
-//! itself), erasing one, and the references a journal names. Shared by the `/v1/context/…`
+//! What the store holds about a tenant's sessions, read for people: the list of sessions (a
+//! page at a time), one session with a page of its journal (statistics, every reference it
+//! stored), erasing one, and the references a journal names. Shared by the `/v1/context/…`
 //! routes and the `inspect` subcommand; the context manager finds a session's stored content
 //! with [`journal_refs`]. It decides nothing about context.
 
@@ -73,6 +73,29 @@ fn name_tenant(entry: &mut Value, tenant: &Tenant, names: &KeyNames) {
     }
 }
 
+/// Records (journal records, or sessions in a list) returned when `limit` is not given.
+pub const DEFAULT_PAGE: usize = 100;
+/// The largest `limit` allowed.
+pub const MAX_PAGE: usize = 1_000;
+
+/// What page of a list or a journal a request asks for: `limit` (1 to [`MAX_PAGE`], by
+/// default [`DEFAULT_PAGE`]) and, for a journal, `before` (the index of the oldest record
+/// already seen: the page ends before it; none: the newest records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    pub limit: usize,
+    pub before: Option<usize>,
+}
+
+impl Default for Page {
+    fn default() -> Page {
+        Page {
+            limit: DEFAULT_PAGE,
+            before: None,
+        }
+    }
+}
+
 /// The sessions of `tenant` (every tenant when `None`), as an OpenAI-style list. With `names`
 /// (an admin's view), each entry names its tenant and the proxy key it belongs to.
 pub async fn list(
@@ -80,8 +103,30 @@ pub async fn list(
     tenant: Option<&Tenant>,
     names: Option<&KeyNames>,
 ) -> Result<Value, InspectError> {
-    let sessions = store.list_sessions(tenant).await?;
-    let data: Vec<Value> = sessions
+    list_page(store, tenant, names, None, usize::MAX).await
+}
+
+/// A page of [`list`]: sessions sorted by id, the first `limit` after the id `after`, in the
+/// OpenAI list shape (`first_id`, `last_id`, `has_more`). Sessions of several tenants with the
+/// same id (an admin's view) stay on one page, which may then hold more than `limit`.
+pub async fn list_page(
+    store: &dyn Store,
+    tenant: Option<&Tenant>,
+    names: Option<&KeyNames>,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Value, InspectError> {
+    let mut sessions = store.list_sessions(tenant).await?;
+    sessions.sort_by(|(ta, a), (tb, b)| (a.name(), ta.as_str()).cmp(&(b.name(), tb.as_str())));
+    let rest: Vec<&(Tenant, SessionId)> = sessions
+        .iter()
+        .filter(|(_, s)| after.is_none_or(|after| *s.name() > *after))
+        .collect();
+    let mut end = rest.len().min(limit);
+    while end > 0 && end < rest.len() && rest[end].1.name() == rest[end - 1].1.name() {
+        end += 1;
+    }
+    let data: Vec<Value> = rest[..end]
         .iter()
         .map(|(t, s)| {
             let mut entry = json!({"id": s.name(), "object": "context.session"});
@@ -91,20 +136,43 @@ pub async fn list(
             entry
         })
         .collect();
-    Ok(json!({"object": "list", "data": data}))
+    let id = |i: Option<&&(Tenant, SessionId)>| i.map(|(_, s)| json!(s.name()));
+    Ok(json!({
+        "object": "list",
+        "data": data,
+        "first_id": id(rest[..end].first()),
+        "last_id": id(rest[..end].last()),
+        "has_more": end < rest.len(),
+    }))
 }
 
-/// One session: statistics from its journal, each stored reference with its kind, size and
-/// time, and the journal itself. `None` when the tenant has no such session. With `names` (an
-/// admin's view), it names its tenant and the proxy key it belongs to.
+/// One session with the newest page of its journal ([`session_page`]).
 pub async fn session_detail(
     store: &dyn Store,
     tenant: &Tenant,
     session: &SessionId,
     names: Option<&KeyNames>,
 ) -> Result<Option<Value>, InspectError> {
-    let journal = store.read_log(tenant, session).await?;
-    if journal.is_empty()
+    session_page(store, tenant, session, names, &Page::default()).await
+}
+
+/// One session: a page of its journal (`journal`, its index `journal_first`, of
+/// `journal_total` records, `has_more` when older ones remain), the statistics of that page,
+/// each reference it names with its kind, size and time, and when the session's first and last
+/// records were written. Only the page is read into memory. `None` when the tenant has no such
+/// session. With `names` (an admin's view), it names its tenant and the proxy key it belongs
+/// to.
+pub async fn session_page(
+    store: &dyn Store,
+    tenant: &Tenant,
+    session: &SessionId,
+    names: Option<&KeyNames>,
+    page: &Page,
+) -> Result<Option<Value>, InspectError> {
+    let read = store
+        .read_log_page(tenant, session, page.before, page.limit)
+        .await?;
+    if read.total == 0
         && !store
             .list_sessions(Some(tenant))
             .await?
@@ -113,6 +181,23 @@ pub async fn session_detail(
     {
         return Ok(None);
     }
+    let edge = |before: Option<usize>| async move {
+        let record = store
+            .read_log_page(tenant, session, before, 1)
+            .await?
+            .records
+            .pop();
+        Ok::<_, InspectError>(record.and_then(|r| r.get("ts").cloned()))
+    };
+    let first_at = match read.first_index {
+        0 => read.records.first().and_then(|r| r.get("ts").cloned()),
+        _ => edge(Some(1)).await?,
+    };
+    let last_at = match page.before {
+        None => read.records.last().and_then(|r| r.get("ts").cloned()),
+        Some(_) => edge(None).await?,
+    };
+    let journal = read.records;
     let mut refs = Vec::new();
     let mut stored_bytes = 0usize;
     for item in journal_items(&journal) {
@@ -140,8 +225,8 @@ pub async fn session_detail(
         "id": session.name(),
         "object": "context.session",
         "decisions": journal.iter().filter(|r| r["event"] == "decision").count(),
-        "first_at": journal.first().and_then(|r| r.get("ts")).cloned().unwrap_or(Value::Null),
-        "last_at": journal.last().and_then(|r| r.get("ts")).cloned().unwrap_or(Value::Null),
+        "first_at": first_at.unwrap_or(Value::Null),
+        "last_at": last_at.unwrap_or(Value::Null),
         "last_tokens_before": field("tokens_before"),
         "last_tokens_after": field("tokens_after"),
         "last_actions": field("actions"),
@@ -149,6 +234,9 @@ pub async fn session_detail(
         "stored_bytes": stored_bytes,
         "refs": refs,
         "journal": journal,
+        "journal_first": read.first_index,
+        "journal_total": read.total,
+        "has_more": read.first_index > 0,
     });
     if let Some(names) = names {
         name_tenant(&mut detail, tenant, names);

@@ -392,6 +392,17 @@ fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 #[tokio::test]
 async fn content_lost_under_a_running_proxy_is_written_again() {
+    content_lost_under_a_running_proxy_is_written_again_with(0).await;
+}
+
+/// Within `content_refresh_secs` of the last write too: the refs a request points to are
+/// checked before it goes out, not only refreshed every minute.
+#[tokio::test]
+async fn content_lost_within_the_refresh_period_is_written_again_before_forwarding() {
+    content_lost_under_a_running_proxy_is_written_again_with(3600).await;
+}
+
+async fn content_lost_under_a_running_proxy_is_written_again_with(refresh_secs: u64) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let data_for_config = data.clone();
@@ -399,7 +410,7 @@ async fn content_lost_under_a_running_proxy_is_written_again() {
         c.store.backend = context_proxy::store::Backend::Fs;
         c.store.path = data_for_config;
         c.store.fsync = false;
-        c.store.content_refresh_secs = 0;
+        c.store.content_refresh_secs = refresh_secs;
         c.context.keep_recent_messages = 2;
         c.context.compact_batch_tokens = 1000;
     })
@@ -424,6 +435,101 @@ async fn content_lost_under_a_running_proxy_is_written_again() {
     let ready = h.client.get(h.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 200);
     assert!(data.is_dir());
+}
+
+/// A store the proxy cannot write (a read-only mount, files of another user) still serves
+/// what it holds: refreshing a file's time is no reason to fail a read, nor to refuse to start.
+#[tokio::test]
+async fn a_store_that_cannot_be_written_still_serves_reads() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_for_config = data.clone();
+    let h = Harness::start_with(MockConfig::default(), move |c| {
+        c.store.backend = context_proxy::store::Backend::Fs;
+        c.store.path = data_for_config;
+        c.store.fsync = false;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    let resp = h.chat(&compactable()).await;
+    assert_eq!(resp.headers()["x-context-actions"], "compacted=2");
+    let stored = h.mock.received().last().unwrap().json()["messages"][3]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let at = stored.find("ctx_").unwrap();
+    let reference = stored[at..at + 28].to_string();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"fs\"\npath = \"{}\"\n[auth]\ninspect_by_client_key = true\n[upstream]\nbase_url = \"{}\"\n",
+            data.display(),
+            h.mock.base_url()
+        ),
+    )
+    .unwrap();
+    // A second proxy that may read the store but not write it: as root (whom permissions do
+    // not stop) it runs as `nobody` over files it does not own; otherwise the files lose their
+    // write permission.
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()
+        .stdout
+        .starts_with(b"0\n");
+    let mode = if root { "a+rX" } else { "a-w" };
+    let status = std::process::Command::new("chmod")
+        .args(["-R", mode])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_context-proxy"));
+    command
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    if root {
+        command.uid(65534).gid(65534);
+    }
+    let mut child = command.spawn().unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let addr = first.trim().rsplit("http://").next().unwrap().to_string();
+    let resp = reqwest::Client::new()
+        .get(format!("http://{addr}/v1/context/refs/{reference}"))
+        .header("authorization", "Bearer sk-test-client")
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body = resp.text().await.unwrap();
+    let ready = reqwest::get(format!("http://{addr}/readyz"))
+        .await
+        .unwrap()
+        .status();
+    let _ = child.kill();
+    let _ = child.wait();
+    if !root {
+        let _ = std::process::Command::new("chmod")
+            .args(["-R", "u+w"])
+            .arg(dir.path())
+            .status();
+    }
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("a.rs line 1:"), "{body}");
+    // It says it cannot write.
+    assert_eq!(ready, 503);
 }
 
 #[tokio::test]

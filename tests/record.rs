@@ -48,6 +48,7 @@ async fn replay(h: &Harness, sessions: Vec<Session>, concurrency: usize) -> Vec<
         concurrency,
         rate: None,
         speed: None,
+        max_gap: std::time::Duration::from_secs(1),
         duration: None,
         api_key: "sk-test-client".into(),
         run_id: String::new(),

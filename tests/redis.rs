@@ -222,3 +222,150 @@ async fn a_proxy_started_while_redis_is_down_serves_and_becomes_ready_when_redis
     }
     drop(server);
 }
+
+/// A conversation with two large tool results the proxy compacts.
+fn compactable() -> serde_json::Value {
+    let lines = |name: &str, n: usize| -> String {
+        (1..=n)
+            .map(|i| format!("{name} line {i}: let value_{i} = compute({i}) * 2;\n"))
+            .collect()
+    };
+    serde_json::json!({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Read both files."},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "read_file", "arguments": "{}"}},
+            {"id": "call_b", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_a", "content": lines("a.rs", 600)},
+        {"role": "tool", "tool_call_id": "call_b", "content": lines("b.rs", 400)},
+        {"role": "assistant", "content": "Both files define values."},
+        {"role": "user", "content": "Now summarize them."}
+    ]})
+}
+
+/// The references the last forwarded request's messages point to.
+fn forwarded_refs(h: &common::Harness) -> Vec<context_proxy::store::ContentRef> {
+    let text = h.mock.received().last().unwrap().json()["messages"].to_string();
+    let mut refs: Vec<_> = text
+        .match_indices("ctx_")
+        .filter_map(|(at, _)| context_proxy::store::ContentRef::parse(text.get(at..at + 28)?).ok())
+        .collect();
+    refs.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    refs.dedup();
+    refs
+}
+
+/// Redis flushed (or restarted empty, or evicting) under a running proxy: the next request
+/// writes what it points to again before it goes out, long before `content_refresh_secs`.
+#[tokio::test]
+async fn content_flushed_from_redis_is_written_again_before_forwarding() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let url = server.url();
+    let h = common::Harness::start_with(context_proxy::mock::MockConfig::default(), |c| {
+        c.store = config(url.clone());
+        c.store.content_refresh_secs = 3600;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    let store = open(&config(url.clone())).await.unwrap();
+    let tenant = Tenant::from_api_key(Some("sk-test-client"));
+    for round in 0..2 {
+        let resp = h.chat(&compactable()).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["x-context-actions"],
+            "compacted=2",
+            "round {round}"
+        );
+        let refs = forwarded_refs(&h);
+        assert_eq!(refs.len(), 2, "round {round}");
+        assert_eq!(
+            store.contains_content(&tenant, &refs).await.unwrap(),
+            [true, true],
+            "round {round}: the forwarded markers point to nothing"
+        );
+        let mut conn = ::redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = ::redis::cmd("FLUSHALL")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    drop(server);
+}
+
+/// With Redis down, content written moments ago cannot be checked: the request goes out as
+/// the client sent it rather than with markers that may point at nothing.
+#[tokio::test]
+async fn with_redis_down_recently_written_refs_are_not_forwarded() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let url = server.url();
+    let h = common::Harness::start_with(context_proxy::mock::MockConfig::default(), |c| {
+        c.store = config(url.clone());
+        c.store.content_refresh_secs = 3600;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    let resp = h.chat(&compactable()).await;
+    assert_eq!(resp.headers()["x-context-actions"], "compacted=2");
+    let server = tokio::task::spawn_blocking(move || {
+        let mut server = server;
+        server.kill();
+        server
+    })
+    .await
+    .unwrap();
+    let resp = h.chat(&compactable()).await;
+    assert_eq!(resp.status(), 200);
+    let forwarded = h.mock.received().last().unwrap().json();
+    assert_eq!(forwarded, compactable(), "{:?}", resp.headers());
+    drop(server);
+}
+
+/// A Redis that accepts connections and never answers: a request's store calls together wait
+/// at most `op_timeout_ms`, then it is served as it came — not delayed once per store call.
+#[tokio::test]
+async fn a_hung_redis_delays_a_request_by_one_timeout_not_one_per_call() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = silent.accept().await {
+            // Held open, never read from nor answered.
+            if held_tx.send(conn).is_err() {
+                break;
+            }
+        }
+    });
+    let h = common::Harness::start_with(context_proxy::mock::MockConfig::default(), |c| {
+        c.store = config(format!("redis://{addr}"));
+        c.store.op_timeout_ms = OP_TIMEOUT_MS;
+        c.store.redis_connect_timeout_ms = 4 * OP_TIMEOUT_MS;
+        c.store.redis_response_timeout_ms = 4 * OP_TIMEOUT_MS;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await;
+    let started = Instant::now();
+    let resp = h.chat(&compactable()).await;
+    let elapsed = started.elapsed();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(h.mock.received().last().unwrap().json(), compactable());
+    // It would take three timeouts without the shared budget (the hidden calls, the decision,
+    // the write); one, and room for a loaded machine, with it.
+    assert!(
+        elapsed < Duration::from_millis(2 * OP_TIMEOUT_MS),
+        "the request waited {elapsed:?} on a hung store"
+    );
+    held_rx.close();
+}

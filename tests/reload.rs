@@ -457,6 +457,150 @@ async fn mixed_calls_give_the_client_its_own_and_restore_the_proxys_next_turn() 
     }
 }
 
+/// Two users of one tenant whose conversations begin alike (one derived session), on a server
+/// that numbers calls predictably: what the proxy hid in one user's conversation is never put
+/// into the other's request.
+#[tokio::test]
+async fn a_hidden_exchange_returns_only_to_its_own_conversation() {
+    use context_proxy::mock::{Completion, ToolCall};
+    let h = harness().await;
+    let tools = json!([{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]);
+    let predictable = |calls: Vec<(&str, String, Value)>| {
+        Reply::Completion(Completion {
+            content: None,
+            tool_calls: calls
+                .into_iter()
+                .map(|(id, name, arguments)| ToolCall {
+                    id: Some(id.into()),
+                    name,
+                    arguments,
+                })
+                .collect(),
+            content_chunks: None,
+        })
+    };
+    // The first user's model reads its file back and runs the tests: the read is hidden.
+    let mut first = conversation();
+    first[3]["content"] = json!(format!("SECRET-OF-THE-FIRST-USER\n{}", file_a()));
+    let secret_ref = ContentRef::of(first[3]["content"].as_str().unwrap())
+        .as_str()
+        .to_string();
+    let (name, arguments) = read(&secret_ref, 1, 1);
+    h.mock.push(predictable(vec![
+        ("call_0", name, arguments),
+        ("call_1", "run_tests".into(), json!({})),
+    ]));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": first, "tools": tools}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["id"],
+        "call_1"
+    );
+    let hidden_read = h.mock.received().last().unwrap().json();
+    assert!(hidden_read.to_string().contains("SECRET-OF-THE-FIRST-USER"));
+
+    // The second user: same beginning, another file, and the same predictable call id.
+    let mut second = conversation();
+    second[6]["content"] = json!("What is on line 9 of a.rs?");
+    second.push(json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "run_tests", "arguments": "{}"}}]}));
+    second.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "3 failed"}));
+    h.mock.push(Reply::text("Three tests fail."));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": second, "tools": tools}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let forwarded = h.mock.received().last().unwrap().json();
+    let text = forwarded.to_string();
+    assert!(
+        !text.contains("SECRET-OF-THE-FIRST-USER"),
+        "the first user's hidden read reached the second user's request: {text}"
+    );
+    let m = forwarded["messages"].as_array().unwrap();
+    let k = m.len() - 2;
+    assert_eq!(m[k]["tool_calls"].as_array().unwrap().len(), 1, "{}", m[k]);
+    assert_eq!(m[k + 1]["content"], "3 failed");
+
+    // The first user's own next turn still gets its read back in place.
+    let mut next = first.clone();
+    next.push(body["choices"][0]["message"].clone());
+    next.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "12 passed"}));
+    h.mock.push(Reply::text("All pass."));
+    let resp = h
+        .chat(&json!({"model": "gpt-4o", "messages": next, "tools": tools}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let forwarded = h.mock.received().last().unwrap().json();
+    let m = forwarded["messages"].as_array().unwrap();
+    let k = m
+        .iter()
+        .position(|x| x["role"] == "assistant" && x.to_string().contains("run_tests"))
+        .unwrap();
+    assert_eq!(m[k]["tool_calls"][0]["id"], "call_0");
+    assert!(m[k + 1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("SECRET-OF-THE-FIRST-USER"));
+}
+
+/// The proxy's tool definitions go out with the request: `x-context-tokens-after` counts them
+/// (it is the proxy's exact count of the body it forwarded), and the budget keeps room for
+/// them, so a request whose compacted messages just fit still fits with the tools added.
+#[tokio::test]
+async fn the_injected_tools_are_counted_and_fit_in_the_budget() {
+    use context_proxy::tokens::{CountSettings, Counter, Encoding};
+    let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+    let tokens_after = |resp: &reqwest::Response| -> usize {
+        resp.headers()["x-context-tokens-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let request = json!({"model": "gpt-4o", "messages": conversation()});
+    let h = harness().await;
+    h.mock.push(Reply::text("ok"));
+    let resp = h.chat(&request).await;
+    assert_eq!(resp.status(), 200);
+    let forwarded = h.mock.received().last().unwrap().json();
+    assert_eq!(
+        names_of_tools(&forwarded),
+        ["context_read", "context_search"]
+    );
+    assert_eq!(tokens_after(&resp), counter.count_request(&forwarded).total);
+    // The same messages without the tools: what the proxy forwards minus its definitions.
+    let mut bare = forwarded.clone();
+    bare.as_object_mut().unwrap().remove("tools");
+    let messages_only = counter.count_request(&bare).total;
+    assert!(
+        tokens_after(&resp) > messages_only + 100,
+        "{} vs {messages_only}",
+        tokens_after(&resp)
+    );
+
+    // A budget the compacted messages fit in, but not with the tools added.
+    let budget = messages_only + 50;
+    let h = Harness::start_with(MockConfig::default(), move |c| {
+        managed(c);
+        c.context.max_context_tokens = Some(budget);
+    })
+    .await;
+    h.mock.push(Reply::text("ok"));
+    let resp = h.chat(&request).await;
+    assert_eq!(resp.status(), 200);
+    let forwarded = h.mock.received().last().unwrap().json();
+    let sent = counter.count_request(&forwarded).total;
+    assert_eq!(tokens_after(&resp), sent);
+    assert!(
+        sent <= budget,
+        "forwarded {sent} tokens against a budget of {budget}: {:?}",
+        resp.headers()["x-context-actions"]
+    );
+}
+
 #[tokio::test]
 async fn a_client_tool_of_the_same_name_makes_the_proxys_take_another() {
     let h = harness().await;

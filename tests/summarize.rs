@@ -579,6 +579,7 @@ async fn replicas_summarize_once(store: std::sync::Arc<dyn context_proxy::store:
             previous: None,
             span: "[user]\nContinue with step 0.\n".into(),
             blocking: true,
+            encoding: context_proxy::tokens::Encoding::O200kBase,
         },
         upstream: upstreams.route(None).clone(),
         authorization: None,
@@ -598,4 +599,45 @@ async fn replicas_summarize_once(store: std::sync::Arc<dyn context_proxy::store:
     for r in &replicas {
         context_proxy::service::Service::stop(&**r).await;
     }
+}
+
+#[tokio::test]
+async fn a_summary_over_its_budget_is_cut_before_it_is_remembered_or_injected() {
+    use context_proxy::tokens::Encoding;
+    let s = start(MockConfig::default(), |c| {
+        c.context.summarizer.soft_ratio = 1.0
+    })
+    .await;
+    // A summarizer that ignores its max_tokens: 890 KB of summary.
+    let filler = "Also remember this detail about the parser and its many tests. ".repeat(14_200);
+    let huge = format!("{SUMMARY}\n{filler}");
+    assert!(huge.len() > 890_000);
+    s.summarizer.push(Reply::text(huge));
+    for k in [12, 13] {
+        let resp = s.h.chat(&request(k)).await;
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+    // The summarizer was asked for at most max_summary_tokens, and was called once.
+    let calls = summarizer_requests(&s.summarizer);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["max_tokens"], 300);
+    // Computed, then remembered: both requests carry the same summary, cut to its budget
+    // and marked.
+    let forwarded: Vec<Value> = s.h.mock.received().iter().map(|r| r.json()).collect();
+    assert_eq!(forwarded.len(), 2);
+    for body in &forwarded {
+        let text = body["messages"][2]["content"].as_str().unwrap();
+        let (_, summary) = text
+            .split_once("Summary of the messages moved out:\n\n")
+            .unwrap_or_else(|| panic!("no summary placed: {text:.200}"));
+        let tokens = Encoding::O200kBase.count(summary);
+        assert!(tokens <= 300, "{tokens} tokens injected");
+        assert!(
+            summary.starts_with("## Task overview\nFix the parser"),
+            "{summary:.200}"
+        );
+        assert!(summary.ends_with("max_summary_tokens]"), "{summary}");
+    }
+    assert_eq!(metric(&s.h, "cut").await, 1);
 }

@@ -73,10 +73,12 @@ pub async fn build(config: &ValidConfig) -> Result<Shared, StateError> {
         crate::http::request_body::BodyBudget::new(config.server.max_body_bytes_in_flight);
     let recorder = if config.record.enabled {
         Some(
-            Recorder::start(&config.record).map_err(|source| StateError::Record {
-                dir: config.record.dir.display().to_string(),
-                source,
-            })?,
+            Recorder::start(&config.record, metrics.recorder_write_errors.clone()).map_err(
+                |source| StateError::Record {
+                    dir: config.record.dir.display().to_string(),
+                    source,
+                },
+            )?,
         )
     } else {
         None

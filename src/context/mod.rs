@@ -122,6 +122,9 @@ pub struct Route<'a> {
     /// The upstream's prompt-caching prices for this request's model; unset: OpenAI's (the
     /// default for an unknown host).
     pub cache: Option<crate::pricing::CachePricing>,
+    /// Tokens the proxy may add to the request after planning (its own tools' definitions):
+    /// kept free in the budget, so the request as forwarded still fits.
+    pub reserved_tokens: usize,
 }
 
 /// What the plan phase decided for one request, handed to the apply phase.
@@ -169,6 +172,8 @@ pub struct SummaryJob {
     pub span: String,
     /// The request moved this span out just now, over its hard budget: it may wait for it.
     pub blocking: bool,
+    /// The request's token encoding: the summary must fit `max_summary_tokens` in it.
+    pub encoding: Encoding,
 }
 
 /// Where the marker of a moved-out span stands, to put a summary in it.
@@ -602,6 +607,10 @@ impl ContextManager {
                 .max(settings::MIN_TRUNCATE_TOKENS);
             settings.budget = budget;
         }
+        if route.reserved_tokens > 0 {
+            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
+            settings.target = settings.target.saturating_sub(route.reserved_tokens);
+        }
         let env = CachedEnv {
             counter: &counter,
             references: &self.references,
@@ -745,6 +754,7 @@ impl ContextManager {
                     &count,
                 ),
                 blocking,
+                encoding: counter.encoding(),
             })
         };
         if let Some(moved) = outcome.moved.clone() {
@@ -769,7 +779,7 @@ impl ContextManager {
                 .find(|r| r.prefix_len < moved.end && r.prefix_len > moved.start);
             let placed = exact.or(previous);
             if let Some(r) = placed {
-                place_into(outcome, &slot, &r.summary, counter);
+                place_into(outcome, &slot, &r.summary, cfg.max_summary_tokens, counter);
             }
             if exact.is_some() {
                 return (SummaryPlan::Hit, Some(slot));
@@ -815,7 +825,8 @@ impl ContextManager {
             return false;
         };
         let counter = self.counter.with_encoding(slot.encoding);
-        if !place_into(&mut decided.outcome, slot, summary, &counter) {
+        let max = self.config.summarizer.max_summary_tokens;
+        if !place_into(&mut decided.outcome, slot, summary, max, &counter) {
             return false;
         }
         plan.report = decided.outcome.report.clone();
@@ -953,22 +964,49 @@ impl ContextManager {
     }
 
     /// Writes every piece of content the new request refers to, unless this process stored it
-    /// less than `refresh` ago: so content is refreshed while requests point to it, and
-    /// written back within `refresh` if it was lost.
+    /// less than `refresh` ago (so content is refreshed while requests point to it) and the
+    /// store still has it: what was stored recently is checked in one cheap call, and written
+    /// again from this request when it was lost (a deleted directory, a flushed or evicted
+    /// Redis, an erased session) — a marker never points at nothing. When the store cannot
+    /// answer, this fails and the request goes out as it came.
     async fn write_all(
         &self,
         id: &Identity,
         messages: &[Value],
         writes: &[engine::Write],
     ) -> Result<Vec<usize>, StoreError> {
+        let recent: Vec<usize> = (0..writes.len())
+            .filter(|&n| {
+                self.written
+                    .get(&(id.tenant.clone(), writes[n].reference.clone()))
+                    .is_some_and(|at| at.elapsed() < self.refresh)
+            })
+            .collect();
+        let mut lost = Vec::new();
+        if !recent.is_empty() {
+            let refs: Vec<ContentRef> = recent
+                .iter()
+                .map(|&n| writes[n].reference.clone())
+                .collect();
+            let present = self.store.contains_content(&id.tenant, &refs).await?;
+            lost.extend(
+                recent
+                    .iter()
+                    .zip(present)
+                    .filter(|(_, present)| !present)
+                    .map(|(&n, _)| n),
+            );
+            if !lost.is_empty() {
+                tracing::warn!(
+                    lost = lost.len(),
+                    "stored content the request points to is gone from the store: writing it again"
+                );
+            }
+        }
         let mut stored_now = Vec::new();
         for (n, w) in writes.iter().enumerate() {
             let key = (id.tenant.clone(), w.reference.clone());
-            if self
-                .written
-                .get(&key)
-                .is_some_and(|at| at.elapsed() < self.refresh)
-            {
+            if recent.binary_search(&n).is_ok() && lost.binary_search(&n).is_err() {
                 continue;
             }
             let text = match &w.source {
@@ -1085,8 +1123,11 @@ fn place_into(
     outcome: &mut engine::Outcome,
     slot: &MarkerSlot,
     summary: &str,
+    max_summary_tokens: usize,
     counter: &Counter,
 ) -> bool {
+    // Remembered by an earlier version or another replica, it may be longer than its budget.
+    let summary = summary::bounded(summary, max_summary_tokens, counter.encoding());
     let Some(messages) = outcome.messages.as_mut() else {
         return false;
     };
@@ -1095,7 +1136,7 @@ fn place_into(
     };
     let before = counter.count_message(m);
     if let Some(c) = m.get_mut("content") {
-        *c = Value::String(summary::message_text(&slot.marker, summary));
+        *c = Value::String(summary::message_text(&slot.marker, &summary));
     }
     let after = counter.count_message(m);
     outcome.report.tokens_after = (outcome.report.tokens_after + after).saturating_sub(before);

@@ -15,6 +15,7 @@ use super::engine::content_text;
 use super::markers::{self, Readback};
 use super::units::role;
 use crate::store::ContentRef;
+use crate::tokens::Encoding;
 
 /// `[context.summarizer]`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -295,9 +296,38 @@ pub fn message_text(marker: &str, summary: &str) -> String {
     format!("{marker}\n\nSummary of the messages moved out:\n\n{summary}")
 }
 
+/// The line that ends a summary cut at its budget.
+pub const CUT_NOTE: &str =
+    "\n\n[… summary cut at its budget: context.summarizer.max_summary_tokens]";
+
+/// `summary` within `max_tokens` (in `encoding`): as it is when it fits, else its head cut so
+/// that it and [`CUT_NOTE`] fit. A summarizer may ignore its `max_tokens`; what is remembered
+/// and injected never exceeds the budget.
+pub fn bounded(summary: &str, max_tokens: usize, encoding: Encoding) -> std::borrow::Cow<'_, str> {
+    if encoding.count(summary) <= max_tokens {
+        return std::borrow::Cow::Borrowed(summary);
+    }
+    let room = max_tokens.saturating_sub(encoding.count(CUT_NOTE));
+    let head = encoding.truncate(summary, room).trim_end();
+    std::borrow::Cow::Owned(format!("{head}{CUT_NOTE}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_summary_over_its_budget_is_cut_and_says_so() {
+        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            assert_eq!(bounded(GOOD, 1_000, encoding), GOOD);
+            let long = format!("{GOOD}\n{}", "more detail, ".repeat(50_000));
+            let cut = bounded(&long, 300, encoding);
+            assert!(encoding.count(&cut) <= 300, "{}", encoding.count(&cut));
+            assert!(encoding.count(&cut) >= 290, "{}", encoding.count(&cut));
+            assert!(cut.starts_with("## Task overview\nFix the build."));
+            assert!(cut.ends_with(CUT_NOTE));
+        }
+    }
 
     const GOOD: &str = "## Task overview\nFix the build.\n\n## Current state\nEdited src/a.rs.\n\n\
 ## Important discoveries\nerror[E0308] fixed.\n\n## Next steps\nRun tests.\n\n## Context to preserve\nUse tabs.";

@@ -7,11 +7,15 @@
 //! is sent ([`holding_bodies`]), and a chat body's JSON is measured from its bytes before it is
 //! parsed into a DOM ([`check_json_shape`]: `server.max_json_elements`, 413;
 //! `server.max_json_depth`, 400).
+//!
+//! While a body is being received, the connection it comes on knows it ([`Receiving`]): a
+//! connection waiting on its client's body is not doing the client's work, so the server may
+//! close it to make room, and closes it at once when it shuts down.
 
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -21,7 +25,7 @@ use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 use crate::http::body::BoxError;
@@ -224,6 +228,77 @@ fn hold(permit: OwnedSemaphorePermit) {
     let _ = HELD.try_with(|held| held.borrow_mut().push(permit));
 }
 
+/// The request bodies a connection is receiving now, and since when: the server reads it to
+/// tell a connection waiting on its client (a slow or stalled body) from one whose request is
+/// being worked on.
+pub struct Receiving {
+    bodies: AtomicUsize,
+    /// When the bodies now being received began, in ns after `epoch`.
+    since: AtomicU64,
+    epoch: Instant,
+    /// Woken when a body begins.
+    began: Notify,
+}
+
+impl Receiving {
+    pub fn new(epoch: Instant) -> Receiving {
+        Receiving {
+            bodies: AtomicUsize::new(0),
+            since: AtomicU64::new(0),
+            epoch,
+            began: Notify::new(),
+        }
+    }
+
+    /// How many bodies are being received now.
+    pub fn bodies(&self) -> usize {
+        self.bodies.load(Ordering::Acquire)
+    }
+
+    /// When the first of the bodies being received now began; `None` when none is.
+    pub fn since(&self) -> Option<Instant> {
+        if self.bodies() == 0 {
+            return None;
+        }
+        let nanos = self.since.load(Ordering::Acquire);
+        Some(self.epoch + Duration::from_nanos(nanos))
+    }
+
+    /// Completes when a body begins (or began since the last wait ended).
+    pub async fn began(&self) {
+        self.began.notified().await;
+    }
+
+    fn begin(self: Arc<Self>) -> Receipt {
+        if self.bodies.fetch_add(1, Ordering::AcqRel) == 0 {
+            let since = Instant::now().saturating_duration_since(self.epoch);
+            self.since.store(since.as_nanos() as u64, Ordering::Release);
+        }
+        self.began.notify_one();
+        Receipt(self)
+    }
+}
+
+/// One body being received, until it is whole, fails or is dropped.
+struct Receipt(Arc<Receiving>);
+
+impl Drop for Receipt {
+    fn drop(&mut self) {
+        self.0.bodies.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+tokio::task_local! {
+    /// The bodies of the connection the request running on this task came on.
+    static RECEIVING: Arc<Receiving>;
+}
+
+/// Runs one request so that the bodies it reads count in `receiving` while they arrive (the
+/// server runs each request in it).
+pub async fn receiving_into<F: Future>(receiving: Arc<Receiving>, request: F) -> F::Output {
+    RECEIVING.scope(receiving, request).await
+}
+
 /// The error for a failed body read.
 fn body_error(server: &BodyLimits, e: &(dyn std::error::Error + 'static)) -> RequestBodyError {
     if e.downcast_ref::<BodyTimeout>().is_some() {
@@ -257,13 +332,21 @@ pub struct Timed<B> {
     received: u64,
     sleep: Pin<Box<Sleep>>,
     expired: Arc<AtomicBool>,
+    /// Held while the body arrives (counted in the connection's [`Receiving`]).
+    receipt: Option<Receipt>,
 }
 
-impl<B> Timed<B> {
+impl<B: Body> Timed<B> {
     pub fn new(inner: B, server: &BodyLimits) -> Timed<B> {
         let started = Instant::now();
         let timeout = Duration::from_millis(server.body_read_timeout_ms);
+        let receipt = if inner.is_end_stream() {
+            None
+        } else {
+            RECEIVING.try_with(|r| r.clone().begin()).ok()
+        };
         Timed {
+            receipt,
             inner,
             started,
             timeout,
@@ -306,12 +389,22 @@ where
                     let deadline = this.deadline();
                     this.sleep.as_mut().reset(deadline);
                 }
+                if this.inner.is_end_stream() {
+                    this.receipt = None;
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Err(e))) => {
+                this.receipt = None;
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => {
+                this.receipt = None;
+                Poll::Ready(None)
+            }
             Poll::Pending => {
                 if this.sleep.as_mut().poll(cx).is_ready() {
+                    this.receipt = None;
                     this.expired.store(true, Ordering::SeqCst);
                     return Poll::Ready(Some(Err(Box::new(BodyTimeout))));
                 }

@@ -4,16 +4,20 @@
 //! conversation back (with its tool results), the proxy puts them back in place, so the model
 //! sees what it really did — and sees the same bytes on every later turn (prompt cache).
 //!
-//! An exchange is found by the ids of the client's calls in that assistant message (the
-//! upstream's ids, unique per call), not by the message's bytes, which client libraries may
-//! re-serialize.
+//! An exchange is found by the conversation it came from: a digest of every message before
+//! that assistant message, as the client sent them, and the ids of the client's calls in it.
+//! Call ids alone are not enough: some servers number calls predictably, and clients without
+//! keys of their own whose conversations begin alike share a session, so one user's hidden
+//! reads would be put into another's request. The digest reads what a message says (role,
+//! text, call ids and names, the id a result answers), not its bytes, which client libraries
+//! may re-serialize.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use xxhash_rust::xxh3::xxh3_128;
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use crate::context::units::call_ids;
 use crate::context::Identity;
@@ -25,7 +29,8 @@ const PER_SESSION: usize = 256;
 /// What the proxy hid from the client in one assistant message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Exchange {
-    /// Identifies the assistant message: a hash of its client calls' ids.
+    /// Identifies the assistant message: a hash of the transcript before it and of its client
+    /// calls' ids ([`key_of`]).
     pub key: String,
     /// The hidden calls, each with its position among all the message's calls.
     pub calls: Vec<(usize, Value)>,
@@ -33,14 +38,75 @@ pub struct Exchange {
     pub results: Vec<Value>,
 }
 
-/// The key of an assistant message whose client calls have these ids.
-pub fn key_of<'a>(ids: impl IntoIterator<Item = &'a str>) -> String {
-    let mut joined = String::new();
+/// The key of an assistant message that follows the transcript whose digest is `transcript`
+/// ([`Transcript`]) and whose client calls have these ids.
+pub fn key_of<'a>(transcript: u128, ids: impl IntoIterator<Item = &'a str>) -> String {
+    let mut joined = format!("{transcript:032x}\n");
     for id in ids {
         joined.push_str(id);
         joined.push('\n');
     }
     format!("{:032x}", xxh3_128(joined.as_bytes()))
+}
+
+/// A running digest of a conversation's messages, one after the other: after `n` messages it
+/// names exactly those `n` (their roles, texts, calls and the ids results answer).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Transcript(u128);
+
+impl Transcript {
+    /// The digest of `messages`, in order.
+    pub fn of(messages: &[Value]) -> Transcript {
+        messages
+            .iter()
+            .fold(Transcript::default(), |t, m| t.then(m))
+    }
+
+    /// The digest of the messages so far followed by `message`.
+    pub fn then(self, message: &Value) -> Transcript {
+        let mut h = Xxh3::new();
+        h.update(&self.0.to_le_bytes());
+        let field = |h: &mut Xxh3, tag: u8, text: &str| {
+            h.update(&[tag]);
+            h.update(&(text.len() as u64).to_le_bytes());
+            h.update(text.as_bytes());
+        };
+        fn text(v: Option<&Value>) -> &str {
+            v.and_then(Value::as_str).unwrap_or("")
+        }
+        field(&mut h, b'r', text(message.get("role")));
+        match message.get("content") {
+            Some(Value::String(s)) => field(&mut h, b'c', s),
+            Some(Value::Array(parts)) => {
+                for part in parts {
+                    match part.get("text").and_then(Value::as_str) {
+                        Some(t) => field(&mut h, b't', t),
+                        None => field(&mut h, b'p', &part.to_string()),
+                    }
+                }
+            }
+            _ => {}
+        }
+        for call in message
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            field(&mut h, b'i', text(call.get("id")));
+            let name = call
+                .get("function")
+                .or_else(|| call.get("custom"))
+                .and_then(|f| f.get("name"));
+            field(&mut h, b'n', text(name));
+        }
+        field(&mut h, b'a', text(message.get("tool_call_id")));
+        Transcript(h.digest128())
+    }
+
+    pub fn digest(self) -> u128 {
+        self.0
+    }
 }
 
 /// The hidden exchanges of a session, in the store.
@@ -97,9 +163,21 @@ impl Hidden {
 
 /// [`Hidden::restore`] on a list already read.
 pub fn restore_in(list: &[Exchange], messages: &mut Vec<Value>) -> usize {
+    // The digest of the transcript before each message, as the client sent it (before anything
+    // is put back): what the exchange's key was made of when it was hidden.
+    let mut before = Vec::with_capacity(messages.len());
+    let mut transcript = Transcript::default();
+    for message in messages.iter() {
+        before.push(transcript);
+        transcript = transcript.then(message);
+    }
+    let mut before = before.into_iter();
     let mut restored = 0;
     let mut i = 0;
     while i < messages.len() {
+        let Some(transcript) = before.next() else {
+            break;
+        };
         let message = &messages[i];
         if message.get("role").and_then(Value::as_str) != Some("assistant") {
             i += 1;
@@ -110,7 +188,7 @@ pub fn restore_in(list: &[Exchange], messages: &mut Vec<Value>) -> usize {
             i += 1;
             continue;
         }
-        let key = key_of(ids.iter().copied());
+        let key = key_of(transcript.digest(), ids.iter().copied());
         let Some(exchange) = list.iter().find(|e| e.key == key) else {
             i += 1;
             continue;
@@ -190,7 +268,10 @@ mod tests {
         assert_eq!(visible["tool_calls"].as_array().unwrap().len(), 2);
         assert_eq!(visible["tool_calls"][0]["id"], "c2");
         let exchange = Exchange {
-            key: key_of(["c2", "c4"]),
+            key: key_of(
+                Transcript::of(&[json!({"role": "user", "content": "go"})]).digest(),
+                ["c2", "c4"],
+            ),
             calls: hidden,
             results: vec![
                 json!({"role": "tool", "tool_call_id": "c1", "content": "read"}),
@@ -223,17 +304,52 @@ mod tests {
     }
 
     #[test]
-    fn the_key_is_the_client_call_ids() {
-        assert_eq!(key_of(["a", "b"]), key_of(["a", "b"]));
-        assert_ne!(key_of(["a", "b"]), key_of(["ab"]));
+    fn the_key_is_the_transcript_and_the_client_call_ids() {
+        assert_eq!(key_of(1, ["a", "b"]), key_of(1, ["a", "b"]));
+        assert_ne!(key_of(1, ["a", "b"]), key_of(1, ["ab"]));
+        assert_ne!(key_of(1, ["a"]), key_of(2, ["a"]));
         let other = vec![json!({"role": "assistant", "tool_calls": [call("x", "f")]})];
         let exchange = Exchange {
-            key: key_of(["y"]),
+            key: key_of(0, ["y"]),
             calls: vec![],
             results: vec![],
         };
         let mut m = other.clone();
         assert_eq!(restore_in(&[exchange], &mut m), 0);
         assert_eq!(m, other);
+    }
+
+    #[test]
+    fn an_exchange_returns_only_after_the_transcript_it_came_from() {
+        let mine = vec![
+            json!({"role": "user", "content": "go"}),
+            json!({"role": "tool", "tool_call_id": "c0", "content": "mine"}),
+        ];
+        let exchange = Exchange {
+            key: key_of(Transcript::of(&mine).digest(), ["c2"]),
+            calls: vec![(0, call("c1", "context_read"))],
+            results: vec![json!({"role": "tool", "tool_call_id": "c1", "content": "secret"})],
+        };
+        let answer =
+            json!({"role": "assistant", "content": null, "tool_calls": [call("c2", "run")]});
+        let result = json!({"role": "tool", "tool_call_id": "c2", "content": "ok"});
+        // Another conversation with the same call ids: nothing comes back.
+        let mut theirs = vec![
+            json!({"role": "user", "content": "go"}),
+            json!({"role": "tool", "tool_call_id": "c0", "content": "theirs"}),
+            answer.clone(),
+            result.clone(),
+        ];
+        let before = theirs.clone();
+        assert_eq!(restore_in(std::slice::from_ref(&exchange), &mut theirs), 0);
+        assert_eq!(theirs, before);
+        // The same conversation re-serialized (a null field added): it comes back.
+        let mut again = mine.clone();
+        again[0]["name"] = Value::Null;
+        again.push(answer);
+        again.push(result);
+        assert_eq!(restore_in(std::slice::from_ref(&exchange), &mut again), 1);
+        assert_eq!(again[2]["tool_calls"][0]["id"], "c1");
+        assert_eq!(again[3]["content"], "secret");
     }
 }

@@ -172,6 +172,13 @@ fn client_tool_names(body: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
+/// The tokens the two definitions add to a request (counted as the upstream counts a `tools`
+/// array; when the client has tools of its own this over-counts the array's fixed overhead by
+/// a few tokens, which errs on the side of fitting).
+pub fn definitions_tokens(names: &ToolNames, encoding: crate::tokens::Encoding) -> usize {
+    crate::tokens::tools_tokens(&Value::Array(definitions(names).to_vec()), encoding)
+}
+
 /// The two tool definitions, in a fixed order with fixed bytes for given names.
 pub fn definitions(names: &ToolNames) -> [Value; 2] {
     let read = json!({

@@ -7,7 +7,9 @@
 //! `try_send` into a bounded queue. When the queue is full the exchange is dropped and counted
 //! (`context_proxy_record_dropped_total`): recording never slows a request down. One thread
 //! owns the files: it parses the bodies, assembles streamed answers, hashes texts when asked,
-//! and writes each exchange with one `write` call, so a crash tears at most the last line.
+//! and writes each exchange with one `write` call, so a crash tears at most the last line; a
+//! write that fails part way (a full disk) is cut back off the file and counted
+//! (`context_proxy_recorder_write_errors_total`).
 //! At shutdown the queue is drained and the thread joined.
 //!
 //! API keys are never written: the request's headers are not recorded at all, the tenant is
@@ -69,11 +71,12 @@ enum Msg {
     },
 }
 
-/// Exchanges written, and exchanges that could not be written (an I/O error, logged).
+/// Exchanges written, and exchanges that could not be written (an I/O error, logged; shared
+/// with `/metrics` as `context_proxy_recorder_write_errors_total`).
 #[derive(Debug, Default)]
 pub struct RecordStats {
     pub written: AtomicU64,
-    pub failed: AtomicU64,
+    pub failed: Arc<AtomicU64>,
 }
 
 /// The running recorder (see the module docs).
@@ -85,8 +88,12 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Opens a new file in `config.dir` and starts the writing thread.
-    pub fn start(config: &RecordConfig) -> std::io::Result<Arc<Recorder>> {
+    /// Opens a new file in `config.dir` and starts the writing thread, which counts the
+    /// exchanges it cannot write in `write_errors`.
+    pub fn start(
+        config: &RecordConfig,
+        write_errors: Arc<AtomicU64>,
+    ) -> std::io::Result<Arc<Recorder>> {
         let started_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -99,7 +106,10 @@ impl Recorder {
             started_ms,
         )?;
         let (tx, rx) = sync_channel(config.queue_capacity);
-        let stats = Arc::new(RecordStats::default());
+        let stats = Arc::new(RecordStats {
+            written: AtomicU64::new(0),
+            failed: write_errors,
+        });
         let span = tracing::info_span!("recorder", dir = %config.dir.display());
         let thread_stats = stats.clone();
         let thread = std::thread::Builder::new()
@@ -310,7 +320,7 @@ mod tests {
     #[tokio::test]
     async fn streams_are_assembled_and_stop_flushes() {
         let dir = tempfile::tempdir().unwrap();
-        let recorder = Recorder::start(&config(dir.path(), 16)).unwrap();
+        let recorder = Recorder::start(&config(dir.path(), 16), Arc::default()).unwrap();
         for n in 0..5 {
             assert!(recorder.offer(pending(n)));
         }
@@ -328,7 +338,7 @@ mod tests {
     #[tokio::test]
     async fn a_full_queue_drops_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
-        let recorder = Recorder::start(&config(dir.path(), 3)).unwrap();
+        let recorder = Recorder::start(&config(dir.path(), 3), Arc::default()).unwrap();
         // The writer is held until `release` is dropped: the queue fills and stays full.
         let (release, hold) = std::sync::mpsc::channel();
         let (entered, has_entered) = std::sync::mpsc::channel();

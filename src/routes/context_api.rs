@@ -2,9 +2,10 @@
 //! answered by the proxy itself (never forwarded). What they show is read by
 //! [`crate::sessions`], which the `inspect` subcommand shares.
 //!
-//! - `GET /v1/context/sessions` — the caller's sessions;
-//! - `GET /v1/context/sessions/{id}` — one session: its statistics, its journal, and every
-//!   reference it stored (kind, size, when);
+//! - `GET /v1/context/sessions` — the caller's sessions, a page at a time (`limit`, `after`);
+//! - `GET /v1/context/sessions/{id}` — one session: a page of its journal (the newest records,
+//!   or those before `before`; `limit`), with the statistics and stored references (kind, size,
+//!   when) of that page; a journal of any size is read holding only the page;
 //! - `DELETE /v1/context/sessions/{id}` — erases its state, journal and stored content;
 //! - `GET /v1/context/refs/{ref}` — stored content, to its own tenant only (404 otherwise).
 //!
@@ -22,7 +23,10 @@ use crate::auth::{Caller, KeyNames};
 use crate::http::body::{full, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::routes::shared::Shared;
-use crate::sessions::{erase, list, not_found, parse_tenant, session_detail, InspectError};
+use crate::sessions::{
+    erase, list_page, not_found, parse_tenant, session_page, InspectError, Page, DEFAULT_PAGE,
+    MAX_PAGE,
+};
 use crate::store::{ContentRef, SessionId, Tenant};
 
 /// Answers a `/v1/context/…` request (the router has authenticated it).
@@ -38,6 +42,7 @@ pub async fn handle<B>(
     let path = req.uri().path().trim_end_matches('/');
     let rest = path.strip_prefix("/v1/context/").unwrap_or_default();
     let query_tenant = query_param(req.uri().query(), "tenant");
+    let page = page(req.uri().query())?;
     let method = req.method().clone();
     let not_allowed = |allowed| ProxyError::MethodNotAllowed {
         method: method.to_string(),
@@ -50,7 +55,11 @@ pub async fn handle<B>(
                 return Err(not_allowed("GET"));
             }
             let scope = (!caller.admin).then_some(&caller.tenant);
-            list(store.as_ref(), scope, names).await?
+            let after = query_param(req.uri().query(), "after");
+            let after = after
+                .as_deref()
+                .map(|a| percent_encoding::percent_decode_str(a).decode_utf8_lossy());
+            list_page(store.as_ref(), scope, names, after.as_deref(), page.limit).await?
         }
         Some(("sessions", id)) => {
             let tenant = tenant_of(&caller, query_tenant.as_deref(), names)?;
@@ -58,7 +67,7 @@ pub async fn handle<B>(
             let id = &*percent_encoding::percent_decode_str(id).decode_utf8_lossy();
             let session = parse_session(id)?;
             match method {
-                Method::GET => session_detail(store.as_ref(), &tenant, &session, names)
+                Method::GET => session_page(store.as_ref(), &tenant, &session, names, &page)
                     .await?
                     .ok_or_else(|| not_found("session", id))?,
                 Method::DELETE => {
@@ -127,6 +136,32 @@ fn tenant_of(
         )
     })?;
     parse_tenant(given, names)
+}
+
+/// The page a request asks for (`limit`, `before`).
+fn page(query: Option<&str>) -> Result<Page, InspectError> {
+    let limit = match query_param(query, "limit") {
+        None => DEFAULT_PAGE,
+        Some(l) => l
+            .parse()
+            .ok()
+            .filter(|l| (1..=MAX_PAGE).contains(l))
+            .ok_or_else(|| {
+                InspectError::BadRequest(format!(
+                    "limit must be a whole number from 1 to {MAX_PAGE} (default {DEFAULT_PAGE})"
+                ))
+            })?,
+    };
+    let before = query_param(query, "before")
+        .map(|b| {
+            b.parse().map_err(|_| {
+                InspectError::BadRequest(
+                    "before must be a journal index (journal_first of the previous page)".into(),
+                )
+            })
+        })
+        .transpose()?;
+    Ok(Page { limit, before })
 }
 
 fn query_param(query: Option<&str>, name: &str) -> Option<String> {

@@ -13,15 +13,18 @@
 //! most half `idle_timeout_ms`) and reads the connection's counters then: a request costs it
 //! two atomic updates and a clock read, no wake-up.
 //!
-//! At `max_connections`, a new connection does not wait behind silent or idle ones: the
+//! At `max_connections`, a new connection does not wait behind silent, idle or slow ones: the
 //! connection idle the longest (no request in flight: silent since its accept, or an idle
-//! keep-alive) is closed to make room. Only when every connection has a request in flight
-//! does a new one wait for a slot.
+//! keep-alive) is closed to make room; when none is idle, the one that has waited the longest
+//! on its client's request body (a slow or stalled upload: nothing of the client's is being
+//! worked on). Only when every connection has a request being worked on does a new one wait
+//! for a slot.
 //!
 //! Stopping goes in steps, each cut short by the next [`Stop`]: the drain window (`/readyz`
 //! answers 503 while new connections are still served, so a load balancer moves away; skipped
 //! by [`Stop::Now`]), then the grace (no new connections; in-flight requests and streams
-//! finish), then the rest is cut. The listening socket has `SO_REUSEADDR`, so a proxy started
+//! finish; a connection still receiving a request body is closed at once, without waiting for
+//! its `body_read_timeout_ms`), then the rest is cut. The listening socket has `SO_REUSEADDR`, so a proxy started
 //! again on the same port right after binds while the old connections are in `TIME_WAIT`.
 
 mod config;
@@ -51,6 +54,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::http::body::{BoxError, ProxyBody};
+use crate::http::request_body::{self, Receiving};
 use crate::routes::shared::Shared;
 
 /// Why the server could not start.
@@ -221,6 +225,8 @@ impl Server {
         let mut accept_errors = AcceptErrors::default();
         // Set when the shutdown grace is over: event streams still open end with an error event.
         let (grace_over_tx, grace_over_rx) = watch::channel(false);
+        // Set when the grace begins: connections still receiving a request body close at once.
+        let (stopping_tx, stopping_rx) = watch::channel(false);
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -288,8 +294,10 @@ impl Server {
                 let state = service_state.clone();
                 let in_flight = InFlight::begin(activity.clone());
                 let grace_over = grace_over.clone();
+                let receiving = activity.receiving.clone();
                 async move {
-                    let response = router::handle(state, req).await;
+                    let response =
+                        request_body::receiving_into(receiving, router::handle(state, req)).await;
                     let is_event_stream =
                         crate::upstream::relay::is_event_stream(response.headers());
                     Ok::<_, Infallible>(response.map(|body| Tracked {
@@ -304,6 +312,7 @@ impl Server {
             let span = tracing::debug_span!("connection", %peer);
             let (head_timeout, idle_timeout) =
                 (server_cfg.header_read_timeout(), server_cfg.idle_timeout());
+            let stopping = stopping_rx.clone();
             tasks.spawn(
                 async move {
                     let conn = builder.serve_connection(TokioIo::new(stream), service);
@@ -311,7 +320,7 @@ impl Server {
                         served = watcher.watch(conn) => if let Err(e) = served {
                             tracing::debug!(error = %e, "connection ended with an error");
                         },
-                        why = watchdog(&conn_state.activity, head_timeout, idle_timeout) => {
+                        why = watchdog(&conn_state.activity, head_timeout, idle_timeout, stopping) => {
                             tracing::debug!(why, "connection closed");
                         }
                     }
@@ -330,6 +339,7 @@ impl Server {
         );
         let drained = graceful.shutdown();
         tokio::pin!(drained);
+        stopping_tx.send_replace(true);
         let cut = tokio::select! {
             () = &mut drained => {
                 tracing::info!("all connections drained");
@@ -456,6 +466,8 @@ struct Activity {
     /// When the connection was accepted or its last request ended, in ns after `epoch`.
     idle_since: AtomicU64,
     epoch: Instant,
+    /// The request bodies the connection is receiving now.
+    receiving: Arc<Receiving>,
     /// Set to close the connection now (to make room at `max_connections`).
     evicted: Notify,
 }
@@ -467,6 +479,7 @@ impl Activity {
             begun: AtomicBool::new(false),
             idle_since: AtomicU64::new(0),
             epoch,
+            receiving: Arc::new(Receiving::new(epoch)),
             evicted: Notify::new(),
         };
         activity.mark_idle();
@@ -486,6 +499,19 @@ impl Activity {
         }
         let nanos = self.idle_since.load(Ordering::Acquire);
         Some(self.epoch + Duration::from_nanos(nanos))
+    }
+
+    /// When the connection began waiting on its client's request body, while every request in
+    /// flight on it is still receiving its body (nothing of the client's is being worked on);
+    /// else `None`.
+    fn waiting_on_body_since(&self) -> Option<Instant> {
+        let since = self.receiving.since()?;
+        (self.in_flight.load(Ordering::Acquire) <= self.receiving.bodies()).then_some(since)
+    }
+
+    /// Whether closing the connection loses no work: idle, or waiting on a request body.
+    fn evictable(&self) -> bool {
+        self.idle_since().is_some() || self.waiting_on_body_since().is_some()
     }
 }
 
@@ -524,13 +550,17 @@ impl OpenConnections {
     }
 
     /// Closes the connection with no request in flight that has been idle the longest (a silent
-    /// one first, by age). False when every connection has a request in flight.
+    /// one first, by age); when none is idle, the one waiting the longest on a request body.
+    /// False when every connection has a request being worked on.
     fn evict_idlest(&self) -> bool {
         let open = self.lock();
-        let idlest = open
-            .values()
-            .filter_map(|a| a.idle_since().map(|since| (since, a)))
-            .min_by_key(|(since, _)| *since);
+        let oldest = |since: fn(&Activity) -> Option<Instant>| {
+            open.values()
+                .filter_map(|a| since(a).map(|since| (since, a)))
+                .min_by_key(|(since, _)| *since)
+        };
+        let idlest =
+            oldest(Activity::idle_since).or_else(|| oldest(Activity::waiting_on_body_since));
         match idlest {
             Some((_, activity)) => {
                 activity.evicted.notify_one();
@@ -663,7 +693,8 @@ impl http_body::Body for Tracked {
 }
 
 /// Completes when the connection should be closed: no request head within `head_timeout` of
-/// the accept, no request in flight for `idle_timeout`, or evicted. Says why. It sleeps until
+/// the accept, no request in flight for `idle_timeout`, evicted, or waiting on a request body
+/// once `stopping` is set. Says why. It sleeps until
 /// the next possible deadline and looks at the counters then, so requests never wake it; while
 /// a request is in flight or none has begun yet it looks at least every half `idle_timeout`
 /// (a request may begin and end in between), so an idle connection closes between
@@ -672,12 +703,17 @@ async fn watchdog(
     activity: &Activity,
     head_timeout: Duration,
     idle_timeout: Duration,
+    mut stopping: watch::Receiver<bool>,
 ) -> &'static str {
     let sleep = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(sleep);
     let evicted = activity.evicted.notified();
     tokio::pin!(evicted);
     loop {
+        let is_stopping = *stopping.borrow_and_update();
+        if is_stopping && activity.waiting_on_body_since().is_some() {
+            return "closed at shutdown: still receiving its request body";
+        }
         let now = Instant::now();
         let look_again = now + idle_timeout / 2;
         let wake = match activity.idle_since() {
@@ -699,12 +735,20 @@ async fn watchdog(
         tokio::select! {
             () = &mut sleep => {}
             () = &mut evicted => {
-                // Chosen while idle; a request may have begun since: then it stays open.
-                if activity.idle_since().is_some() {
+                // Chosen while it lost no work by closing; a request may have got on since:
+                // then it stays open.
+                if activity.evictable() {
                     return "closed to make room: server.max_connections reached";
                 }
                 evicted.set(activity.evicted.notified());
             }
+            // Once stopping, look again whenever a body begins.
+            changed = stopping.changed(), if !is_stopping => {
+                if changed.is_err() {
+                    return "the server stopped";
+                }
+            }
+            () = activity.receiving.began(), if is_stopping => {}
         }
     }
 }

@@ -129,6 +129,10 @@ macro_rules! suite {
                 super::tenants_are_isolated(harness().await).await
             }
             #[tokio::test]
+            async fn contains_content_answers_each_ref() {
+                super::contains_content_answers_each_ref(harness().await).await
+            }
+            #[tokio::test]
             async fn what_was_never_stored_is_none() {
                 super::what_was_never_stored_is_none(harness().await).await
             }
@@ -235,6 +239,7 @@ async fn redis_cluster() {
     concurrent_writers_of_the_same_content_all_succeed(Harness::redis_cluster(&cluster).await)
         .await;
     tenants_are_isolated(Harness::redis_cluster(&cluster).await).await;
+    contains_content_answers_each_ref(Harness::redis_cluster(&cluster).await).await;
     sessions_are_listed_and_erased(Harness::redis_cluster(&cluster).await, true).await;
     sessions_keep_the_names_clients_give(Harness::redis_cluster(&cluster).await).await;
     the_log_is_append_only_json_lines(Harness::redis_cluster(&cluster).await).await;
@@ -612,6 +617,41 @@ async fn tenants_are_isolated(h: Harness) {
     assert!(h.store.get_content(&anonymous, &r).await.unwrap().is_none());
 }
 
+async fn contains_content_answers_each_ref(h: Harness) {
+    let (alice, bob, s) = (tenant("sk-alice"), tenant("sk-bob"), session("s"));
+    assert!(h
+        .store
+        .contains_content(&alice, &[])
+        .await
+        .unwrap()
+        .is_empty());
+    let stored = h
+        .store
+        .put_content(&alice, &s, ContentKind::ToolResult, "kept")
+        .await
+        .unwrap();
+    let never = ContentRef::of("never stored");
+    let refs = [never.clone(), stored.clone(), never.clone(), stored.clone()];
+    assert_eq!(
+        h.store.contains_content(&alice, &refs).await.unwrap(),
+        [false, true, false, true]
+    );
+    // Another tenant's content is not there for bob.
+    assert_eq!(
+        h.store.contains_content(&bob, &refs).await.unwrap(),
+        [false; 4]
+    );
+    // Erased with its session: gone.
+    h.store
+        .erase_session(&alice, &s, std::slice::from_ref(&stored))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.store.contains_content(&alice, &[stored]).await.unwrap(),
+        [false]
+    );
+}
+
 async fn what_was_never_stored_is_none(h: Harness) {
     let (t, s) = (tenant("k"), session("s"));
     let never = ContentRef::of("never stored");
@@ -630,6 +670,13 @@ async fn items_expire_after_the_retention_period(h: Harness) {
     h.store.append_log(&t, &s, &json!({"n": 1})).await.unwrap();
     h.store.put_state(&t, &s, &key("k"), b"v").await.unwrap();
     h.clock.advance(30 * DAY);
+    assert_eq!(
+        h.store
+            .contains_content(&t, std::slice::from_ref(&r))
+            .await
+            .unwrap(),
+        [false]
+    );
     assert_eq!(h.store.get_content(&t, &r).await.unwrap(), None);
     assert!(h.store.read_log(&t, &s).await.unwrap().is_empty());
     assert_eq!(h.store.get_state(&t, &s, &key("k")).await.unwrap(), None);
@@ -711,6 +758,19 @@ async fn the_log_is_append_only_json_lines(h: Harness) {
         h.store.read_log(&t, &s2).await.unwrap(),
         [json!({"other": true})]
     );
+    // Pages: the newest first, then back from a cursor; each as the whole journal has it.
+    let page = |before, limit| h.store.read_log_page(&t, &s1, before, limit);
+    let newest = page(None, 3).await.unwrap();
+    assert_eq!((newest.first_index, newest.total), (1, 4));
+    assert_eq!(newest.records, records[1..]);
+    let older = page(Some(newest.first_index), 3).await.unwrap();
+    assert_eq!((older.first_index, older.total), (0, 4));
+    assert_eq!(older.records, records[..1]);
+    assert_eq!(page(Some(3), 2).await.unwrap().records, records[1..3]);
+    assert_eq!(page(Some(99), 1).await.unwrap().records, records[3..]);
+    assert!(page(Some(0), 5).await.unwrap().records.is_empty());
+    let none = h.store.read_log_page(&t, &session("none"), None, 5).await;
+    assert_eq!(none.unwrap(), crate::store::LogPage::default());
     // Key order is kept (serde_json's `preserve_order`).
     let back = &h.store.read_log(&t, &s1).await.unwrap()[3];
     let keys: Vec<_> = back["nested"].as_object().unwrap().keys().collect();

@@ -18,7 +18,8 @@ use async_trait::async_trait;
 use super::locks::LockTable;
 use super::sweeper::Sweeper;
 use super::{
-    Clock, ContentKind, ContentRef, SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
+    Clock, ContentKind, ContentRef, LogPage, SessionId, StateKey, Store, StoreConfig, StoreError,
+    Tenant,
 };
 
 /// The in-process store.
@@ -265,6 +266,24 @@ impl Store for MemoryStore {
             .flatten())
     }
 
+    async fn contains_content(
+        &self,
+        tenant: &Tenant,
+        refs: &[ContentRef],
+    ) -> Result<Vec<bool>, StoreError> {
+        let now = self.shared.clock.now();
+        let items = self.shared.lock();
+        Ok(refs
+            .iter()
+            .map(|r| {
+                items
+                    .map
+                    .get(&content_key(tenant, r))
+                    .is_some_and(|item| !expired(item.used_at, now, self.shared.retention))
+            })
+            .collect())
+    }
+
     async fn append_log(
         &self,
         tenant: &Tenant,
@@ -320,6 +339,40 @@ impl Store for MemoryStore {
                 })
             })
             .collect()
+    }
+
+    async fn read_log_page(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        before: Option<usize>,
+        limit: usize,
+    ) -> Result<LogPage, StoreError> {
+        let key = log_key(tenant, session);
+        let (lines, total, first_index) = self
+            .shared
+            .with_item(&key, |item| match &item.value {
+                Value::Log(lines) => {
+                    let range = LogPage::range(lines.len(), before, limit);
+                    (lines[range.clone()].to_vec(), lines.len(), range.start)
+                }
+                _ => (Vec::new(), 0, 0),
+            })
+            .unwrap_or_default();
+        let records = lines
+            .iter()
+            .map(|line| {
+                serde_json::from_str(line).map_err(|e| StoreError::Corrupt {
+                    location: key.clone(),
+                    detail: e.to_string(),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(LogPage {
+            records,
+            first_index,
+            total,
+        })
     }
 
     async fn put_state(

@@ -26,6 +26,9 @@
 //! - **Bounded.** [`open`] wraps the backend so that every call fails with
 //!   [`StoreError::Timeout`] after `op_timeout_ms`; the memory backend holds at most
 //!   `memory_max_bytes`; the fs backend runs at most `max_blocking_ops` file operations at once.
+//!   A request's store phase is bounded as a whole too ([`with_phase_budget`]): all its calls
+//!   together wait at most `op_timeout_ms`, so a hung Redis delays a request once, not once per
+//!   call.
 //!   Callers treat any [`StoreError`] as "serve the request without context management"
 //!   (invariant *Fail-open*).
 //!
@@ -132,6 +135,41 @@ impl Clock for ManualClock {
     }
 }
 
+/// Part of a session's journal ([`Store::read_log_page`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogPage {
+    /// The records, oldest first.
+    pub records: Vec<serde_json::Value>,
+    /// The index of the first of them in the journal (record 0 is the oldest).
+    pub first_index: usize,
+    /// How many records the journal holds.
+    pub total: usize,
+}
+
+impl LogPage {
+    /// Where the page of at most `limit` records before `before` (`None`: the end) starts and
+    /// ends in a journal of `total` records.
+    pub fn range(total: usize, before: Option<usize>, limit: usize) -> std::ops::Range<usize> {
+        let end = before.unwrap_or(total).min(total);
+        end.saturating_sub(limit)..end
+    }
+
+    /// The page of `all` (a whole journal).
+    pub fn of(all: Vec<serde_json::Value>, before: Option<usize>, limit: usize) -> LogPage {
+        let total = all.len();
+        let range = LogPage::range(total, before, limit);
+        LogPage {
+            first_index: range.start,
+            records: all
+                .into_iter()
+                .skip(range.start)
+                .take(range.len())
+                .collect(),
+            total,
+        }
+    }
+}
+
 /// Offloaded content, the session journal and session state records, scoped by tenant.
 ///
 /// Every read and write of an item refreshes its retention.
@@ -156,6 +194,16 @@ pub trait Store: Send + Sync + 'static {
         r: &ContentRef,
     ) -> Result<Option<String>, StoreError>;
 
+    /// Which of `refs` are stored for `tenant` (one answer per ref, in order): the check made
+    /// before a request pointing at them is forwarded, so a marker never points at nothing.
+    /// Cheap — no content is read (fs: a pointer read and a `stat` per ref; Redis: one
+    /// pipelined `EXISTS`) — and it does not refresh retention.
+    async fn contains_content(
+        &self,
+        tenant: &Tenant,
+        refs: &[ContentRef],
+    ) -> Result<Vec<bool>, StoreError>;
+
     /// Appends `record` as one JSON line to the session's journal (what was offloaded, what was
     /// decided). Lines are never rewritten.
     async fn append_log(
@@ -172,6 +220,21 @@ pub trait Store: Send + Sync + 'static {
         tenant: &Tenant,
         session: &SessionId,
     ) -> Result<Vec<serde_json::Value>, StoreError>;
+
+    /// At most `limit` records of the journal, the newest of those before index `before`
+    /// (record 0 is the oldest; `None`: the end), with how many it holds: what the inspection
+    /// routes page through. Backends hold only the page in memory (this default, the whole
+    /// journal).
+    async fn read_log_page(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        before: Option<usize>,
+        limit: usize,
+    ) -> Result<LogPage, StoreError> {
+        let all = self.read_log(tenant, session).await?;
+        Ok(LogPage::of(all, before, limit))
+    }
 
     /// Stores a small record of the session under `key`, replacing any previous one.
     async fn put_state(
@@ -276,19 +339,41 @@ pub async fn open_with_clock(
     }))
 }
 
-/// Runs `fut`, failing with [`StoreError::Timeout`] after `timeout`.
+tokio::task_local! {
+    /// What is left of the current request's store time ([`with_phase_budget`]).
+    static PHASE_BUDGET: std::cell::Cell<Duration>;
+}
+
+/// Runs `fut` (a request's store phase: planning and applying its context) with all the store
+/// calls made inside it sharing one budget of `total`: each call may wait only what the calls
+/// before it left, and once the budget is spent every further call fails at once with
+/// [`StoreError::Timeout`]. Time spent elsewhere (waiting for a summary, counting) is not
+/// charged. Calls outside such a phase (background tasks, the proxy's tools) have their own
+/// timeout only.
+pub async fn with_phase_budget<F: Future>(total: Duration, fut: F) -> F::Output {
+    PHASE_BUDGET.scope(std::cell::Cell::new(total), fut).await
+}
+
+/// Runs `fut`, failing with [`StoreError::Timeout`] after `timeout`, or sooner when the
+/// request's store phase has less left ([`with_phase_budget`]).
 async fn bounded<T>(
     op: &'static str,
     timeout: Duration,
     fut: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    match tokio::time::timeout(timeout, fut).await {
-        Ok(result) => result,
-        Err(_) => Err(StoreError::Timeout {
-            op,
-            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        }),
+    let left = PHASE_BUDGET.try_with(|b| b.get()).ok();
+    let allowed = left.map_or(timeout, |left| left.min(timeout));
+    let timed_out = || StoreError::Timeout {
+        op,
+        timeout_ms: u64::try_from(allowed.as_millis()).unwrap_or(u64::MAX),
+    };
+    if allowed.is_zero() {
+        return Err(timed_out());
     }
+    let started = tokio::time::Instant::now();
+    let result = tokio::time::timeout(allowed, fut).await;
+    let _ = PHASE_BUDGET.try_with(|b| b.set(b.get().saturating_sub(started.elapsed())));
+    result.unwrap_or_else(|_| Err(timed_out()))
 }
 
 /// A backend with every call bounded by a timeout.
@@ -323,6 +408,15 @@ impl Store for Timed {
         .await
     }
 
+    async fn contains_content(
+        &self,
+        tenant: &Tenant,
+        refs: &[ContentRef],
+    ) -> Result<Vec<bool>, StoreError> {
+        let fut = self.inner.contains_content(tenant, refs);
+        bounded("contains_content", self.timeout, fut).await
+    }
+
     async fn append_log(
         &self,
         tenant: &Tenant,
@@ -342,6 +436,21 @@ impl Store for Timed {
             "read_log",
             self.timeout,
             self.inner.read_log(tenant, session),
+        )
+        .await
+    }
+
+    async fn read_log_page(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        before: Option<usize>,
+        limit: usize,
+    ) -> Result<LogPage, StoreError> {
+        bounded(
+            "read_log_page",
+            self.timeout,
+            self.inner.read_log_page(tenant, session, before, limit),
         )
         .await
     }
@@ -458,6 +567,13 @@ mod tests {
             _: &Tenant,
             _: &ContentRef,
         ) -> Result<Option<String>, StoreError> {
+            std::future::pending().await
+        }
+        async fn contains_content(
+            &self,
+            _: &Tenant,
+            _: &[ContentRef],
+        ) -> Result<Vec<bool>, StoreError> {
             std::future::pending().await
         }
         async fn append_log(
@@ -580,6 +696,40 @@ mod tests {
             );
             assert!(err.to_string().contains("store.op_timeout_ms"), "{err}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_calls_of_a_phase_share_one_budget() {
+        let store = Timed {
+            inner: Arc::new(Stalled),
+            timeout: Duration::from_secs(2),
+        };
+        let t = Tenant::from_api_key(None);
+        let s = SessionId::parse("s").unwrap();
+        let k = StateKey::parse("k").unwrap();
+        let started = tokio::time::Instant::now();
+        let errors = with_phase_budget(Duration::from_secs(3), async {
+            [
+                store.get_state(&t, &s, &k).await.unwrap_err(),
+                store.get_state(&t, &s, &k).await.unwrap_err(),
+                store.put_state(&t, &s, &k, b"v").await.unwrap_err(),
+            ]
+        })
+        .await;
+        // 2 s, then the 1 s left, then nothing: 3 s in all, not 6.
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        let waited: Vec<u64> = errors
+            .iter()
+            .map(|e| match e {
+                StoreError::Timeout { timeout_ms, .. } => *timeout_ms,
+                other => panic!("{other}"),
+            })
+            .collect();
+        assert_eq!(waited, [2000, 1000, 0]);
+        // Outside a phase, each call has its own timeout again.
+        let started = tokio::time::Instant::now();
+        store.get_state(&t, &s, &k).await.unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
     }
 
     #[tokio::test]

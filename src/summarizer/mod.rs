@@ -318,7 +318,17 @@ impl Summarizer {
             Stats::add_n(&self.stats.tokens_in, answer.prompt_tokens);
             Stats::add_n(&self.stats.tokens_out, answer.completion_tokens);
             if let Some(summary) = crate::context::summary::parse(&answer.text) {
-                return Ok(summary);
+                let max = self.config.max_summary_tokens;
+                let bounded = crate::context::summary::bounded(&summary, max, task.job.encoding);
+                if bounded.len() < summary.len() {
+                    Stats::add(&self.stats.cut);
+                    tracing::warn!(
+                        max_summary_tokens = max,
+                        bytes = summary.len(),
+                        "the summarizer's answer is over its budget: cut"
+                    );
+                }
+                return Ok(bounded.into_owned());
             }
             Stats::add(&self.stats.malformed);
             tracing::debug!(attempt, "malformed summary");

@@ -103,6 +103,8 @@ pub struct Metrics {
     pub reload_search_failed: AtomicU64,
     /// Exchanges the traffic recorder dropped because its queue was full.
     pub record_dropped: AtomicU64,
+    /// Exchanges the traffic recorder could not write (a full disk, …), shared with it.
+    pub recorder_write_errors: std::sync::Arc<AtomicU64>,
     /// The summarizer's counters (`context_proxy_summary_*`).
     pub summarizer: std::sync::Arc<crate::telemetry::summarizer_stats::Stats>,
 
@@ -287,6 +289,7 @@ impl Default for Metrics {
             reload_search_ok: AtomicU64::new(0),
             reload_search_failed: AtomicU64::new(0),
             record_dropped: AtomicU64::new(0),
+            recorder_write_errors: std::sync::Arc::default(),
             summarizer: std::sync::Arc::default(),
             registry,
             requests,
@@ -592,6 +595,11 @@ impl Metrics {
                 "context_proxy_record_dropped",
                 "Exchanges the traffic recorder dropped because its queue was full.",
                 &self.record_dropped,
+            ),
+            (
+                "context_proxy_recorder_write_errors",
+                "Exchanges the traffic recorder could not write (a full disk, the file size limit); none is left half written.",
+                &self.recorder_write_errors,
             ),
         ] {
             legacy.register(name, help, ConstCounter::new(value.load(Ordering::Relaxed)));

@@ -15,6 +15,8 @@ pub struct Stats {
     pub timeouts: AtomicU64,
     /// Malformed answers (each one, retried or not).
     pub malformed: AtomicU64,
+    /// Summaries over `max_summary_tokens`, cut to it before they were remembered.
+    pub cut: AtomicU64,
     /// Requests whose moved-out span had its summary ready.
     pub hits: AtomicU64,
     /// Requests that waited for a summary and got it.
@@ -38,7 +40,7 @@ impl Stats {
     }
 
     /// Every counter: its name (after `context_proxy_summary_`), help text and value.
-    pub fn entries(&self) -> [(&'static str, &'static str, &AtomicU64); 14] {
+    pub fn entries(&self) -> [(&'static str, &'static str, &AtomicU64); 15] {
         [
             ("calls", "Summarizer model calls.", &self.calls),
             (
@@ -70,6 +72,11 @@ impl Stats {
                 "malformed",
                 "Malformed summarizer answers.",
                 &self.malformed,
+            ),
+            (
+                "cut",
+                "Summaries over max_summary_tokens, cut to it.",
+                &self.cut,
             ),
             (
                 "cache_hits",

@@ -10,7 +10,9 @@
 //! A conversation resends its whole history with every request, so storing each message once
 //! keeps a long session's recording linear in its length instead of quadratic. Every line is
 //! written with one `write` call, after the messages it refers to, so a crash tears at most
-//! the last line; [`read`] skips a torn last line.
+//! the last line; [`read`] skips a torn last line. A write that fails part way (a full disk,
+//! the file size limit) is cut back off the file, and the messages it defined count as not
+//! written: no torn line, no reference to a message the file does not hold.
 //!
 //! [`hash_content`] replaces text with same-length hashes (structure, roles, tool names and
 //! sizes kept) for sharing traffic without its content.
@@ -160,6 +162,7 @@ pub struct Writer {
     part: u32,
     file: File,
     path: PathBuf,
+    /// The current file's length.
     written: u64,
     /// Messages already defined in the current file.
     seen: HashSet<String>,
@@ -173,13 +176,14 @@ impl Writer {
         let stem = format!("traffic-{started_ms}-{}", std::process::id());
         let path = config.dir.join(format!("{stem}-0000.jsonl"));
         let file = open_append(&path)?;
+        let written = file.metadata()?.len();
         Ok(Writer {
             config,
             stem,
             part: 0,
             file,
             path,
-            written: 0,
+            written,
             seen: HashSet::new(),
         })
     }
@@ -202,11 +206,35 @@ impl Writer {
             }
         }
         let mut buf = Vec::new();
-        exchange.request = self.refer(exchange.request, &mut buf)?;
-        if let Some(f) = exchange.forwarded.take() {
-            exchange.forwarded = Some(self.refer(f, &mut buf)?);
+        let mut defined = Vec::new();
+        let written = self.write_whole(&mut exchange, &mut buf, &mut defined);
+        if written.is_err() {
+            // Messages defined by this exchange are not in the file: not seen.
+            for id in &defined {
+                self.seen.remove(id);
+            }
         }
-        let mut line = serde_json::to_value(&exchange)?;
+        written?;
+        if self.written >= self.config.max_file_bytes {
+            self.rotate()?;
+        }
+        Ok(())
+    }
+
+    /// Builds the exchange's lines into `buf` (the ids of the messages it defines in
+    /// `defined`) and appends them whole: should the write fail part way (a full disk, a file
+    /// size limit), the file is cut back to where it was, so no torn line stays in it.
+    fn write_whole(
+        &mut self,
+        exchange: &mut Exchange,
+        buf: &mut Vec<u8>,
+        defined: &mut Vec<String>,
+    ) -> io::Result<()> {
+        exchange.request = self.refer(std::mem::take(&mut exchange.request), buf, defined)?;
+        if let Some(f) = exchange.forwarded.take() {
+            exchange.forwarded = Some(self.refer(f, buf, defined)?);
+        }
+        let mut line = serde_json::to_value(&*exchange)?;
         if let Value::Object(map) = &mut line {
             // `t` first, so a reader (or a person) sees the kind of line at once.
             let mut tagged = serde_json::Map::with_capacity(map.len() + 1);
@@ -214,18 +242,28 @@ impl Writer {
             tagged.extend(std::mem::take(map));
             *map = tagged;
         }
-        serde_json::to_writer(&mut buf, &line)?;
+        serde_json::to_writer(&mut *buf, &line)?;
         buf.push(b'\n');
-        self.file.write_all(&buf)?;
-        self.written += buf.len() as u64;
-        if self.written >= self.config.max_file_bytes {
-            self.rotate()?;
+        if let Err(e) = self.file.write_all(buf) {
+            if let Err(cut) = self.file.set_len(self.written) {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{e}; the partial line could not be removed: {cut}"),
+                ));
+            }
+            return Err(e);
         }
+        self.written += buf.len() as u64;
         Ok(())
     }
 
     /// `body` with its messages replaced by their ids, defining new ones in `buf`.
-    fn refer(&mut self, mut body: Value, buf: &mut Vec<u8>) -> io::Result<Value> {
+    fn refer(
+        &mut self,
+        mut body: Value,
+        buf: &mut Vec<u8>,
+        defined: &mut Vec<String>,
+    ) -> io::Result<Value> {
         let Some(Value::Array(messages)) = body.get_mut("messages") else {
             return Ok(body);
         };
@@ -233,6 +271,7 @@ impl Writer {
             let bytes = serde_json::to_vec(message)?;
             let id = message_id(&bytes);
             if self.seen.insert(id.clone()) {
+                defined.push(id.clone());
                 buf.extend_from_slice(b"{\"t\":\"m\",\"id\":\"");
                 buf.extend_from_slice(id.as_bytes());
                 buf.extend_from_slice(b"\",\"m\":");
@@ -251,7 +290,7 @@ impl Writer {
             .dir
             .join(format!("{}-{:04}.jsonl", self.stem, self.part));
         self.file = open_append(&self.path)?;
-        self.written = 0;
+        self.written = self.file.metadata()?.len();
         self.seen.clear();
         Ok(())
     }
@@ -290,6 +329,8 @@ pub fn is_recording(path: &Path) -> bool {
     })
 }
 
+/// The recording files at `path`: the file itself, or a directory's `traffic-*.jsonl`. Only
+/// regular files: reading a FIFO or a device would wait for a writer that may never come.
 fn recording_files(path: &Path) -> io::Result<Vec<PathBuf>> {
     if path.is_file() {
         return Ok(vec![path.to_path_buf()]);
@@ -297,7 +338,8 @@ fn recording_files(path: &Path) -> io::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = fs::read_dir(path)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.extension().is_some_and(|e| e == "jsonl")
+            p.is_file()
+                && p.extension().is_some_and(|e| e == "jsonl")
                 && p.file_name()
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| n.starts_with("traffic-"))
@@ -307,11 +349,29 @@ fn recording_files(path: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads a recording (a file or a directory of files), putting every message back.
+/// Most bytes [`read`] lets the requests of a recording grow to once every message reference
+/// is put back (each counted as the line that defined its message plus
+/// [`REFERENCE_OVERHEAD`]). Each message is stored once per file but every request resends its
+/// history, so a small file can stand for far more (a hostile 1.1 MB one for 5.9 GB).
+pub const MAX_EXPANDED_BYTES: u64 = 512 << 20;
+
+/// What one message put back costs beyond its text, about (a JSON value's own size).
+pub const REFERENCE_OVERHEAD: u64 = 128;
+
+/// Reads a recording (a file or a directory of files), putting every message back; refuses
+/// (`InvalidData`) one whose requests would take more than [`MAX_EXPANDED_BYTES`].
 pub fn read(path: &Path) -> io::Result<Recording> {
+    read_within(path, MAX_EXPANDED_BYTES)
+}
+
+/// [`read`] with another bound on the bytes of the requests once expanded.
+pub fn read_within(path: &Path, max_expanded_bytes: u64) -> io::Result<Recording> {
     let mut recording = Recording::default();
+    let mut expanded: u64 = 0;
     for file in recording_files(path)? {
-        let mut messages: HashMap<String, Value> = HashMap::new();
+        // Each message with the length of the line that defined it (what a reference to it
+        // costs once put back, about).
+        let mut messages: HashMap<String, (Value, u64)> = HashMap::new();
         for line in BufReader::new(File::open(&file)?).lines() {
             let line = line?;
             let Ok(mut value) = serde_json::from_str::<Value>(&line) else {
@@ -323,7 +383,7 @@ pub fn read(path: &Path) -> io::Result<Recording> {
                     if let (Some(Value::String(id)), Some(m)) =
                         (value.get("id").cloned(), value.get_mut("m"))
                     {
-                        messages.insert(id, m.take());
+                        messages.insert(id, (m.take(), line.len() as u64));
                     }
                 }
                 Some("x") => {
@@ -331,6 +391,27 @@ pub fn read(path: &Path) -> io::Result<Recording> {
                         recording.skipped_lines += 1;
                         continue;
                     };
+                    expanded = expanded
+                        .saturating_add(line.len() as u64)
+                        .saturating_add(references(&exchange.request, &messages))
+                        .saturating_add(
+                            exchange
+                                .forwarded
+                                .as_ref()
+                                .map_or(0, |f| references(f, &messages)),
+                        );
+                    if expanded > max_expanded_bytes {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "{}: the recording's requests take more than {} MiB once their \
+                                 message references are put back: replay part of it (fewer \
+                                 files, or a file cut at a line)",
+                                file.display(),
+                                max_expanded_bytes >> 20
+                            ),
+                        ));
+                    }
                     resolve(&mut exchange.request, &messages);
                     if let Some(f) = &mut exchange.forwarded {
                         resolve(f, &messages);
@@ -344,10 +425,22 @@ pub fn read(path: &Path) -> io::Result<Recording> {
     Ok(recording)
 }
 
-fn resolve(body: &mut Value, messages: &HashMap<String, Value>) {
+/// The bytes the message references of `body` stand for.
+fn references(body: &Value, messages: &HashMap<String, (Value, u64)>) -> u64 {
+    let Some(Value::Array(list)) = body.get("messages") else {
+        return 0;
+    };
+    list.iter()
+        .filter_map(|m| messages.get(m.as_str()?))
+        .fold(0u64, |sum, (_, len)| {
+            sum.saturating_add(*len).saturating_add(REFERENCE_OVERHEAD)
+        })
+}
+
+fn resolve(body: &mut Value, messages: &HashMap<String, (Value, u64)>) {
     if let Some(Value::Array(list)) = body.get_mut("messages") {
         for m in list.iter_mut() {
-            if let Some(found) = m.as_str().and_then(|id| messages.get(id)) {
+            if let Some((found, _)) = m.as_str().and_then(|id| messages.get(id)) {
                 *m = found.clone();
             }
         }

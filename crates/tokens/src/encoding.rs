@@ -54,6 +54,48 @@ impl Encoding {
         self.tokenizer().count(text)
     }
 
+    /// The longest prefix of `text` that counts at most `max_tokens`, cut between characters:
+    /// whole pre-tokenizer pieces while they fit, then as much of the next one as fits. Linear
+    /// in the text's length, plus a logarithmic search inside the piece that overflows.
+    pub fn truncate(self, text: &str, max_tokens: usize) -> &str {
+        let tokenizer = self.tokenizer();
+        let mut end = 0;
+        let mut total = 0;
+        for piece in tokenizer.split(text) {
+            let n = tokenizer.count(piece);
+            if total + n > max_tokens {
+                // The longest prefix of this piece within what is left (counts grow with a
+                // piece's prefix, so a binary search over its character boundaries finds it).
+                let room = max_tokens - total;
+                let bounds: Vec<usize> = piece.char_indices().map(|(i, _)| i).collect();
+                let (mut lo, mut hi) = (0, bounds.len());
+                while lo < hi {
+                    let mid = (lo + hi).div_ceil(2);
+                    let cut = bounds.get(mid).copied().unwrap_or(piece.len());
+                    if tokenizer.count(&piece[..cut]) <= room {
+                        lo = mid;
+                    } else {
+                        hi = mid - 1;
+                    }
+                }
+                end += bounds.get(lo).copied().unwrap_or(piece.len());
+                break;
+            }
+            total += n;
+            end += piece.len();
+        }
+        // Pieces split alone as they do inside the text; should a cut text split otherwise,
+        // give back characters until it fits.
+        let mut cut = &text[..end];
+        while self.count(cut) > max_tokens {
+            let Some((last, _)) = cut.char_indices().next_back() else {
+                break;
+            };
+            cut = &cut[..last];
+        }
+        cut
+    }
+
     /// The tiktoken name of the encoding, as written in a config file.
     pub fn name(self) -> &'static str {
         match self {
@@ -177,6 +219,41 @@ mod tests {
     }
 
     const BOTH: [Encoding; 2] = [Encoding::O200kBase, Encoding::Cl100kBase];
+
+    proptest! {
+        /// A cut text fits, and it is all but the longest prefix that does: one more character
+        /// would count at least `max - 1` (a piece cut off can split otherwise at its end).
+        #[test]
+        fn truncate_keeps_the_longest_prefix_that_fits(
+            text in "[ a-zA-Zé😀0-9.,\n]{0,400}",
+            max in 0usize..120,
+        ) {
+            for encoding in BOTH {
+                let cut = encoding.truncate(&text, max);
+                prop_assert!(text.starts_with(cut));
+                prop_assert!(encoding.count(cut) <= max);
+                if cut.len() < text.len() {
+                    let next = text[cut.len()..].chars().next().map_or(0, char::len_utf8);
+                    let longer = &text[..cut.len() + next];
+                    prop_assert!(encoding.count(longer) + 1 >= max, "{encoding}: {cut:?} of {text:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn truncate_cuts_one_long_piece_and_leaves_a_short_text_alone() {
+        for encoding in BOTH {
+            let word = "a".repeat(100_000);
+            let cut = encoding.truncate(&word, 50);
+            assert!(
+                encoding.count(cut) <= 50 && encoding.count(cut) >= 49,
+                "{encoding}"
+            );
+            assert_eq!(encoding.truncate("hello world", 50), "hello world");
+            assert_eq!(encoding.truncate("hello world", 0), "");
+        }
+    }
 
     /// Remembered short counts are the tokenizer's, under both encodings, after slots were
     /// overwritten many times over, and for strings one byte short of, at and past the limit.

@@ -31,3 +31,4 @@ pub use encoding::{Encoding, UnknownEncoding};
 pub use json::{field, str_field};
 pub use message::{REPLY_PRIMING, TOKENS_PER_MESSAGE, TOKENS_PER_NAME, TOKENS_PER_TOOL_CALL};
 pub use settings::CountSettings;
+pub use tools::tools_tokens;

@@ -33,6 +33,8 @@ pub struct ChatCtx {
     pub outgoing: Option<UpstreamRequest>,
     /// Whether (and under which names) the proxy's tools can be offered in this request.
     pub offer: crate::proxy_tools::Offer,
+    /// The tokens the proxy's tool definitions add when offered (kept free in the budget).
+    pub offer_tokens: usize,
     /// Set when the proxy offered its own tools: what the tool loop needs.
     pub reload: Option<super::tool_loop::Reload>,
     /// The JSON body differs from the raw bytes beyond what `managed.body` holds (hidden
@@ -91,6 +93,7 @@ impl ChatCtx {
             managed: Managed::off(),
             outgoing: None,
             offer: crate::proxy_tools::Offer::NotOffered(crate::proxy_tools::NotOffered::Disabled),
+            offer_tokens: 0,
             reload: None,
             body_changed: false,
             restored: 0,

@@ -58,8 +58,14 @@ pub async fn handle(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let mut ctx = parse(&state, req, request_id).await?;
     identify(&state, &mut ctx);
-    plan(&state, &mut ctx).await;
-    apply(&state, &mut ctx).await?;
+    // The store calls of planning and applying share one budget: a hung store delays the
+    // request once, by `op_timeout_ms`, not once per call.
+    let store_time = state.store.op_timeout();
+    crate::store::with_phase_budget(store_time, async {
+        plan(&state, &mut ctx).await;
+        apply(&state, &mut ctx).await
+    })
+    .await?;
     reserve(&mut ctx)?;
     let answer = forward(&mut ctx).await?;
     vet_key(&state, &ctx, answer.status).await;
@@ -148,6 +154,12 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         return;
     }
     ctx.offer = crate::proxy_tools::offer(&ctx.request.body, state.context.reload_config());
+    if let crate::proxy_tools::Offer::Tools(names) = &ctx.offer {
+        let encoding = ctx.upstream.encoding.unwrap_or_else(|| {
+            crate::tokens::Encoding::for_model(ctx.model.as_deref().unwrap_or(""))
+        });
+        ctx.offer_tokens = crate::proxy_tools::definitions_tokens(names, encoding);
+    }
     let plan = state
         .context
         .plan(
@@ -176,6 +188,7 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
                         .cache
                         .for_model(ctx.model.as_deref().unwrap_or("")),
                 ),
+                reserved_tokens: ctx.offer_tokens,
             },
         )
         .await;
@@ -233,6 +246,8 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         .await;
     if let Some((names, client_had_tools)) = offered {
         if ctx.managed.body.is_some() {
+            // The definitions go out with the request: they are counted in what it sends.
+            ctx.managed.report.tokens_after += ctx.offer_tokens;
             ctx.reload = Some(tool_loop::Reload {
                 names,
                 client_had_tools,
@@ -376,6 +391,7 @@ async fn tool_loop(
         encoding: ctx.upstream.encoding,
         stats: ctx.stats.clone(),
         request_id: ctx.request_id().to_string(),
+        client_body: ctx.request.raw.clone(),
     };
     let is_stream = crate::upstream::relay::is_event_stream(&answer.headers);
     if is_stream {

@@ -58,6 +58,9 @@ pub struct Round {
     pub encoding: Option<Encoding>,
     pub stats: Arc<LoopStats>,
     pub request_id: String,
+    /// The request's bytes as the client sent them: a hidden exchange is keyed by the client's
+    /// transcript ([`hidden::Transcript`]), read from them only when one is kept.
+    pub client_body: Bytes,
 }
 
 impl Round {
@@ -186,8 +189,19 @@ impl Round {
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default();
+        // The conversation as the client sent it, which is what it sends back before this
+        // message next turn (the body in hand has the proxy's changes).
+        let transcript = serde_json::from_slice::<Value>(&self.client_body)
+            .ok()
+            .and_then(|body| {
+                body.get("messages").map(|m| match m {
+                    Value::Array(list) => hidden::Transcript::of(list),
+                    _ => hidden::Transcript::default(),
+                })
+            })
+            .unwrap_or_default();
         let exchange = Exchange {
-            key: hidden::key_of(ids),
+            key: hidden::key_of(transcript.digest(), ids),
             calls,
             results,
         };

@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use super::tree::{io_error, Tree};
+use super::tree::{io_error, refresh_on_read, Tree};
 use super::{MAX_POINTER_BYTES, REFS_DIR};
 use crate::store::{ContentKind, ContentRef, SessionId, StoreError, Tenant};
 
@@ -48,6 +48,37 @@ impl Tree {
         Ok(r)
     }
 
+    /// Whether `r` is stored and live for `tenant`: its pointer and the file it names exist and
+    /// have not expired. Reads the pointer and `stat`s the file; refreshes nothing.
+    pub(super) fn contains_content(
+        &self,
+        tenant: &Tenant,
+        r: &ContentRef,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let pointer_path = self.pointer_path(tenant, r);
+        let text = match fs::read(&pointer_path) {
+            Ok(bytes) if bytes.len() as u64 <= MAX_POINTER_BYTES => bytes,
+            Ok(_) => return Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io_error("read", &pointer_path)(e)),
+        };
+        let live = |path: &std::path::Path| -> Result<bool, StoreError> {
+            match fs::metadata(path).and_then(|m| m.modified()) {
+                Ok(modified) => Ok(!self.expired(modified, now)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(io_error("read the time of", path)(e)),
+            }
+        };
+        let Some(path) = std::str::from_utf8(&text)
+            .ok()
+            .and_then(|text| self.resolve_pointer(tenant, r, text))
+        else {
+            return Ok(false);
+        };
+        Ok(live(&pointer_path)? && live(&path)?)
+    }
+
     pub(super) fn get_content(
         &self,
         tenant: &Tenant,
@@ -70,7 +101,7 @@ impl Tree {
             return Err(corrupt("the content does not match its reference"));
         }
         let text = String::from_utf8(bytes).map_err(|_| corrupt("not UTF-8"))?;
-        file.set_modified(now).map_err(io_error("refresh", &path))?;
+        refresh_on_read(&file, &path, now);
         Ok(Some(text))
     }
 
@@ -101,9 +132,7 @@ impl Tree {
         let Some(file) = self.open_live(&path, now)? else {
             return Ok(None);
         };
-        pointer
-            .set_modified(now)
-            .map_err(io_error("refresh", &pointer_path))?;
+        refresh_on_read(&pointer, &pointer_path, now);
         Ok(Some((path, file)))
     }
 

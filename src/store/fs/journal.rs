@@ -1,12 +1,13 @@
 //! The session journal, `<session>/context.jsonl`: one JSON record per line, appended with one
 //! `write` each; a line torn by a crash is skipped when reading and never glued to the next.
 
+use std::collections::VecDeque;
 use std::fs::OpenOptions;
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufRead, Read, Seek, SeekFrom, Write};
 
-use super::tree::{io_error, private_file, sync_dir, Tree};
+use super::tree::{io_error, private_file, refresh_on_read, sync_dir, Tree};
 use super::LOG_FILE;
-use crate::store::{SessionId, StoreError, Tenant};
+use crate::store::{LogPage, SessionId, StoreError, Tenant};
 
 impl Tree {
     pub(super) fn append_log(
@@ -57,6 +58,67 @@ impl Tree {
         appended.map_err(io_error("append to", &path))
     }
 
+    /// A page of the journal (see `Store::read_log_page`), read line by line: only the last
+    /// `limit` lines before `before` are kept, so a journal of any size costs the page's
+    /// memory. Every non-empty line counts as a record; a torn one
+    /// in the page is skipped.
+    pub(super) fn read_log_page(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        before: Option<usize>,
+        limit: usize,
+    ) -> Result<LogPage, StoreError> {
+        let now = self.clock.now();
+        let path = self.session_dir(tenant, session).join(LOG_FILE);
+        let Some(file) = self.open_live(&path, now)? else {
+            return Ok(LogPage::default());
+        };
+        let mut reader = io::BufReader::new(&file);
+        let mut kept: VecDeque<(usize, Vec<u8>)> = VecDeque::new();
+        let mut total = 0usize;
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = reader
+                .read_until(b'\n', &mut line)
+                .map_err(io_error("read", &path))?;
+            if n == 0 {
+                break;
+            }
+            if line.iter().all(|b| b.is_ascii_whitespace()) {
+                continue;
+            }
+            // The last `limit` lines before `before`.
+            if before.is_none_or(|end| total < end) && limit > 0 {
+                if kept.len() == limit {
+                    kept.pop_front();
+                }
+                kept.push_back((total, std::mem::take(&mut line)));
+            }
+            total += 1;
+        }
+        let range = LogPage::range(total, before, limit);
+        let mut records = Vec::with_capacity(kept.len());
+        for (i, bytes) in kept.into_iter().filter(|(i, _)| range.contains(i)) {
+            match serde_json::from_slice(&bytes) {
+                Ok(record) => records.push(record),
+                Err(e) => tracing::warn!(
+                    path = %path.display(),
+                    line = i + 1,
+                    error = %e,
+                    "skipping a torn or invalid journal line"
+                ),
+            }
+        }
+        file.set_modified(now).map_err(io_error("refresh", &path))?;
+        Ok(LogPage {
+            records,
+            first_index: range.start,
+            total,
+        })
+    }
+
     pub(super) fn read_log(
         &self,
         tenant: &Tenant,
@@ -85,7 +147,7 @@ impl Tree {
                 ),
             }
         }
-        file.set_modified(now).map_err(io_error("refresh", &path))?;
+        refresh_on_read(&file, &path, now);
         Ok(records)
     }
 }

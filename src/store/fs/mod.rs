@@ -61,7 +61,8 @@ use async_trait::async_trait;
 
 use super::sweeper::Sweeper;
 use super::{
-    Clock, ContentKind, ContentRef, SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
+    Clock, ContentKind, ContentRef, LogPage, SessionId, StateKey, Store, StoreConfig, StoreError,
+    Tenant,
 };
 use tree::Tree;
 
@@ -134,6 +135,19 @@ impl Store for FsStore {
             .await
     }
 
+    async fn contains_content(
+        &self,
+        tenant: &Tenant,
+        refs: &[ContentRef],
+    ) -> Result<Vec<bool>, StoreError> {
+        let (t, refs) = (tenant.clone(), refs.to_vec());
+        self.tree
+            .run("contains_content", move |tree| {
+                refs.iter().map(|r| tree.contains_content(&t, r)).collect()
+            })
+            .await
+    }
+
     async fn append_log(
         &self,
         tenant: &Tenant,
@@ -157,6 +171,21 @@ impl Store for FsStore {
         let (t, s) = (tenant.clone(), session.clone());
         self.tree
             .run("read_log", move |tree| tree.read_log(&t, &s))
+            .await
+    }
+
+    async fn read_log_page(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        before: Option<usize>,
+        limit: usize,
+    ) -> Result<LogPage, StoreError> {
+        let (t, s) = (tenant.clone(), session.clone());
+        self.tree
+            .run("read_log_page", move |tree| {
+                tree.read_log_page(&t, &s, before, limit)
+            })
             .await
     }
 

@@ -2,7 +2,7 @@
 
 use std::io::Read;
 
-use super::tree::{io_error, Tree};
+use super::tree::{io_error, refresh_on_read, Tree};
 use super::STATE_DIR;
 use crate::store::{SessionId, StateKey, StoreError, Tenant};
 
@@ -40,7 +40,7 @@ impl Tree {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)
             .map_err(io_error("read", &path))?;
-        file.set_modified(now).map_err(io_error("refresh", &path))?;
+        refresh_on_read(&file, &path, now);
         Ok(Some(bytes))
     }
 }

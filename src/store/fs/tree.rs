@@ -67,7 +67,13 @@ impl Tree {
         builder
             .create(&self.root)
             .map_err(io_error("create directory", &self.root))?;
-        self.probe()
+        // A store that exists but cannot be written (a read-only mount, another user's files)
+        // still serves what it holds: writes fail (requests go out as they came) and /readyz
+        // says degraded until it can be written.
+        if let Err(e) = self.probe() {
+            tracing::warn!(error = %e, "the store cannot be written: serving reads only");
+        }
+        Ok(())
     }
     /// Runs the operation `f` on a blocking thread, holding a permit and the sweep lock shared.
     pub(super) async fn run<T, F>(self: &Arc<Self>, op: &'static str, f: F) -> Result<T, StoreError>
@@ -198,7 +204,9 @@ impl Tree {
         path: &Path,
         now: SystemTime,
     ) -> Result<Option<File>, StoreError> {
-        let file = match OpenOptions::new().read(true).write(true).open(path) {
+        // Read access is enough to refresh the time of one's own file, and a store that cannot
+        // be written must still be read.
+        let file = match OpenOptions::new().read(true).open(path) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io_error("open", path)(e)),
@@ -308,4 +316,12 @@ pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
 pub(super) fn io_error(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
     let path = path.to_path_buf();
     move |source| StoreError::Io { op, path, source }
+}
+
+/// Refreshes a file's retention on a read. A store that cannot be written (a read-only mount,
+/// files of another user) still serves what it holds: the failure is logged, not returned.
+pub(super) fn refresh_on_read(file: &File, path: &Path, now: SystemTime) {
+    if let Err(e) = file.set_modified(now) {
+        tracing::debug!(error = %e, path = %path.display(), "cannot refresh the retention of stored content");
+    }
 }

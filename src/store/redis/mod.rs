@@ -35,7 +35,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::Script;
 
-use super::{ContentKind, ContentRef, SessionId, StateKey, Store, StoreConfig, StoreError, Tenant};
+use super::{
+    ContentKind, ContentRef, LogPage, SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
+};
 use conn::{Connection, Connector};
 
 /// Replaces KEYS[1] with ARGV[3] (expiring in ARGV[4] seconds) if it holds ARGV[2] (ARGV[1] =
@@ -200,6 +202,25 @@ impl Store for RedisStore {
             .map_err(|_| corrupt("not UTF-8"))
     }
 
+    async fn contains_content(
+        &self,
+        tenant: &Tenant,
+        refs: &[ContentRef],
+    ) -> Result<Vec<bool>, StoreError> {
+        if refs.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One round trip; the keys share the tenant's hash slot.
+        let mut pipe = redis::pipe();
+        for r in refs {
+            pipe.cmd("EXISTS").arg(self.content_key(tenant, r));
+        }
+        let mut conn = self.conn().await?;
+        pipe.query_async(&mut conn)
+            .await
+            .map_err(failed("contains_content"))
+    }
+
     async fn append_log(
         &self,
         tenant: &Tenant,
@@ -253,6 +274,56 @@ impl Store for RedisStore {
                 })
             })
             .collect()
+    }
+
+    async fn read_log_page(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        before: Option<usize>,
+        limit: usize,
+    ) -> Result<LogPage, StoreError> {
+        let key = self.log_key(tenant, session);
+        let mut conn = self.conn().await?;
+        let total: usize = redis::cmd("LLEN")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(failed("read_log_page"))?;
+        let range = LogPage::range(total, before, limit);
+        if range.is_empty() {
+            return Ok(LogPage {
+                records: Vec::new(),
+                first_index: range.start,
+                total,
+            });
+        }
+        let (lines, _): (Vec<Vec<u8>>, bool) = redis::pipe()
+            .atomic()
+            .cmd("LRANGE")
+            .arg(&key)
+            .arg(range.start)
+            .arg(range.end - 1)
+            .cmd("EXPIRE")
+            .arg(&key)
+            .arg(self.ttl_secs)
+            .query_async(&mut conn)
+            .await
+            .map_err(failed("read_log_page"))?;
+        let records = lines
+            .iter()
+            .map(|line| {
+                serde_json::from_slice(line).map_err(|e| StoreError::Corrupt {
+                    location: format!("redis key {key}"),
+                    detail: e.to_string(),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(LogPage {
+            records,
+            first_index: range.start,
+            total,
+        })
     }
 
     async fn put_state(

@@ -54,6 +54,10 @@ pub struct ReplayArgs {
     /// Keep a recording's own timing, sped up X times.
     #[arg(long, value_name = "X")]
     pub speed: Option<f64>,
+    /// With --speed: the longest wait between two requests of a session, in seconds (a longer
+    /// gap in the recording is cut to it; prompt caches expire within minutes anyway).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    pub max_gap: f64,
     /// Stop starting requests after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub duration: Option<f64>,
@@ -131,6 +135,10 @@ pub enum ReplayError {
     },
     #[error("--compare needs --upstream URL (or --spawn)")]
     NoUpstream,
+    #[error("{0} must be a positive number")]
+    NotPositive(&'static str),
+    #[error("no request got an answer from {0}: is anything listening there?")]
+    NoAnswer(String),
     #[error("unknown provider {0:?} ({names}, or custom with --cached-rate)", names = context_proxy_pricing::PRESET_NAMES)]
     Provider(String),
 }
@@ -283,6 +291,16 @@ pub async fn run(args: ReplayArgs) -> Result<(), ReplayError> {
 
 /// Loads, sends and measures; the report.
 pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
+    for (name, value) in [
+        ("--rate", args.rate),
+        ("--speed", args.speed),
+        ("--max-gap", Some(args.max_gap)),
+        ("--duration", args.duration),
+    ] {
+        if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+            return Err(ReplayError::NotPositive(name));
+        }
+    }
     let (providers, headline) = pricing(args)?;
     let sessions = source::load(&args.path).map_err(ReplayError::Source)?;
     let sessions = Arc::new(take_sessions(sessions, args.sessions));
@@ -315,6 +333,10 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
         concurrency: args.concurrency,
         rate: args.rate,
         speed: args.speed,
+        // At most a day: a deadline that far stays a valid instant.
+        max_gap: Duration::try_from_secs_f64(args.max_gap)
+            .unwrap_or(Duration::MAX)
+            .min(Duration::from_secs(86_400)),
         duration: args.duration.map(Duration::from_secs_f64),
         api_key: args.api_key.clone(),
         run_id,
@@ -344,6 +366,9 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
     )
     .await;
     let duration = started.elapsed().as_secs_f64();
+    if !outcomes.is_empty() && outcomes.iter().all(|o| o.status == 0) {
+        return Err(ReplayError::NoAnswer(chat_url(&target)));
+    }
 
     let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
     // Without the proxy the upstream gets what the client sends: the requests that were sent.

@@ -4,8 +4,9 @@
 //! With a rate, request slots are handed out at `rate` per second whatever the answers do, and
 //! a request's latency counts from its slot, not from when it could finally be sent: a slow
 //! answer shows up as latency of the requests behind it instead of silently lowering the load.
-//! With a speed, a recording's own timing is kept (divided by `speed`). Without either, each
-//! session sends as fast as its answers come (closed loop).
+//! With a speed, a recording's own timing is kept (divided by `speed`), each gap between two
+//! requests of a session at most `max_gap`. Without either, each session sends as fast as its
+//! answers come (closed loop).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,6 +24,9 @@ pub struct DriveOptions {
     pub rate: Option<f64>,
     /// Keep a recording's timing, sped up this many times.
     pub speed: Option<f64>,
+    /// Longest wait between two requests of a session kept with `speed` (a recording's gap of
+    /// days, or a hostile one of centuries, waits this long).
+    pub max_gap: Duration,
     /// Stop starting requests after this long.
     pub duration: Option<Duration>,
     /// Sent as `Authorization: Bearer …`.
@@ -97,7 +101,9 @@ pub async fn drive(
                 let Some(session) = sessions.get(s) else {
                     break;
                 };
-                let session_start = Instant::now();
+                // With `speed`: when the previous request of the session was due, and its
+                // offset in the recording.
+                let mut planned = (Instant::now(), 0u64);
                 for (index, request) in session.requests.iter().enumerate() {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
@@ -109,7 +115,12 @@ pub async fn drive(
                             started + Duration::from_secs_f64(k as f64 / rate)
                         }
                         (None, Some(speed), Some(offset)) => {
-                            session_start + Duration::from_secs_f64(offset as f64 / 1e3 / speed)
+                            let gap = offset.saturating_sub(planned.1) as f64 / 1e3 / speed;
+                            let gap = Duration::try_from_secs_f64(gap)
+                                .unwrap_or(options.max_gap)
+                                .min(options.max_gap);
+                            planned = (planned.0 + gap, offset.max(planned.1));
+                            planned.0
                         }
                         _ => now,
                     };

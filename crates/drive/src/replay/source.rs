@@ -39,8 +39,20 @@ fn request(body: &Value, offset_ms: Option<u64>) -> Request {
     }
 }
 
-/// Reads the sessions at `path` (see the module docs for what it may be).
+/// Reads the sessions at `path` (see the module docs for what it may be): a regular file or
+/// a directory, never a FIFO or a device (read without end).
 pub fn load(path: &Path) -> io::Result<Vec<Session>> {
+    let kind = std::fs::metadata(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    if !kind.is_file() && !kind.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: neither a regular file nor a directory (a FIFO or a device is not read)",
+                path.display()
+            ),
+        ));
+    }
     if recording::is_recording(path) {
         return Ok(from_recording(&recording::read(path)?.exchanges));
     }
