@@ -1,6 +1,6 @@
-//! What the store holds about a tenant's sessions, read for people: the list of sessions (a
-//! page at a time), one session with a page of its journal (statistics, every reference it
-//! stored), erasing one, and the references a journal names. Shared by the `/v1/context/…`
+//! What the store holds about a tenant's sessions, read for people: the list of sessions, one
+//! session's detail (statistics from its journal, every reference it stored, the journal
+//! itself), erasing one, and the references a journal names. Shared by the `/v1/context/…`
 //! routes and the `inspect` subcommand; the context manager finds a session's stored content
 //! with [`journal_refs`]. It decides nothing about context.
 
@@ -93,6 +93,35 @@ impl Default for Page {
             limit: DEFAULT_PAGE,
             before: None,
         }
+    }
+}
+
+impl Page {
+    /// The page a request's `limit` and `before` parameters ask for.
+    pub fn parse(limit: Option<&str>, before: Option<&str>) -> Result<Page, InspectError> {
+        let limit = match limit {
+            None => DEFAULT_PAGE,
+            Some(l) => l
+                .parse()
+                .ok()
+                .filter(|l| (1..=MAX_PAGE).contains(l))
+                .ok_or_else(|| {
+                    InspectError::BadRequest(format!(
+                        "limit must be a whole number from 1 to {MAX_PAGE} (default {DEFAULT_PAGE})"
+                    ))
+                })?,
+        };
+        let before = before
+            .map(|b| {
+                b.parse().map_err(|_| {
+                    InspectError::BadRequest(
+                        "before must be a journal index (journal_first of the previous page)"
+                            .into(),
+                    )
+                })
+            })
+            .transpose()?;
+        Ok(Page { limit, before })
     }
 }
 

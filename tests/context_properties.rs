@@ -280,6 +280,29 @@ proptest! {
         }
     }
 
+    /// The hard cap holds exactly: every result the engine truncated counts at most
+    /// `truncate_tokens` as it goes out, whatever its scripts and line lengths.
+    #[test]
+    fn truncated_results_stay_within_the_cap(turns in prop::collection::vec(turn(), 1..12), seed in any::<u64>(),
+                                             cap in 1024usize..6000, mode in mode()) {
+        let messages = build(&turns, seed);
+        let cfg = ContextConfig {
+            max_context_tokens: Some(200_000),
+            truncate_tool_result_tokens: Some(cap),
+            ..ContextConfig::default()
+        };
+        let s = cfg.resolve("gpt-4o", mode, &Default::default());
+        let outcome = run(&messages, &s, Decision::default());
+        let Some(out) = &outcome.messages else { return Ok(()) };
+        let c = counter();
+        for m in out {
+            if content_text(m).is_some_and(|t| t.contains("[context-proxy: truncated:")) {
+                prop_assert!(c.count_message(m) <= s.truncate_tokens,
+                    "a truncated message counts {} over the cap {}", c.count_message(m), s.truncate_tokens);
+            }
+        }
+    }
+
     /// Stable as the conversation grows one turn at a time: boundaries only move forward, and
     /// while they stand still every earlier message keeps its exact bytes.
     #[test]

@@ -226,18 +226,22 @@ impl Plan {
     /// truncated result, a moved-out span), so the reload tools are worth offering. The
     /// originals of lossless transforms are stored too, but nothing in the body names them.
     pub fn refers_to_stored_content(&self) -> bool {
-        self.decided.as_ref().is_some_and(|d| {
-            d.outcome.messages.is_some()
-                && d.outcome.writes.iter().any(|w| {
-                    matches!(
-                        w.action,
-                        engine::Action::Truncated
-                            | engine::Action::Compacted
-                            | engine::Action::MovedOut
-                    )
-                })
-        })
+        self.decided
+            .as_ref()
+            .is_some_and(|d| refers_to_stored_content(&d.outcome))
     }
+}
+
+/// Whether the engine's new messages name stored content (see
+/// [`Plan::refers_to_stored_content`]).
+fn refers_to_stored_content(outcome: &engine::Outcome) -> bool {
+    outcome.messages.is_some()
+        && outcome.writes.iter().any(|w| {
+            matches!(
+                w.action,
+                engine::Action::Truncated | engine::Action::Compacted | engine::Action::MovedOut
+            )
+        })
 }
 
 /// Shared state of context management.
@@ -607,10 +611,6 @@ impl ContextManager {
                 .max(settings::MIN_TRUNCATE_TOKENS);
             settings.budget = budget;
         }
-        if route.reserved_tokens > 0 {
-            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
-            settings.target = settings.target.saturating_sub(route.reserved_tokens);
-        }
         let env = CachedEnv {
             counter: &counter,
             references: &self.references,
@@ -681,6 +681,16 @@ impl ContextManager {
             ..Input::new(messages, &count.per_message, fixed)
         };
         let mut outcome = engine::run(&input, &settings, prior, &env);
+        // A request that refers to stored content goes out with the proxy's tools: when they
+        // would not fit beside it, decide again with their room kept free.
+        if route.reserved_tokens > 0
+            && refers_to_stored_content(&outcome)
+            && outcome.report.tokens_after + route.reserved_tokens > settings.budget
+        {
+            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
+            settings.target = settings.target.saturating_sub(route.reserved_tokens);
+            outcome = engine::run(&input, &settings, prior, &env);
+        }
         let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
             self.plan_summary(
                 &input,

@@ -24,8 +24,7 @@ use crate::http::body::{full, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::routes::shared::Shared;
 use crate::sessions::{
-    erase, list_page, not_found, parse_tenant, session_page, InspectError, Page, DEFAULT_PAGE,
-    MAX_PAGE,
+    erase, list_page, not_found, parse_tenant, session_page, InspectError, Page,
 };
 use crate::store::{ContentRef, SessionId, Tenant};
 
@@ -42,7 +41,10 @@ pub async fn handle<B>(
     let path = req.uri().path().trim_end_matches('/');
     let rest = path.strip_prefix("/v1/context/").unwrap_or_default();
     let query_tenant = query_param(req.uri().query(), "tenant");
-    let page = page(req.uri().query())?;
+    let page = Page::parse(
+        query_param(req.uri().query(), "limit").as_deref(),
+        query_param(req.uri().query(), "before").as_deref(),
+    )?;
     let method = req.method().clone();
     let not_allowed = |allowed| ProxyError::MethodNotAllowed {
         method: method.to_string(),
@@ -136,32 +138,6 @@ fn tenant_of(
         )
     })?;
     parse_tenant(given, names)
-}
-
-/// The page a request asks for (`limit`, `before`).
-fn page(query: Option<&str>) -> Result<Page, InspectError> {
-    let limit = match query_param(query, "limit") {
-        None => DEFAULT_PAGE,
-        Some(l) => l
-            .parse()
-            .ok()
-            .filter(|l| (1..=MAX_PAGE).contains(l))
-            .ok_or_else(|| {
-                InspectError::BadRequest(format!(
-                    "limit must be a whole number from 1 to {MAX_PAGE} (default {DEFAULT_PAGE})"
-                ))
-            })?,
-    };
-    let before = query_param(query, "before")
-        .map(|b| {
-            b.parse().map_err(|_| {
-                InspectError::BadRequest(
-                    "before must be a journal index (journal_first of the previous page)".into(),
-                )
-            })
-        })
-        .transpose()?;
-    Ok(Page { limit, before })
 }
 
 fn query_param(query: Option<&str>, name: &str) -> Option<String> {
