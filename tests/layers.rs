@@ -54,8 +54,8 @@ const LAYERS: &[(&str, u8)] = &[
 /// imports or names, what it imports or names, why). A module path matches itself and every
 /// module under it; the target is a module path or one of the names of [`NAMED_ONLY_IN`].
 const EXCEPTIONS: &[(&str, &str, &str)] = &[
-    // The context layer still reads HTTP headers and the journal through other modules; the
-    // conversation-model work takes them out of `src/context/`.
+    // Inside or next to the context layer, left to the conversation-model work on
+    // `src/context/`: the manager reads the headers, and two modules reach into its internals.
     (
         "context",
         "HeaderMap",
