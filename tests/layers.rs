@@ -59,11 +59,6 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "context",
         "keeps the proxy's hidden calls per context Identity, finds call ids with context::units",
     ),
-    (
-        "summarizer::call",
-        "HeaderMap",
-        "the summarizer builds the headers of its own upstream request",
-    ),
 ];
 
 /// Names only some layers may use: (the name, the lowest layer that may, the highest layer that

@@ -80,7 +80,10 @@ impl Config {
         })
     }
 
-    /// Folds `[upstream]` into `[[upstreams]]` and checks every key that has constraints.
+    /// Folds `[upstream]` into `[[upstreams]]` and checks every key that has constraints: each
+    /// section checks its own keys (`validate` beside its type), this checks what spans
+    /// sections (upstream names, the default upstream, the summarizer's upstream). Every
+    /// message names the key at fault.
     pub fn validate(mut self) -> Result<ValidConfig, ConfigError> {
         if let Some(single) = self.upstream.take() {
             if !self.upstreams.is_empty() {
@@ -111,31 +114,9 @@ impl Config {
             if names.insert(u.name.clone(), i).is_some() {
                 return Err(ConfigError::Invalid(format!("{key}.name is used twice")));
             }
-            let url = reqwest::Url::parse(&u.base_url).map_err(|e| {
-                ConfigError::Invalid(format!("{key}.base_url {:?} is not a URL: {e}", u.base_url))
-            })?;
-            if url.scheme() != "http" && url.scheme() != "https" {
-                return Err(ConfigError::Invalid(format!(
-                    "{key}.base_url must start with http:// or https://"
-                )));
-            }
-            if url.query().is_some() || url.fragment().is_some() {
-                return Err(ConfigError::Invalid(format!(
-                    "{key}.base_url must not have a query or fragment (the request's are appended)"
-                )));
-            }
-            u.cache_terms(&key).map_err(ConfigError::Invalid)?;
-            if u.connect_timeout_ms == 0 || u.read_timeout_ms == 0 {
-                return Err(ConfigError::Invalid(format!(
-                    "{key}.connect_timeout_ms and read_timeout_ms must be above 0"
-                )));
-            }
+            u.validate(&key).map_err(ConfigError::Invalid)?;
         }
-        if self.server.max_body_bytes == 0 {
-            return Err(ConfigError::Invalid(
-                "server.max_body_bytes must be above 0".into(),
-            ));
-        }
+        self.server.validate().map_err(ConfigError::Invalid)?;
         self.context.validate().map_err(ConfigError::Invalid)?;
         if let Some(name) = &self.context.summarizer.upstream {
             if !names.contains_key(name) {
@@ -153,33 +134,7 @@ impl Config {
             }
             other => ConfigError::Invalid(other.to_string()),
         })?;
-        if self.server.max_json_elements == 0 || self.server.max_json_depth == 0 {
-            return Err(ConfigError::Invalid(
-                "server.max_json_elements and server.max_json_depth must be above 0".into(),
-            ));
-        }
-        if self.server.max_body_bytes_in_flight < self.server.max_body_bytes {
-            return Err(ConfigError::Invalid(
-                "server.max_body_bytes_in_flight must be at least server.max_body_bytes".into(),
-            ));
-        }
-        if self.server.body_read_timeout_ms == 0 || self.server.body_min_bytes_per_sec == 0 {
-            return Err(ConfigError::Invalid(
-                "server.body_read_timeout_ms and server.body_min_bytes_per_sec must be above 0"
-                    .into(),
-            ));
-        }
-        if self.server.header_read_timeout_ms == 0 || self.server.idle_timeout_ms == 0 {
-            return Err(ConfigError::Invalid(
-                "server.header_read_timeout_ms and server.idle_timeout_ms must be above 0".into(),
-            ));
-        }
         self.record.validate().map_err(ConfigError::Invalid)?;
-        if self.server.max_connections == 0 {
-            return Err(ConfigError::Invalid(
-                "server.max_connections must be above 0".into(),
-            ));
-        }
         let upstream_keys = self.upstreams.iter().any(|u| u.api_key_env.is_some());
         crate::auth::validate(&self.auth, &self.keys, upstream_keys)
             .map_err(ConfigError::Invalid)?;

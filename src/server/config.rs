@@ -86,6 +86,38 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// Checks the keys that have constraints; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_body_bytes == 0 {
+            return Err("server.max_body_bytes must be above 0".into());
+        }
+        if self.max_json_elements == 0 || self.max_json_depth == 0 {
+            return Err(
+                "server.max_json_elements and server.max_json_depth must be above 0".into(),
+            );
+        }
+        if self.max_body_bytes_in_flight < self.max_body_bytes {
+            return Err(
+                "server.max_body_bytes_in_flight must be at least server.max_body_bytes".into(),
+            );
+        }
+        if self.body_read_timeout_ms == 0 || self.body_min_bytes_per_sec == 0 {
+            return Err(
+                "server.body_read_timeout_ms and server.body_min_bytes_per_sec must be above 0"
+                    .into(),
+            );
+        }
+        if self.header_read_timeout_ms == 0 || self.idle_timeout_ms == 0 {
+            return Err(
+                "server.header_read_timeout_ms and server.idle_timeout_ms must be above 0".into(),
+            );
+        }
+        if self.max_connections == 0 {
+            return Err("server.max_connections must be above 0".into());
+        }
+        Ok(())
+    }
+
     /// The limits a request body is read under.
     pub fn body_limits(&self) -> BodyLimits {
         BodyLimits {

@@ -2,7 +2,7 @@
 //! answer read whole (bounded) and its text and usage taken out.
 
 use futures_util::StreamExt;
-use http::{header, HeaderMap, HeaderValue, Method};
+use http::HeaderValue;
 use serde_json::Value;
 
 use super::Failure;
@@ -34,20 +34,9 @@ pub async fn ask(
         job.previous.as_deref(),
         &job.span,
     );
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    if let Some(auth) = authorization {
-        headers.insert(header::AUTHORIZATION, auth.clone());
-    }
-    let request = upstream.request(
-        Method::POST,
+    let request = upstream.json_post(
         "/chat/completions",
-        None,
-        headers,
-        &[],
+        authorization,
         bytes::Bytes::from(body.to_string()),
     );
     let incoming = upstream

@@ -77,6 +77,29 @@ impl Default for UpstreamConfig {
 }
 
 impl UpstreamConfig {
+    /// Checks this entry's own keys; `key` names the entry in messages (`upstreams[0] (name)`).
+    pub fn validate(&self, key: &str) -> Result<(), String> {
+        let url = reqwest::Url::parse(&self.base_url)
+            .map_err(|e| format!("{key}.base_url {:?} is not a URL: {e}", self.base_url))?;
+        if url.scheme() != "http" && url.scheme() != "https" {
+            return Err(format!(
+                "{key}.base_url must start with http:// or https://"
+            ));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!(
+                "{key}.base_url must not have a query or fragment (the request's are appended)"
+            ));
+        }
+        self.cache_terms(key)?;
+        if self.connect_timeout_ms == 0 || self.read_timeout_ms == 0 {
+            return Err(format!(
+                "{key}.connect_timeout_ms and read_timeout_ms must be above 0"
+            ));
+        }
+        Ok(())
+    }
+
     /// The caching terms: `cache_pricing` (else the provider of `base_url`'s host) with the
     /// overrides on top. Errors name the key under `key`.
     pub fn cache_terms(&self, key: &str) -> Result<CacheTerms, String> {

@@ -259,6 +259,25 @@ impl Upstream {
         }
     }
 
+    /// A JSON `POST` of the proxy's own (the summarizer's) to `path` (below `/v1`), sent with
+    /// `authorization` (the client's), which the upstream's own key replaces when it has one.
+    pub fn json_post(
+        &self,
+        path: &str,
+        authorization: Option<&HeaderValue>,
+        body: Bytes,
+    ) -> UpstreamRequest {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(auth) = authorization {
+            headers.insert(header::AUTHORIZATION, auth.clone());
+        }
+        self.request(Method::POST, path, None, headers, &[], body)
+    }
+
     /// Sends `req` (it stays usable) and waits for the response headers, bounded by the read
     /// timeout.
     pub async fn send(&self, req: &UpstreamRequest) -> Result<Incoming, UpstreamError> {
