@@ -53,13 +53,7 @@ const LAYERS: &[(&str, u8)] = &[
 /// Arrows that still run the wrong way, or names a module should not use yet: (the module that
 /// imports or names, what it imports or names, why). A module path matches itself and every
 /// module under it; the target is a module path or one of the names of [`NAMED_ONLY_IN`].
-const EXCEPTIONS: &[(&str, &str, &str)] = &[
-    (
-        "proxy_tools::hidden",
-        "context",
-        "keeps the proxy's hidden calls per context Identity, finds call ids with context::units",
-    ),
-];
+const EXCEPTIONS: &[(&str, &str, &str)] = &[];
 
 /// Names only some layers may use: (the name, the lowest layer that may, the highest layer that
 /// may).

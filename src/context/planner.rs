@@ -396,7 +396,11 @@ impl Planner {
         let Some(Value::Array(list)) = body.get_mut("messages") else {
             return 0;
         };
-        match self.hidden.restore(identity, list).await {
+        match self
+            .hidden
+            .restore(&identity.tenant, &identity.session, list)
+            .await
+        {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the proxy's hidden tool calls: planning the conversation as the client sent it");

@@ -19,9 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
-use crate::context::units::call_ids;
-use crate::context::Identity;
-use crate::store::{StateList, Store, StoreError};
+use crate::store::{SessionId, StateList, Store, StoreError, Tenant};
 
 /// Exchanges kept per session (the oldest go first).
 const PER_SESSION: usize = 256;
@@ -122,9 +120,14 @@ impl Hidden {
     }
 
     /// Keeps `exchange` for the session (merged with what other replicas keep).
-    pub async fn keep(&self, id: &Identity, exchange: Exchange) -> Result<(), StoreError> {
+    pub async fn keep(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        exchange: Exchange,
+    ) -> Result<(), StoreError> {
         self.list
-            .update(&id.tenant, &id.session, |list| {
+            .update(tenant, session, |list| {
                 if list.iter().any(|e| e.key == exchange.key) {
                     return ControlFlow::Break(());
                 }
@@ -141,7 +144,8 @@ impl Hidden {
     /// were restored. Reads the store only when some assistant message has tool calls.
     pub async fn restore(
         &self,
-        id: &Identity,
+        tenant: &Tenant,
+        session: &SessionId,
         messages: &mut Vec<Value>,
     ) -> Result<usize, StoreError> {
         let has_calls = messages.iter().any(|m| {
@@ -153,7 +157,7 @@ impl Hidden {
         if !has_calls {
             return Ok(0);
         }
-        let list = self.list.read(&id.tenant, &id.session).await?;
+        let list = self.list.read(tenant, session).await?;
         if list.is_empty() {
             return Ok(0);
         }
@@ -217,6 +221,20 @@ pub fn restore_in(list: &[Exchange], messages: &mut Vec<Value>) -> usize {
         i += 1 + results;
     }
     restored
+}
+
+/// The ids of the tool calls of an assistant message, in order.
+fn call_ids(message: &Value) -> Vec<&str> {
+    message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .filter_map(|c| c.get("id").and_then(Value::as_str))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Splits the calls of an assistant message into the client's and the proxy's (`is_proxy`

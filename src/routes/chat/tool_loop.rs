@@ -206,7 +206,10 @@ impl Round {
             results,
         };
         let store = Hidden::new(self.state.context.store().clone());
-        if let Err(e) = store.keep(&self.identity, exchange).await {
+        if let Err(e) = store
+            .keep(&self.identity.tenant, &self.identity.session, exchange)
+            .await
+        {
             tracing::warn!(error = %e, "cannot keep the proxy's hidden tool calls: the next turn will not show them to the model");
         }
         visible
