@@ -174,9 +174,21 @@ fn client_tool_names(body: &Value) -> Vec<&str> {
 
 /// The tokens the two definitions add to a request (counted as the upstream counts a `tools`
 /// array; when the client has tools of its own this over-counts the array's fixed overhead by
-/// a few tokens, which errs on the side of fitting).
+/// a few tokens, which errs on the side of fitting). Counted once per names and encoding (the
+/// names come from short fixed lists, so the memo stays small): every managed request asks.
 pub fn definitions_tokens(names: &ToolNames, encoding: crate::tokens::Encoding) -> usize {
-    crate::tokens::tools_tokens(&Value::Array(definitions(names).to_vec()), encoding)
+    type Memo = std::collections::HashMap<(String, String, crate::tokens::Encoding), usize>;
+    static MEMO: std::sync::OnceLock<std::sync::Mutex<Memo>> = std::sync::OnceLock::new();
+    let key = (names.read.clone(), names.search.clone(), encoding);
+    let memo = MEMO.get_or_init(Default::default);
+    if let Some(&tokens) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return tokens;
+    }
+    let tokens = crate::tokens::tools_tokens(&Value::Array(definitions(names).to_vec()), encoding);
+    memo.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, tokens);
+    tokens
 }
 
 /// The two tool definitions, in a fixed order with fixed bytes for given names.
