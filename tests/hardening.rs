@@ -315,30 +315,16 @@ fn tool_chain(n: usize) -> Vec<serde_json::Value> {
 }
 
 /// The shortest of a few runs of `f`.
-fn fastest(f: impl Fn()) -> std::time::Duration {
-    (0..5)
-        .map(|_| {
-            let started = std::time::Instant::now();
-            f();
-            started.elapsed()
-        })
-        .min()
-        .unwrap()
-}
-
+/// Segmenting stays correct at the size issue 12 measured; how fast it is (linear in the
+/// number of calls) is a benchmark target, not a timed test: `cargo run --release --example
+/// many_tool_calls` (BENCHMARKS.md).
 #[test]
-fn segmenting_is_linear_in_the_number_of_tool_calls() {
+fn a_chain_of_40k_tool_calls_is_one_unit() {
     use context_proxy::context::units::segment;
-    let (small, large) = (tool_chain(4_000), tool_chain(40_000));
+    let large = tool_chain(40_000);
     assert_eq!(segment(&large).unwrap(), vec![0..large.len()]);
-    let t_small = fastest(|| assert!(segment(&small).is_ok()));
-    let t_large = fastest(|| assert!(segment(&large).is_ok()));
-    // Linear: 10x the calls, about 10x the time (a little more: the large one outgrows the CPU
-    // caches); quadratic would be 100x. Generous for a loaded machine.
-    assert!(
-        t_large <= t_small * 40 + std::time::Duration::from_millis(5),
-        "4k calls: {t_small:?}, 40k calls: {t_large:?}"
-    );
+    let small = tool_chain(4_000);
+    assert_eq!(segment(&small).unwrap(), vec![0..small.len()]);
 }
 
 fn numbered_lines(prefix: &str, n: usize) -> String {
