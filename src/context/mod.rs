@@ -29,8 +29,8 @@ pub mod planner;
 pub mod quota;
 pub mod session;
 pub mod settings;
-pub mod summaries;
 pub mod summary;
+pub mod summary_store;
 pub mod transforms;
 pub mod units;
 pub mod vetting;
@@ -212,7 +212,7 @@ impl ContextManager {
     }
 
     /// Summaries of moved-out spans, by the prefix they cover.
-    pub fn summaries(&self) -> &summaries::Summaries {
+    pub fn summaries(&self) -> &summary_store::Summaries {
         self.planner.summaries()
     }
 

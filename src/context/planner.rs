@@ -16,7 +16,7 @@ use super::adapter;
 use super::engine::{self, Decision, Env, Input, Report, Skipped};
 use super::session::{Decisions, Identity, Prefixes};
 use super::settings::{self, ContextConfig, Mode, RequestLimits, Settings};
-use super::{caches, limits, markers, summaries, summary, transforms};
+use super::{caches, limits, markers, summary, summary_store, transforms};
 use crate::store::{ContentRef, Store, Tenant};
 use crate::tokens::{Counter, Encoding};
 
@@ -169,7 +169,7 @@ struct SessionState {
     store_failed: bool,
     /// Summaries are placed and planned for this request.
     summarize: bool,
-    ready: Vec<summaries::Recorded>,
+    ready: Vec<summary_store::Recorded>,
 }
 
 /// Plans requests: the decision lookup, the engine, the summaries.
@@ -181,7 +181,7 @@ pub struct Planner {
     /// The proxy's tool calls hidden from clients, per session.
     hidden: crate::proxy_tools::hidden::Hidden,
     /// Summaries of moved-out spans, by the prefix they cover.
-    summaries: summaries::Summaries,
+    summaries: summary_store::Summaries,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
     references: Cache<u128, ContentRef>,
     /// Content hash → lossless form of a tool result (`None`: no transform applies), so each
@@ -228,7 +228,7 @@ impl Planner {
             counter,
             decisions: Decisions::new(store.clone()),
             hidden: crate::proxy_tools::hidden::Hidden::new(store.clone()),
-            summaries: summaries::Summaries::new(store.clone()),
+            summaries: summary_store::Summaries::new(store.clone()),
             store,
             references: caches::references(),
             transformed: caches::transformed(),
@@ -251,7 +251,7 @@ impl Planner {
     }
 
     /// Summaries of moved-out spans, by the prefix they cover.
-    pub fn summaries(&self) -> &summaries::Summaries {
+    pub fn summaries(&self) -> &summary_store::Summaries {
         &self.summaries
     }
 
@@ -602,33 +602,34 @@ impl Planner {
         settings: &Settings,
         outcome: &mut engine::Outcome,
         prior: Decision,
-        ready: &[summaries::Recorded],
+        ready: &[summary_store::Recorded],
         prefixes: &Prefixes,
         counter: &Counter,
         env: &CachedEnv<'_>,
     ) -> (SummaryPlan, Option<MarkerSlot>) {
         let cfg = &self.config.summarizer;
-        let job = |from: usize, end: usize, previous: Option<&summaries::Recorded>, blocking| {
-            let count = |t: &str| counter.count_text(t);
-            let room = cfg
-                .max_input_tokens
-                .saturating_sub(cfg.max_summary_tokens + 1_000)
-                .saturating_sub(previous.map_or(0, |p| count(&p.summary)));
-            let prefix_hash = summaries::hash_hex(prefixes.get(end)?);
-            Some(SummaryJob {
-                prefix_len: end,
-                prefix_hash,
-                previous: previous.map(|p| p.summary.clone()),
-                span: summary::render_span(
-                    &input.messages[from..end],
-                    settings.tool_result_max_tokens,
-                    room.max(1_000),
-                    &count,
-                ),
-                blocking,
-                encoding: counter.encoding(),
-            })
-        };
+        let job =
+            |from: usize, end: usize, previous: Option<&summary_store::Recorded>, blocking| {
+                let count = |t: &str| counter.count_text(t);
+                let room = cfg
+                    .max_input_tokens
+                    .saturating_sub(cfg.max_summary_tokens + 1_000)
+                    .saturating_sub(previous.map_or(0, |p| count(&p.summary)));
+                let prefix_hash = summary_store::hash_hex(prefixes.get(end)?);
+                Some(SummaryJob {
+                    prefix_len: end,
+                    prefix_hash,
+                    previous: previous.map(|p| p.summary.clone()),
+                    span: summary::render_span(
+                        &input.messages[from..end],
+                        settings.tool_result_max_tokens,
+                        room.max(1_000),
+                        &count,
+                    ),
+                    blocking,
+                    encoding: counter.encoding(),
+                })
+            };
         if let Some(moved) = outcome.moved.clone() {
             let Some(messages) = outcome.messages.as_mut() else {
                 return (SummaryPlan::None, None);

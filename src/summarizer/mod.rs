@@ -26,8 +26,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::context::summaries::{Recorded, Summaries};
 use crate::context::summary::SummarizerConfig;
+use crate::context::summary_store::{Recorded, Summaries};
 use crate::context::{Identity, SummaryJob};
 use crate::service::Service;
 use crate::store::{StateKey, Store, StoreError};
