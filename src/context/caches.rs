@@ -1,5 +1,6 @@
 //! The context layer's in-process caches, each bounded, evicting what is least likely to be
-//! used again (moka's TinyLFU) and, where an entry goes stale, expiring it. Every cache only
+//! used again (moka's TinyLFU, quick_cache's CLOCK-Pro for the two looked up per message) and,
+//! where an entry goes stale, expiring it. Every cache only
 //! saves work: losing an entry costs a recomputation, a store write or a cache judged warm
 //! (the safe side), never a wrong answer. The bounds are here, one constant each, and in
 //! `docs/configuration.md` ("In-process caches").
@@ -34,21 +35,36 @@ pub const LAST_SEEN: u64 = 100_000;
 /// lifetime (at most an hour), after which it counts as warm again.
 pub const LAST_SEEN_TTL: Duration = Duration::from_secs(6 * 3600);
 
+/// The two caches looked up once per message of every request (content hash → reference,
+/// → lossless form) are quick_cache's: a lookup costs a fraction of moka's, which showed on
+/// the warm path of a 200-message request.
+pub type PerMessage<V> = quick_cache::sync::Cache<u128, V, ByBytes>;
+
 /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
-pub fn references() -> Cache<u128, ContentRef> {
-    Cache::builder().max_capacity(REFERENCES).build()
+pub fn references() -> PerMessage<ContentRef> {
+    PerMessage::with_weighter(REFERENCES as usize, REFERENCES, ByBytes)
 }
 
 /// Content hash → lossless form of a tool result (`None`: no transform applies), weighed by
 /// its text's bytes.
-pub fn transformed() -> Cache<u128, Option<Arc<Lossless>>> {
-    Cache::builder()
-        .max_capacity(TRANSFORMED_BYTES)
-        .weigher(|_, form: &Option<Arc<Lossless>>| {
-            let bytes = form.as_ref().map_or(0, |l| l.text.len());
-            u32::try_from(bytes + 32).unwrap_or(u32::MAX)
-        })
-        .build()
+pub fn transformed() -> PerMessage<Option<Arc<Lossless>>> {
+    PerMessage::with_weighter(1 << 16, TRANSFORMED_BYTES, ByBytes)
+}
+
+/// The weight of an entry: a reference counts one; a lossless form its text's bytes.
+#[derive(Clone, Copy)]
+pub struct ByBytes;
+
+impl quick_cache::Weighter<u128, ContentRef> for ByBytes {
+    fn weight(&self, _: &u128, _: &ContentRef) -> u64 {
+        1
+    }
+}
+
+impl quick_cache::Weighter<u128, Option<Arc<Lossless>>> for ByBytes {
+    fn weight(&self, _: &u128, form: &Option<Arc<Lossless>>) -> u64 {
+        form.as_ref().map_or(0, |l| l.text.len()) as u64 + 32
+    }
 }
 
 /// Content this process stored, per tenant, and when.
@@ -81,12 +97,11 @@ mod tests {
 
     #[test]
     fn a_cache_past_its_bound_evicts_instead_of_growing() {
-        let cache: Cache<u128, ContentRef> = Cache::builder().max_capacity(100).build();
+        let cache: PerMessage<ContentRef> = PerMessage::with_weighter(100, 100, ByBytes);
         for n in 0..10_000u128 {
             cache.insert(n, ContentRef::of(&n.to_string()));
         }
-        cache.run_pending_tasks();
-        assert!(cache.entry_count() <= 100, "{}", cache.entry_count());
+        assert!(cache.len() <= 100, "{}", cache.len());
         let weighed = transformed();
         let big = Arc::new(Lossless {
             text: "x".repeat(1 << 20),
@@ -96,8 +111,7 @@ mod tests {
         for n in 0..400u128 {
             weighed.insert(n, Some(big.clone()));
         }
-        weighed.run_pending_tasks();
-        assert!(weighed.weighted_size() <= TRANSFORMED_BYTES);
-        assert!(weighed.entry_count() < 400);
+        assert!(weighed.weight() <= TRANSFORMED_BYTES);
+        assert!(weighed.len() < 400);
     }
 }

@@ -183,10 +183,10 @@ pub struct Planner {
     /// Summaries of moved-out spans, by the prefix they cover.
     summaries: summary_store::Summaries,
     /// Content hash → reference, so a compacted message is not hashed with SHA-256 every turn.
-    references: Cache<u128, ContentRef>,
+    references: caches::PerMessage<ContentRef>,
     /// Content hash → lossless form of a tool result (`None`: no transform applies), so each
     /// result is transformed once.
-    transformed: Cache<u128, Option<Arc<transforms::Lossless>>>,
+    transformed: caches::PerMessage<Option<Arc<transforms::Lossless>>>,
     /// Context limits stated by upstreams, per upstream and model.
     learned: limits::LearnedLimits,
     /// When each session last sent a request to this process: whether the provider's cache
@@ -200,8 +200,8 @@ pub struct Planner {
 /// The engine's view of counting and addressing, with caches.
 struct CachedEnv<'a> {
     counter: &'a Counter,
-    references: &'a Cache<u128, ContentRef>,
-    transformed: &'a Cache<u128, Option<Arc<transforms::Lossless>>>,
+    references: &'a caches::PerMessage<ContentRef>,
+    transformed: &'a caches::PerMessage<Option<Arc<transforms::Lossless>>>,
 }
 
 impl Env for CachedEnv<'_> {
@@ -211,13 +211,22 @@ impl Env for CachedEnv<'_> {
 
     fn reference(&self, text: &str) -> ContentRef {
         let key = xxh3_128(text.as_bytes());
-        self.references.get_with(key, || ContentRef::of(text))
+        match self.references.get_or_insert_with(&key, || {
+            Ok::<_, std::convert::Infallible>(ContentRef::of(text))
+        }) {
+            Ok(r) => r,
+            Err(never) => match never {},
+        }
     }
 
     fn lossless(&self, text: &str) -> Option<Arc<transforms::Lossless>> {
         let key = xxh3_128(text.as_bytes());
-        self.transformed
-            .get_with(key, || transforms::lossless(text).map(Arc::new))
+        match self.transformed.get_or_insert_with(&key, || {
+            Ok::<_, std::convert::Infallible>(transforms::lossless(text).map(Arc::new))
+        }) {
+            Ok(form) => form,
+            Err(never) => match never {},
+        }
     }
 }
 
