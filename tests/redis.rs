@@ -256,6 +256,18 @@ fn forwarded_refs(h: &common::Harness) -> Vec<context_proxy::store::ContentRef> 
     refs
 }
 
+/// A proxy on the Redis at `url` that compacts `compactable()` and stores its content again
+/// only once an hour (so what a request finds lost is found by the check before forwarding).
+async fn compacting_on(url: String) -> common::Harness {
+    common::Harness::start_with(context_proxy::mock::MockConfig::default(), |c| {
+        c.store = config(url);
+        c.store.content_refresh_secs = 3600;
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+    })
+    .await
+}
+
 /// Redis flushed (or restarted empty, or evicting) under a running proxy: the next request
 /// writes what it points to again before it goes out, long before `content_refresh_secs`.
 #[tokio::test]
@@ -264,13 +276,7 @@ async fn content_flushed_from_redis_is_written_again_before_forwarding() {
         .await
         .unwrap();
     let url = server.url();
-    let h = common::Harness::start_with(context_proxy::mock::MockConfig::default(), |c| {
-        c.store = config(url.clone());
-        c.store.content_refresh_secs = 3600;
-        c.context.keep_recent_messages = 2;
-        c.context.compact_batch_tokens = 1000;
-    })
-    .await;
+    let h = compacting_on(url.clone()).await;
     let store = open(&config(url.clone())).await.unwrap();
     let tenant = Tenant::from_api_key(Some("sk-test-client"));
     for round in 0..2 {
@@ -309,13 +315,7 @@ async fn with_redis_down_recently_written_refs_are_not_forwarded() {
         .await
         .unwrap();
     let url = server.url();
-    let h = common::Harness::start_with(context_proxy::mock::MockConfig::default(), |c| {
-        c.store = config(url.clone());
-        c.store.content_refresh_secs = 3600;
-        c.context.keep_recent_messages = 2;
-        c.context.compact_batch_tokens = 1000;
-    })
-    .await;
+    let h = compacting_on(url.clone()).await;
     let resp = h.chat(&compactable()).await;
     assert_eq!(resp.headers()["x-context-actions"], "compacted=2");
     let server = tokio::task::spawn_blocking(move || {
