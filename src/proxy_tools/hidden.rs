@@ -224,7 +224,7 @@ pub fn restore_in(list: &[Exchange], messages: &mut Vec<Value>) -> usize {
 }
 
 /// The ids of the tool calls of an assistant message, in order.
-fn call_ids(message: &Value) -> Vec<&str> {
+pub fn call_ids(message: &Value) -> Vec<&str> {
     message
         .get("tool_calls")
         .and_then(Value::as_array)

@@ -180,15 +180,7 @@ impl Round {
     /// the message as the client must see it.
     pub async fn hide(&self, message: &Value, results: Vec<Value>) -> Value {
         let (visible, calls) = hidden::split(message, |name| self.is_proxy(name));
-        let ids = visible
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .map(|c| {
-                c.iter()
-                    .filter_map(|c| c.get("id").and_then(Value::as_str))
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
+        let ids = hidden::call_ids(&visible);
         // The conversation as the client sent it, which is what it sends back before this
         // message next turn (the body in hand has the proxy's changes).
         let transcript = serde_json::from_slice::<Value>(&self.client_body)
