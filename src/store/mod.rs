@@ -42,7 +42,6 @@
 
 mod config;
 mod fs;
-mod ids;
 mod locks;
 mod memory;
 mod redis;
@@ -60,9 +59,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 pub use self::redis::RedisStore;
+pub use crate::ids::{ContentKind, ContentRef, InvalidId, SessionId, StateKey, Tenant};
 pub use config::{Backend, OnError, StoreConfig};
 pub use fs::FsStore;
-pub use ids::{ContentKind, ContentRef, SessionId, StateKey, Tenant};
 pub use memory::MemoryStore;
 pub use state_list::StateList;
 
@@ -70,12 +69,8 @@ pub use state_list::StateList;
 /// context management, with a warning log.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("invalid {what} {value:?}: expected {expected}")]
-    Invalid {
-        what: &'static str,
-        value: String,
-        expected: &'static str,
-    },
+    #[error(transparent)]
+    Invalid(#[from] InvalidId),
     #[error("invalid config: store.{key} {message}")]
     Config { key: &'static str, message: String },
     #[error("store {op} did not finish within {timeout_ms} ms (store.op_timeout_ms)")]
