@@ -71,8 +71,9 @@ pub use state_list::StateList;
 pub enum StoreError {
     #[error(transparent)]
     Invalid(#[from] InvalidId),
-    #[error("invalid config: store.{key} {message}")]
-    Config { key: &'static str, message: String },
+    /// A `[store]` key that cannot be used; the message names it (`store.…`).
+    #[error("invalid config: {0}")]
+    Config(String),
     #[error("store {op} did not finish within {timeout_ms} ms (store.op_timeout_ms)")]
     Timeout { op: &'static str, timeout_ms: u64 },
     #[error("{len} bytes do not fit in the memory store's {limit} bytes (store.memory_max_bytes)")]
@@ -319,7 +320,7 @@ pub async fn open_with_clock(
     cfg: &StoreConfig,
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<dyn Store>, StoreError> {
-    cfg.validate()?;
+    cfg.validate().map_err(StoreError::Config)?;
     let inner: Arc<dyn Store> = match cfg.backend {
         Backend::Memory => Arc::new(MemoryStore::new(cfg, clock)),
         Backend::Fs => {
