@@ -1,6 +1,7 @@
 //! Routes a request to what answers it, and records it:
 //!
 //! - `POST /v1/chat/completions` → `chat`;
+//! - `POST /v1/responses` → `responses`;
 //! - `GET /v1/models` → an OpenAI-shaped model list;
 //! - `/_mock/*` → the control API (not recorded): `POST /_mock/replies` queues a JSON array of
 //!   replies, `GET /_mock/received` lists the recorded requests, `POST /_mock/reset` forgets
@@ -58,6 +59,7 @@ pub(crate) async fn handle(ctx: Ctx, request: Request<Incoming>) -> Response<Moc
 async fn serve(ctx: &Ctx, request: Received) -> Response<MockBody> {
     match (request.method.as_str(), request.path.as_str()) {
         ("POST", "/v1/chat/completions") => chat::handle(ctx, &request.body).await,
+        ("POST", "/v1/responses") => super::responses::handle(ctx, &request.body).await,
         ("GET", "/v1/models") => {
             if !ctx.life.sleep(ctx.config.latency).await {
                 return shutting_down();

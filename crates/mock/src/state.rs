@@ -2,7 +2,7 @@
 //! replies, the log of received requests, and the stream counters, each count published on a
 //! `watch` channel so that tests wait for it without polling.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -144,6 +144,14 @@ pub(crate) struct State {
     streams_cancelled: Counter,
     streams_completed: Counter,
     serial: AtomicU64,
+    prompt_cache: Mutex<PromptCache>,
+}
+
+/// The prefixes of Responses requests seen, by hash, oldest first (bounded).
+#[derive(Debug, Default)]
+struct PromptCache {
+    known: HashSet<[u8; 32]>,
+    order: VecDeque<[u8; 32]>,
 }
 
 /// Locks a mutex; a panic while it was held does not make its data invalid here.
@@ -160,6 +168,7 @@ impl State {
             streams_cancelled: Counter::new(),
             streams_completed: Counter::new(),
             serial: AtomicU64::new(0),
+            prompt_cache: Mutex::new(PromptCache::default()),
         }
     }
 
@@ -234,6 +243,30 @@ impl State {
         self.streams_cancelled.set(0);
         self.streams_completed.set(0);
         self.serial.store(0, Ordering::Relaxed);
+        *lock(&self.prompt_cache) = PromptCache::default();
+    }
+
+    /// The tokens of a request's prefix found in the prompt cache (as the API reports them,
+    /// [`crate::responses::cacheable`]), given its prefixes as (hash, tokens up to there);
+    /// every prefix is cached from now on.
+    pub(crate) fn cache_prefixes(&self, prefixes: &[([u8; 32], usize)]) -> usize {
+        let mut cache = lock(&self.prompt_cache);
+        let hit = prefixes
+            .iter()
+            .rev()
+            .find(|(hash, _)| cache.known.contains(hash))
+            .map_or(0, |(_, tokens)| *tokens);
+        for (hash, _) in prefixes {
+            if cache.known.insert(*hash) {
+                cache.order.push_back(*hash);
+            }
+        }
+        while cache.order.len() > crate::responses::MAX_CACHED_PREFIXES {
+            if let Some(old) = cache.order.pop_front() {
+                cache.known.remove(&old);
+            }
+        }
+        crate::responses::cacheable(hit)
     }
 }
 

@@ -277,7 +277,7 @@ pub fn split_arguments(arguments: &str) -> Vec<&str> {
 }
 
 /// `prefix` followed by `len` base-62 characters derived from `seed`.
-fn derived_id(prefix: &str, len: usize, seed: &[&str]) -> String {
+pub(crate) fn derived_id(prefix: &str, len: usize, seed: &[&str]) -> String {
     const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
     let mut hasher = Sha256::new();
     for part in seed {
