@@ -71,7 +71,7 @@ pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
 }
 
 /// Fixed latency plus the per-prompt-token latency.
-fn latency(ctx: &Ctx, prompt_tokens: usize) -> Duration {
+pub(crate) fn latency(ctx: &Ctx, prompt_tokens: usize) -> Duration {
     let per_token = ctx.config.latency_per_input_token.as_nanos();
     let tokens = u128::try_from(prompt_tokens).unwrap_or(u128::MAX);
     let nanos = u64::try_from(per_token.saturating_mul(tokens)).unwrap_or(u64::MAX);
@@ -115,7 +115,7 @@ async fn respond(
 }
 
 /// Takes the holds off a reply; the outermost hold applies.
-fn unwrap_hold(mut reply: Reply) -> (Reply, Option<(usize, Gate)>) {
+pub(crate) fn unwrap_hold(mut reply: Reply) -> (Reply, Option<(usize, Gate)>) {
     let mut hold = None;
     while let Reply::Held {
         reply: inner,
@@ -304,7 +304,7 @@ pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response<MockB
     response
 }
 
-fn raw_response(
+pub(crate) fn raw_response(
     status: u16,
     headers: &[(String, String)],
     body: bytes::Bytes,

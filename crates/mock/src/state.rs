@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use super::prompt_cache::PromptCache;
 use super::script::Reply;
 
 /// One request the mock received.
@@ -144,6 +145,8 @@ pub(crate) struct State {
     streams_cancelled: Counter,
     streams_completed: Counter,
     serial: AtomicU64,
+    /// The Messages API's prompt cache.
+    prompt_cache: PromptCache,
 }
 
 /// Locks a mutex; a panic while it was held does not make its data invalid here.
@@ -160,11 +163,16 @@ impl State {
             streams_cancelled: Counter::new(),
             streams_completed: Counter::new(),
             serial: AtomicU64::new(0),
+            prompt_cache: PromptCache::default(),
         }
     }
 
     pub(crate) fn push_replies(&self, replies: impl IntoIterator<Item = Reply>) {
         lock(&self.replies).extend(replies);
+    }
+
+    pub(crate) fn prompt_cache(&self) -> &PromptCache {
+        &self.prompt_cache
     }
 
     pub(crate) fn pop_reply(&self) -> Option<Reply> {
@@ -226,8 +234,10 @@ impl State {
         self.streams_completed.wait_at_least(n, timeout).await
     }
 
-    /// Forgets the queued replies, the request log, the counters and the serial numbers.
+    /// Forgets the queued replies, the request log, the counters, the serial numbers and the
+    /// prompt cache.
     pub(crate) fn reset(&self) {
+        self.prompt_cache.clear();
         lock(&self.replies).clear();
         lock(&self.received).clear();
         self.received_count.set(0);
