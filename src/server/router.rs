@@ -4,6 +4,7 @@
 //!
 //! - `POST /v1/chat/completions` → [`crate::routes::chat`], the proxy's own request path;
 //! - any other `/v1/…` → [`crate::routes::passthrough`], forwarded verbatim;
+//! - `/ui/…` → [`crate::routes::ui`], the page, when `[ui] enabled`;
 //! - `GET /healthz`, `GET /readyz` → answered here.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -145,6 +146,13 @@ async fn route(
             );
             Ok(resp)
         }
+        _ if path == "/ui" || path.starts_with("/ui/") => match state.ui {
+            Some(_) => Ok(crate::routes::ui::handle(state, req).await),
+            None => Err(ProxyError::NotFound {
+                method: req.method().to_string(),
+                path: path.to_string(),
+            }),
+        },
         _ if path.starts_with("/v1/context/") => {
             crate::routes::context_api::handle(state, req).await
         }
