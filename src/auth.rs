@@ -554,6 +554,42 @@ impl Auth {
     }
 }
 
+/// The logins of the page (`/ui/`): a random token, handed to the browser as a cookie, for the
+/// caller who typed a key or the admin token into its form. Bounded and expiring (a moka
+/// cache); a restart logs everyone out. The key itself is never kept.
+pub struct Logins(moka::sync::Cache<String, Caller>);
+
+impl Logins {
+    /// At most `max` logins, each for `ttl`.
+    pub fn new(max: u64, ttl: std::time::Duration) -> Logins {
+        Logins(
+            moka::sync::Cache::builder()
+                .max_capacity(max)
+                .time_to_live(ttl)
+                .build(),
+        )
+    }
+
+    /// A new login for `caller`: its token (64 hex digits from the OS's randomness), `None`
+    /// when the OS has none to give.
+    pub fn open(&self, caller: Caller) -> Option<String> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).ok()?;
+        let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        self.0.insert(token.clone(), caller);
+        Some(token)
+    }
+
+    /// The caller a token stands for, while its login lasts.
+    pub fn caller(&self, token: &str) -> Option<Caller> {
+        self.0.get(token)
+    }
+
+    pub fn close(&self, token: &str) {
+        self.0.invalidate(token);
+    }
+}
+
 /// The caller the router found, from a request's extensions.
 pub fn caller(extensions: &http::Extensions) -> Option<&Caller> {
     extensions.get::<Caller>()

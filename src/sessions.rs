@@ -2,9 +2,11 @@
 //! session's detail (statistics from its journal, every reference it stored, the journal
 //! itself), erasing one, and the references a journal names. Shared by the `/v1/context/…`
 //! routes and the `inspect` subcommand; the context manager finds a session's stored content
-//! with [`journal_refs`]. It decides nothing about context.
+//! with [`journal_refs`]. It decides nothing about context. The `[ui]` section ([`UiConfig`])
+//! says what the page that shows them (`routes::ui`) keeps and how it is served.
 
 use http::StatusCode;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::auth::KeyNames;
@@ -295,7 +297,8 @@ struct JournalItem {
 }
 
 /// The references a journal names, each once, oldest first: in `stored` records (`items`:
-/// `{ref, kind, action}`) and in `decision` records (`refs`, with `kinds` at the same index).
+/// `{ref, kind, action}`), in `decision` records (`refs`, with `kinds` at the same index) and
+/// in `request` records (`bodies`: the messages kept for the page).
 fn journal_items(journal: &[Value]) -> Vec<JournalItem> {
     let mut seen = std::collections::HashSet::new();
     let mut items = Vec::new();
@@ -315,7 +318,14 @@ fn journal_items(journal: &[Value]) -> Vec<JournalItem> {
             .flatten()
             .enumerate()
             .map(|(n, r)| (Some(r), kinds.and_then(|k| k.get(n))));
-        for (r, kind) in stored.chain(decided) {
+        // The messages a `request` line kept for the page (`[ui] keep_messages`).
+        let kept = record
+            .get("bodies")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flat_map(|b| b.values())
+            .map(|r| (Some(r), None));
+        for (r, kind) in stored.chain(decided).chain(kept) {
             let Some(reference) = r
                 .and_then(Value::as_str)
                 .and_then(|r| r.parse::<ContentRef>().ok())
@@ -340,6 +350,55 @@ pub fn journal_refs(journal: &[Value]) -> Vec<ContentRef> {
         .into_iter()
         .map(|i| i.reference)
         .collect()
+}
+
+/// The `[ui]` section.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UiConfig {
+    /// Serve the page at `/ui/` and write one `request` line per managed request to the
+    /// session's journal. Default false: no page, no extra journal lines.
+    pub enabled: bool,
+    /// Keep the messages the client sent and the messages the model received, per request,
+    /// in the store (content-addressed, erased with the session), for the side-by-side view.
+    pub keep_messages: bool,
+    /// Largest request body whose messages are kept, in bytes (larger ones: "not kept").
+    pub max_kept_bytes: usize,
+    /// How long a login to the page lasts, in seconds.
+    pub login_ttl_secs: u64,
+    /// Most logins held at once (the oldest go first).
+    pub max_logins: u64,
+    /// How often an open session page asks for new requests, in milliseconds.
+    pub poll_ms: u64,
+}
+
+impl Default for UiConfig {
+    fn default() -> UiConfig {
+        UiConfig {
+            enabled: false,
+            keep_messages: true,
+            max_kept_bytes: 8 << 20,
+            login_ttl_secs: 12 * 3600,
+            max_logins: 10_000,
+            poll_ms: 2_000,
+        }
+    }
+}
+
+impl UiConfig {
+    /// Checks the ranges; messages name the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.login_ttl_secs == 0 {
+            return Err("ui.login_ttl_secs must be at least 1".into());
+        }
+        if self.max_logins == 0 {
+            return Err("ui.max_logins must be at least 1".into());
+        }
+        if !(250..=600_000).contains(&self.poll_ms) {
+            return Err("ui.poll_ms must be from 250 to 600000".into());
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ pub struct Config {
     pub keys: Vec<crate::auth::KeyConfig>,
     /// Recording of the chat-completions traffic.
     pub record: RecordConfig,
+    /// The page that shows what the proxy did (`/ui/`).
+    pub ui: crate::sessions::UiConfig,
 }
 
 /// A configuration that cannot be used, with the key at fault.
@@ -128,13 +130,9 @@ impl Config {
                 )));
             }
         }
-        self.store.validate().map_err(|e| match e {
-            crate::store::StoreError::Config { key, message } => {
-                ConfigError::Invalid(format!("store.{key} {message}"))
-            }
-            other => ConfigError::Invalid(other.to_string()),
-        })?;
+        self.store.validate().map_err(ConfigError::Invalid)?;
         self.record.validate().map_err(ConfigError::Invalid)?;
+        self.ui.validate().map_err(ConfigError::Invalid)?;
         let upstream_keys = self.upstreams.iter().any(|u| u.api_key_env.is_some());
         crate::auth::validate(&self.auth, &self.keys, upstream_keys)
             .map_err(ConfigError::Invalid)?;

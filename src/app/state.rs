@@ -94,6 +94,10 @@ pub async fn build(config: &ValidConfig) -> Result<Shared, StateError> {
         body_budget,
         recorder: recorder.clone(),
         summarizer: summarizer.clone(),
+        ui: config
+            .ui
+            .enabled
+            .then(|| crate::routes::shared::UiState::new(config.ui.clone())),
         draining: AtomicBool::new(false),
         services: Mutex::new(Vec::new()),
     };

@@ -287,7 +287,7 @@ impl Writer {
 }
 
 /// `t` as an RFC 3339 UTC timestamp with milliseconds, e.g. `2026-11-23T21:07:27.123Z`.
-fn rfc3339(t: std::time::SystemTime) -> String {
+pub fn rfc3339(t: std::time::SystemTime) -> String {
     let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
     let (days, rest) = (secs / 86_400, secs % 86_400);

@@ -40,10 +40,28 @@ pub struct Shared {
     pub recorder: Option<Arc<Recorder>>,
     /// The summarizer service, when `[context.summarizer] enabled`.
     pub summarizer: Option<Arc<Summarizer>>,
+    /// The page (`/ui/`), when `[ui] enabled`.
+    pub ui: Option<UiState>,
     /// Set once shutdown begins: `/readyz` then answers 503 so load balancers move away.
     pub draining: AtomicBool,
     /// Running background services, in the order they were started.
     pub services: Mutex<Vec<Arc<dyn Service>>>,
+}
+
+/// What the page (`/ui/`) holds: its settings and the logins it handed out.
+pub struct UiState {
+    pub config: crate::sessions::UiConfig,
+    pub logins: crate::auth::Logins,
+}
+
+impl UiState {
+    pub fn new(config: crate::sessions::UiConfig) -> UiState {
+        let logins = crate::auth::Logins::new(
+            config.max_logins,
+            Duration::from_secs(config.login_ttl_secs),
+        );
+        UiState { config, logins }
+    }
 }
 
 impl Shared {

@@ -131,7 +131,7 @@ pub(crate) async fn answer_reply(
 }
 
 /// Takes the holds off a reply; the outermost hold applies.
-fn unwrap_hold(mut reply: Reply) -> (Reply, Option<(usize, Gate)>) {
+pub(crate) fn unwrap_hold(mut reply: Reply) -> (Reply, Option<(usize, Gate)>) {
     let mut hold = None;
     while let Reply::Held {
         reply: inner,
@@ -344,7 +344,7 @@ pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response<MockB
     response
 }
 
-fn raw_response(
+pub(crate) fn raw_response(
     status: u16,
     headers: &[(String, String)],
     body: bytes::Bytes,

@@ -362,6 +362,7 @@ mod tests {
                 },
             ],
             content_chunks: None,
+            thinking: None,
         }
     }
 
@@ -431,6 +432,7 @@ mod tests {
             content: Some("one two".into()),
             tool_calls: Vec::new(),
             content_chunks: None,
+            thinking: None,
         };
         let events = Answer::new(&completion, meta(1)).to_events(false);
         // role, "one", " two", finish, [DONE]

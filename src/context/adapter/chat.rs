@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::{scan, Adapter, Spans};
 use crate::context::model::{Binding, Kind};
-use crate::tokens::{field, str_field, Counter, RequestCount};
+use crate::tokens::{field, str_field};
 
 /// Chat completions (`POST /v1/chat/completions`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -57,10 +57,6 @@ pub fn content_text(message: &Value) -> Option<Cow<'_, str>> {
 impl Adapter for Chat {
     fn name(&self) -> &'static str {
         "chat"
-    }
-
-    fn count(&self, counter: &Counter, body: &Value) -> RequestCount {
-        counter.count_request(body)
     }
 
     fn payloads<'b>(&self, body: &'b Value) -> Option<Cow<'b, [Value]>> {

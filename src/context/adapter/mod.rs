@@ -4,14 +4,16 @@
 //! changed: an item the engine leaves alone keeps its bytes.
 //!
 //! The engine holds each item's JSON (its payload) and asks the adapter to read and rebuild it;
-//! it never reads a field name itself. Chat completions ([`chat::Chat`]) and the Responses API
-//! ([`responses::Responses`]) are the adapters; Anthropic Messages is the next (see
-//! `docs/conversation-model.md`). `scan` finds an array's elements in a body's bytes, for
+//! it never reads a field name itself. The adapters: chat completions ([`chat::Chat`]),
+//! Anthropic Messages ([`messages::Messages`]) and the Responses API
+//! ([`responses::Responses`]) (see `docs/conversation-model.md`); [`Wire`] names the formats
+//! the planner is handed by a route. `scan` finds an array's elements in a body's bytes, for
 //! every adapter's `spans`.
 
 pub mod chat;
+pub mod messages;
 pub mod responses;
-mod scan;
+pub(crate) mod scan;
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -21,6 +23,7 @@ use serde_json::Value;
 use super::model::{Item, Kind};
 
 pub use chat::Chat;
+pub use messages::Messages;
 pub use responses::Responses;
 
 use crate::tokens::{Counter, RequestCount};
@@ -51,8 +54,10 @@ pub trait Adapter: Send + Sync {
     fn name(&self) -> &'static str;
 
     /// What the upstream bills for `body`, per item of the conversation (in `payloads`
-    /// order) and in all.
-    fn count(&self, counter: &Counter, body: &Value) -> RequestCount;
+    /// order) and in all; by default by the chat rules (one item per element of `messages`).
+    fn count(&self, counter: &Counter, body: &Value) -> RequestCount {
+        counter.count_request(body)
+    }
 
     /// Why `item` must not be moved out, when it must not: an item whose type the adapter
     /// does not know (it may carry state the model needs), or one the proxy could not read

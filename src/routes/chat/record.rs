@@ -1,6 +1,7 @@
 //! record: what one request did, once its response is known — metrics, the comparison of the
 //! proxy's token count with the upstream's `usage`, a debug line with the timings, and the
-//! exchange handed to the traffic recorder when one runs.
+//! exchange handed to the traffic recorder when one runs; with `[ui] enabled`, the session's
+//! journal line for the page (`routes::ui::journal`), written on a task of its own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -37,6 +38,9 @@ pub fn record(
     }
     if managed.fail_open {
         add(&metrics.context_fail_open, 1);
+    }
+    if managed.report.warn_unpaid {
+        add(&metrics.budget_unpaid_conversations, 1);
     }
     match managed.report.skipped {
         Some(Skipped::Malformed(_)) => {
@@ -90,6 +94,9 @@ pub fn record(
         done_ms = ms(t.done),
         "chat request recorded"
     );
+    if state.ui.is_some() {
+        journal_line(state, ctx, status, usage);
+    }
     if let Some(recorder) = &state.recorder {
         if !recorder.offer(pending(ctx, status, end, response)) {
             add(&metrics.record_dropped, 1);
@@ -148,4 +155,79 @@ fn pending(
         upstream_calls: u64::from(ctx.stats.upstream_calls.load(Ordering::Relaxed)),
         reload_rounds: u64::from(ctx.stats.rounds.load(Ordering::Relaxed)),
     }
+}
+
+/// Writes the page's journal line of a managed request (and its kept messages) on a task of
+/// its own, after the answer went out; bounded by the store's own timeouts.
+fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: Option<&Usage>) {
+    use crate::routes::ui::journal::{self, RequestLine};
+    let (Some(ui), Some(identity)) = (&state.ui, &ctx.identity) else {
+        return;
+    };
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let t = &ctx.timings;
+    let ms = |at: Option<std::time::Instant>| {
+        at.map(|at| at.duration_since(t.received).as_secs_f64() * 1e3)
+    };
+    let report = &ctx.managed.report;
+    let line = RequestLine {
+        ts: crate::context::writer::rfc3339(std::time::SystemTime::now()),
+        request_id: ctx.request_id().to_string(),
+        event: "request".into(),
+        route: "chat".into(),
+        model: ctx.model.clone(),
+        upstream: ctx.upstream.name.clone(),
+        status: status.as_u16(),
+        mode: ctx.mode.as_str().to_string(),
+        stream: ctx
+            .request
+            .body
+            .get("stream")
+            .and_then(serde_json::Value::as_bool)
+            == Some(true),
+        tokens_before: report.tokens_before,
+        tokens_after: report.tokens_after,
+        kept_prefix_tokens: report.kept_prefix_tokens,
+        rewrote_prefix: report.rewrote_prefix,
+        actions: report.actions(),
+        summary: ctx.summary.map(str::to_string),
+        prompt_tokens: usage.map(|u| u.prompt_tokens),
+        cached_tokens: usage.and_then(|u| u.cached_tokens),
+        completion_tokens: usage.map(|u| u.completion_tokens),
+        proxy_ms: ms(t.planned),
+        ttfb_ms: ms(t.first_byte),
+        latency_ms: ms(t.done),
+        upstream_calls: ctx.stats.upstream_calls.load(Ordering::Relaxed),
+        reload_rounds: ctx.stats.rounds.load(Ordering::Relaxed),
+        reload_calls: ctx.stats.calls.load(Ordering::Relaxed),
+        reloads: std::mem::take(&mut *ctx.stats.log.lock().unwrap_or_else(|e| e.into_inner())),
+        refs: ctx
+            .managed
+            .refs
+            .iter()
+            .map(|r| r.as_str().to_string())
+            .collect(),
+        bodies: None,
+    };
+    let keep = ui.config.keep_messages && ctx.request.raw.len() <= ui.config.max_kept_bytes;
+    let forwarded = ctx
+        .outgoing
+        .as_ref()
+        .map(|o| o.body.clone())
+        .filter(|body| *body != ctx.request.raw);
+    let pending = journal::Pending {
+        tenant: identity.tenant.clone(),
+        session: identity.session.clone(),
+        line,
+        client_body: keep.then(|| ctx.request.raw.clone()),
+        forwarded_body: if keep { forwarded } else { None },
+    };
+    let store = state.context.store().clone();
+    let span = tracing::debug_span!("journal_line");
+    runtime.spawn(tracing::Instrument::instrument(
+        async move { journal::write(store.as_ref(), pending).await },
+        span,
+    ));
 }

@@ -42,6 +42,9 @@ pub struct LoopStats {
     pub failed_calls: AtomicU32,
     /// Upstream calls made for this request.
     pub upstream_calls: AtomicU32,
+    /// The calls run, for the page's journal line (`[ui] enabled` only; at most
+    /// `journal::MAX_CALLS_KEPT`).
+    pub log: std::sync::Mutex<Vec<crate::routes::ui::journal::ReloadCall>>,
 }
 
 /// Everything a round needs, owned, so a streaming loop can run on its own task.
@@ -145,9 +148,36 @@ impl Round {
                 lines = outcome.lines,
                 "reload call"
             );
+            if self.state.ui.is_some() {
+                self.log_call(
+                    &call.name,
+                    &call.arguments,
+                    outcome.ok,
+                    outcome.lines,
+                    &outcome.text,
+                );
+            }
             results.push(json!({"role": "tool", "tool_call_id": call.id, "content": outcome.text}));
         }
         results
+    }
+
+    /// Keeps one call for the page's journal line.
+    fn log_call(&self, tool: &str, arguments: &str, ok: bool, lines: usize, text: &str) {
+        use crate::routes::ui::journal::{ReloadCall, MAX_CALLS_KEPT, RESULT_PREVIEW_CHARS};
+        let mut log = self.stats.log.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() < MAX_CALLS_KEPT {
+            let result = clip(text, RESULT_PREVIEW_CHARS);
+            log.push(ReloadCall {
+                round: self.stats.rounds.load(Ordering::Relaxed) + 1,
+                tool: tool.to_string(),
+                arguments: clip(arguments, 500).to_string(),
+                ok,
+                lines,
+                clipped: result.len() < text.len(),
+                result: result.to_string(),
+            });
+        }
     }
 
     /// Appends the model's tool-calling message and the results to the conversation and builds

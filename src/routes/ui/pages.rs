@@ -1,0 +1,650 @@
+//! The page's HTML, from maud templates: checked when the proxy compiles, every string escaped
+//! when rendered (only `PreEscaped` would not be, and this module never uses it). No inline
+//! script or style: the page's one script and stylesheet are files of their own
+//! (`assets/`), so the Content-Security-Policy can forbid every inline one.
+
+use std::collections::HashSet;
+
+use maud::{html, Markup, DOCTYPE};
+use serde_json::Value;
+
+use super::chart::{compact, session_chart};
+use super::journal::{ReloadCall, RequestLine};
+use super::view::{Totals, Turn};
+
+/// Who is looking, as the header says it.
+pub struct Viewer<'a> {
+    pub label: &'a str,
+    pub admin: bool,
+}
+
+/// Wraps a page's body in the document.
+pub fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                meta name="referrer" content="same-origin";
+                title { (title) " · context-proxy" }
+                link rel="icon" href="/ui/assets/favicon.svg" type="image/svg+xml";
+                link rel="stylesheet" href="/ui/assets/ui.css";
+                script src="/ui/assets/ui.js" defer {}
+            }
+            body {
+                header.top {
+                    a.brand href="/ui/" { "context-proxy" }
+                    @if let Some(v) = viewer {
+                        span.who { (v.label) @if v.admin { " (admin: every tenant)" } }
+                        form.logout method="post" action="/ui/logout" {
+                            button type="submit" { "Log out" }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+/// The login form.
+pub fn login(error: Option<&str>) -> Markup {
+    layout(
+        "Log in",
+        None,
+        html! {
+            section.login {
+                h1 { "See what the proxy did" }
+                p { "Enter a proxy key (its tenant's sessions) or the admin token (every tenant's)." }
+                @if let Some(e) = error { p.error role="alert" { (e) } }
+                form method="post" action="/ui/login" {
+                    label for="key" { "Key or admin token" }
+                    input #key type="password" name="key" autocomplete="current-password" required autofocus;
+                    button type="submit" { "Log in" }
+                }
+            }
+        },
+    )
+}
+
+/// An error, as a page.
+pub fn error(viewer: Option<&Viewer>, status: u16, message: &str) -> Markup {
+    layout(
+        "Error",
+        viewer,
+        html! {
+            section.error-page {
+                h1 { "Error " (status) }
+                p { (message) }
+                p { a href="/ui/" { "Back to the sessions" } }
+            }
+        },
+    )
+}
+
+/// A session of the list.
+pub struct ListRow {
+    /// Query string naming the session (`t=…&s=…`).
+    pub query: String,
+    pub session: String,
+    /// The tenant's proxy key name, else its id (an admin's view).
+    pub tenant: Option<String>,
+    pub totals: Totals,
+}
+
+/// What the list was filtered by.
+pub struct Filter<'a> {
+    pub model: Option<&'a str>,
+    pub since_hours: Option<u64>,
+    pub models: Vec<String>,
+}
+
+fn percent(share: Option<f64>) -> String {
+    share.map_or("–".into(), |s| format!("{:.0}%", s * 100.0))
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{v:.0} ms"))
+}
+
+/// The sessions the viewer may see, newest first.
+pub fn session_list(
+    viewer: &Viewer,
+    rows: &[ListRow],
+    filter: &Filter,
+    more: Option<&str>,
+) -> Markup {
+    layout(
+        "Sessions",
+        Some(viewer),
+        html! {
+            h1 { "Sessions" }
+            form.filter method="get" action="/ui/" {
+                label for="model" { "Model" }
+                select #model name="model" {
+                    option value="" { "any" }
+                    @for m in &filter.models {
+                        option value=(m) selected[filter.model == Some(m.as_str())] { (m) }
+                    }
+                }
+                label for="since" { "Active in the last" }
+                select #since name="since" {
+                    option value="" { "any time" }
+                    @for (h, label) in [(1u64, "hour"), (24, "day"), (168, "week")] {
+                        option value=(h) selected[filter.since_hours == Some(h)] { (label) }
+                    }
+                }
+                button type="submit" { "Filter" }
+            }
+            @if rows.is_empty() {
+                p.empty { "No sessions." }
+            } @else {
+                table.sessions {
+                    thead { tr {
+                        th { "Session" }
+                        @if viewer.admin { th { "Tenant" } }
+                        th { "Model" }
+                        th.num { "Turns" }
+                        th.num { "Tokens sent" }
+                        th.num { "Forwarded" }
+                        th.num { "Saved" }
+                        th.num { "Cached" }
+                        th.num { "Cost without" }
+                        th.num { "Cost with" }
+                        th.num { "Reload rounds" }
+                        th.num { "Summaries" }
+                        th { "Last activity" }
+                    } }
+                    tbody {
+                        @for r in rows {
+                            tr.session {
+                                td { a href=(format!("/ui/session?{}", r.query)) { (r.session) } }
+                                @if viewer.admin { td { (r.tenant.as_deref().unwrap_or("")) } }
+                                td { (r.totals.model.as_deref().unwrap_or("–")) }
+                                td.num.turns { (r.totals.turns) }
+                                td.num.sent { (r.totals.tokens_before) }
+                                td.num.forwarded { (r.totals.tokens_after) }
+                                td.num { (percent(r.totals.saved_share())) }
+                                td.num { (percent(r.totals.cached_share())) }
+                                td.num { (compact(r.totals.cost_without)) }
+                                td.num { (compact(r.totals.cost_with)) }
+                                td.num.reloads { (r.totals.reload_rounds) }
+                                td.num { (r.totals.summaries) }
+                                td { (r.totals.last_at.as_deref().unwrap_or("–")) }
+                            }
+                        }
+                    }
+                }
+                @if let Some(more) = more { p { a href=(more) { "Older sessions →" } } }
+            }
+        },
+    )
+}
+
+/// One session: its figures, chart and timeline.
+pub struct SessionView<'a> {
+    pub query: &'a str,
+    pub session: &'a str,
+    pub tenant: Option<&'a str>,
+    pub totals: &'a Totals,
+    /// Every turn (the chart's), oldest first.
+    pub turns: &'a [Turn],
+    /// The journal records of this page, with their index, newest first.
+    pub page: Vec<(usize, &'a Value)>,
+    pub journal_total: usize,
+    /// A link to older records.
+    pub older: Option<String>,
+    /// The newest page (the one that updates live).
+    pub live: bool,
+    pub poll_ms: u64,
+}
+
+pub fn session_page(viewer: &Viewer, s: &SessionView) -> Markup {
+    layout(
+        s.session,
+        Some(viewer),
+        html! {
+            nav.crumbs { a href="/ui/" { "Sessions" } " / " span { (s.session) } }
+            h1 { "Session " code { (s.session) } }
+            @if let Some(t) = s.tenant { p.tenant { "Tenant: " (t) } }
+            @if s.live {
+                (live_section(s))
+            } @else {
+                (timeline(s))
+            }
+            @if let Some(older) = &s.older { p { a.older href=(older) { "Older requests →" } } }
+            form.erase method="post" action="/ui/erase" {
+                @for (k, v) in form_urlencoded::parse(s.query.as_bytes()) {
+                    input type="hidden" name=(k) value=(v);
+                }
+                button.danger type="submit" data-confirm="Erase this session, its journal and everything it stored?" { "Erase this session" }
+            }
+        },
+    )
+}
+
+/// The part of the newest page that the script replaces as new requests arrive.
+pub fn live_section(s: &SessionView) -> Markup {
+    html! {
+        section #live data-poll=(format!("/ui/live?{}&n={}", s.query, s.journal_total)) data-every=(s.poll_ms) {
+            (figures(s.totals))
+            (session_chart(s.turns))
+            (timeline(s))
+        }
+    }
+}
+
+/// The live part of a session that is no longer there: no `data-poll`, so polling stops.
+pub fn gone() -> Markup {
+    html! {
+        section #live { p.empty { "This session is no longer in the store (erased, or expired)." } }
+    }
+}
+
+fn figures(t: &Totals) -> Markup {
+    html! {
+        dl.figures {
+            div { dt { "Turns" } dd #fig-turns { (t.turns) } }
+            div { dt { "Tokens sent" } dd { (t.tokens_before) } }
+            div { dt { "Forwarded" } dd { (t.tokens_after) } }
+            div { dt { "Saved" } dd { (percent(t.saved_share())) } }
+            div { dt { "Cached" } dd { (percent(t.cached_share())) } }
+            div { dt { "Cost without / with" } dd { (compact(t.cost_without)) " / " (compact(t.cost_with)) } }
+            div { dt { "Reload rounds" } dd { (t.reload_rounds) } }
+            div { dt { "Summaries" } dd { (t.summaries) } }
+        }
+    }
+}
+
+fn timeline(s: &SessionView) -> Markup {
+    let turn_of = |index: usize| s.turns.iter().find(|t| t.index == index);
+    html! {
+        table.timeline {
+            thead { tr {
+                th { "#" } th { "When" } th { "Actions" } th.num { "Tokens before → after" }
+                th.num { "Prefix kept" } th.num { "Cost without / with" } th.num { "Latency" }
+                th.num { "TTFB" } th { "Reload calls" } th {}
+            } }
+            tbody {
+                @for (index, record) in &s.page {
+                    @if let Some(turn) = turn_of(*index) {
+                        (turn_row(s.query, turn))
+                    } @else {
+                        tr.event {
+                            td {} td { (record.get("ts").and_then(Value::as_str).unwrap_or("")) }
+                            td colspan="8" { (event_text(record)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn event_text(record: &Value) -> String {
+    let event = record
+        .get("event")
+        .and_then(Value::as_str)
+        .unwrap_or("event");
+    match event {
+        "decision" => format!(
+            "decision: {} ({} → {} tokens)",
+            record.get("actions").and_then(Value::as_str).unwrap_or(""),
+            record.get("tokens_before").unwrap_or(&Value::Null),
+            record.get("tokens_after").unwrap_or(&Value::Null),
+        ),
+        "stored" => format!(
+            "stored {} item(s)",
+            record
+                .get("items")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len)
+        ),
+        other => other.to_string(),
+    }
+}
+
+fn turn_row(query: &str, turn: &Turn) -> Markup {
+    let l = &turn.line;
+    html! {
+        tr.turn id=(format!("turn-{}", turn.number)) data-index=(turn.index) {
+            td { (turn.number) }
+            td { (l.ts) }
+            td.actions {
+                @for a in action_tags(&l.actions) { span.tag.(a.0) { (a.1) } " " }
+                @if let Some(s) = &l.summary { span.tag.summarized { "summary: " (s) } }
+            }
+            td.num { (l.tokens_before) " → " (l.tokens_after) }
+            td.num { (l.kept_prefix_tokens) }
+            td.num { (compact(turn.cost_without)) " / " (compact(turn.cost_with)) }
+            td.num { (ms(l.latency_ms)) }
+            td.num { (ms(l.ttfb_ms)) }
+            td.reloads {
+                @if l.reload_calls > 0 {
+                    details {
+                        summary { (l.reload_calls) " call(s), " (l.reload_rounds) " round(s)" }
+                        (reload_list(&l.reloads))
+                    }
+                } @else { "–" }
+            }
+            td { a href=(format!("/ui/request?{query}&i={}", turn.index)) { "side by side" } }
+        }
+    }
+}
+
+/// `minified=2,compacted=1` as tags: (class, text).
+fn action_tags(actions: &str) -> Vec<(&'static str, String)> {
+    if actions == "none" || actions.is_empty() {
+        return vec![("none", "none".into())];
+    }
+    if actions.starts_with("skipped") {
+        return vec![("skipped", actions.to_string())];
+    }
+    actions
+        .split(',')
+        .map(|part| {
+            let name = part.split('=').next().unwrap_or(part);
+            let class = match name {
+                "truncated" => "truncated",
+                "compacted" => "compacted",
+                "offloaded" => "offloaded",
+                "minified" => "minified",
+                "deduped" => "deduped",
+                _ => "other",
+            };
+            (class, part.to_string())
+        })
+        .collect()
+}
+
+fn reload_list(calls: &[ReloadCall]) -> Markup {
+    html! {
+        ol.reload-calls {
+            @for c in calls {
+                li.reload-call {
+                    span.tag.reload { "round " (c.round) ": " (c.tool) }
+                    " " code { (c.arguments) }
+                    @if !c.ok { " " span.tag.skipped { "error" } }
+                    " " (c.lines) " line(s)"
+                    pre.result { (c.result) @if c.clipped { "\n…" } }
+                }
+            }
+        }
+    }
+}
+
+/// One row of the side-by-side view.
+pub enum Row {
+    /// The same message on both sides.
+    Same(usize, Value),
+    /// The client's message and what the model received in its place.
+    Changed(usize, Value, Value),
+    /// Several of the client's messages the model received as one (a summary).
+    Replaced(Vec<(usize, Value)>, Value),
+    ClientOnly(usize, Value),
+    ProxyOnly(Value),
+}
+
+/// Lines of a message shown inline; longer ones open paged.
+pub const INLINE_LINES: usize = 60;
+
+/// One request: what the client sent against what the model received.
+pub struct RequestView<'a> {
+    pub query: &'a str,
+    pub session: &'a str,
+    pub index: usize,
+    pub line: &'a RequestLine,
+    pub rows: Option<Vec<Row>>,
+    /// References that are links (the ones the forwarded request's markers name).
+    pub refs: HashSet<String>,
+}
+
+pub fn request_page(viewer: &Viewer, r: &RequestView) -> Markup {
+    let l = r.line;
+    let session_link = format!("/ui/session?{}", r.query);
+    html! {
+        (layout("Request", Some(viewer), html! {
+            nav.crumbs {
+                a href="/ui/" { "Sessions" } " / "
+                a href=(session_link) { (r.session) } " / "
+                span { "request " (l.request_id) }
+            }
+            h1 { "Request " code { (l.request_id) } }
+            dl.figures {
+                div { dt { "Model" } dd { (l.model.as_deref().unwrap_or("–")) } }
+                div { dt { "Actions" } dd { (l.actions) } }
+                div { dt { "Tokens" } dd { (l.tokens_before) " → " (l.tokens_after) } }
+                div { dt { "Prefix kept" } dd { (l.kept_prefix_tokens) } }
+                div { dt { "Latency / TTFB" } dd { (ms(l.latency_ms)) " / " (ms(l.ttfb_ms)) } }
+                div { dt { "Upstream calls" } dd { (l.upstream_calls) } }
+            }
+            @match &r.rows {
+                None => p.empty { "The messages of this request were not kept (" code { "[ui] keep_messages" } ", or larger than " code { "max_kept_bytes" } ")." },
+                Some(rows) => {
+                    table.side-by-side {
+                        thead { tr { th { "What the client sent" } th { "What the model received" } } }
+                        tbody {
+                            @for row in rows { (side_row(r, row)) }
+                        }
+                    }
+                }
+            }
+            @if !l.reloads.is_empty() {
+                section.hidden-rounds {
+                    h2 { "The proxy's hidden rounds" }
+                    p { "After the first answer the model called the proxy's own tools; the proxy answered and asked again. The client never saw these." }
+                    (reload_list(&l.reloads))
+                }
+            }
+        }))
+    }
+}
+
+fn side_row(r: &RequestView, row: &Row) -> Markup {
+    let none = HashSet::new();
+    match row {
+        Row::Same(i, m) => html! {
+            tr.same { td { (message(r, "client", *i, m, &none)) } td.unchanged { "unchanged" } }
+        },
+        Row::Changed(i, c, f) => html! {
+            tr.changed { td { (message(r, "client", *i, c, &none)) } td.proxy { (message(r, "forwarded", usize::MAX, f, &r.refs)) } }
+        },
+        Row::Replaced(list, f) => html! {
+            tr.changed.summarized {
+                td { @for (i, c) in list { (message(r, "client", *i, c, &none)) } }
+                td.proxy { (message(r, "forwarded", usize::MAX, f, &r.refs)) }
+            }
+        },
+        Row::ClientOnly(i, c) => html! {
+            tr.changed { td { (message(r, "client", *i, c, &none)) } td.proxy { em { "not sent" } } }
+        },
+        Row::ProxyOnly(f) => html! {
+            tr.changed { td { em { "–" } } td.proxy { (message(r, "forwarded", usize::MAX, f, &r.refs)) } }
+        },
+    }
+}
+
+/// A message's text: its `content` (a string, or the text of its parts).
+pub fn message_text(m: &Value) -> String {
+    match m.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// One message: role, tool calls, and its text (the first [`INLINE_LINES`] lines; the rest
+/// opens paged). On the model's side, a line naming a reference of `refs` is a marker: it
+/// is highlighted and the reference is a link to the stored original.
+fn message(r: &RequestView, side: &str, index: usize, m: &Value, refs: &HashSet<String>) -> Markup {
+    let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
+    let text = message_text(m);
+    let total = text.lines().count();
+    html! {
+        div.message.(role_class(role)) {
+            div.meta {
+                span.role { (role) }
+                @if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) { " " code { (id) } }
+            }
+            @if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+                ul.tool-calls {
+                    @for c in calls {
+                        li {
+                            code { (c.pointer("/function/name").and_then(Value::as_str).unwrap_or("?")) }
+                            " " code.args { (c.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("")) }
+                        }
+                    }
+                }
+            }
+            pre.text {
+                @for (n, line) in text.lines().take(INLINE_LINES).enumerate() {
+                    @if n > 0 { "\n" }
+                    (text_line(r.query, line, refs))
+                }
+            }
+            @if total > INLINE_LINES && index != usize::MAX {
+                a.more href=(format!("/ui/message?{}&i={}&side={side}&m={index}&offset={}", r.query, r.index, INLINE_LINES + 1)) {
+                    (total - INLINE_LINES) " more line(s) →"
+                }
+            } @else if total > INLINE_LINES {
+                p.more { (total - INLINE_LINES) " more line(s)" }
+            }
+        }
+    }
+}
+
+fn role_class(role: &str) -> &'static str {
+    match role {
+        "system" | "developer" => "system",
+        "user" => "user",
+        "assistant" => "assistant",
+        "tool" => "tool",
+        _ => "other",
+    }
+}
+
+/// One line of text; references of `refs` in it become links, and the line a marker.
+fn text_line(query: &str, line: &str, refs: &HashSet<String>) -> Markup {
+    let pieces = split_refs(line, refs);
+    let marked = pieces.iter().any(|p| p.1);
+    let tenant = form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "t")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    let link = |r: &str| {
+        let q = form_urlencoded::Serializer::new(String::new())
+            .append_pair("t", &tenant)
+            .append_pair("r", r)
+            .finish();
+        format!("/ui/ref?{q}")
+    };
+    let body = html! {
+        @for (piece, is_ref) in &pieces {
+            @if *is_ref { a.ref href=(link(piece)) { (piece) } } @else { (piece) }
+        }
+    };
+    if marked {
+        html! { mark.marker { (body) } }
+    } else {
+        body
+    }
+}
+
+/// `line` cut into text and the references of `refs` it names: (piece, is a reference).
+fn split_refs<'a>(line: &'a str, refs: &HashSet<String>) -> Vec<(&'a str, bool)> {
+    let mut out = Vec::new();
+    let mut rest = line;
+    let ref_len = 4 + 24;
+    while let Some(at) = rest.find("ctx_") {
+        let end = (at + ref_len).min(rest.len());
+        let candidate = rest.get(at..end).unwrap_or("");
+        if candidate.len() == ref_len && refs.contains(candidate) {
+            if at > 0 {
+                out.push((&rest[..at], false));
+            }
+            out.push((candidate, true));
+            rest = &rest[end..];
+        } else {
+            out.push((&rest[..at + 4], false));
+            rest = &rest[at + 4..];
+        }
+    }
+    if !rest.is_empty() {
+        out.push((rest, false));
+    }
+    out
+}
+
+/// Stored text (a reference's content, or one message), a page of lines.
+pub struct TextPage<'a> {
+    pub title: String,
+    pub back: Option<(String, &'a str)>,
+    pub lines: Vec<&'a str>,
+    /// The number of the first line shown, from 1.
+    pub offset: usize,
+    pub total: usize,
+    pub bytes: usize,
+    pub prev: Option<String>,
+    pub next: Option<String>,
+}
+
+pub fn text_page(viewer: &Viewer, p: &TextPage) -> Markup {
+    let last = p.offset + p.lines.len().saturating_sub(1);
+    layout(
+        &p.title,
+        Some(viewer),
+        html! {
+            nav.crumbs {
+                a href="/ui/" { "Sessions" }
+                @if let Some((href, label)) = &p.back { " / " a href=(href) { (label) } }
+            }
+            h1 { (p.title) }
+            p.range { "Lines " (p.offset) "–" (last) " of " (p.total) " (" (p.bytes) " bytes)" }
+            nav.pager {
+                @if let Some(prev) = &p.prev { a.prev href=(prev) { "← previous lines" } }
+                @if let Some(next) = &p.next { a.next href=(next) { "next lines →" } }
+            }
+            ol.stored start=(p.offset) {
+                @for line in &p.lines { li { (line) } }
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_named_references_are_split_out() {
+        let known = "ctx_abcdefghijklmnopqrstuvwx".to_string();
+        let refs: HashSet<String> = [known.clone()].into_iter().collect();
+        let line = format!("stored as {known}. ctx_zzzzzzzzzzzzzzzzzzzzzzzz is not ours");
+        let pieces = split_refs(&line, &refs);
+        assert_eq!(pieces.iter().filter(|p| p.1).count(), 1);
+        assert_eq!(pieces.iter().map(|p| p.0).collect::<String>(), line);
+        let html = text_line("t=a&s=b", &line, &refs).into_string();
+        assert!(html.contains("<mark class=\"marker\">"), "{html}");
+        assert!(html.contains("href=\"/ui/ref?t=a&amp;r=ctx_abc"), "{html}");
+    }
+
+    #[test]
+    fn content_is_escaped() {
+        let html = text_line(
+            "t=a",
+            "<script>alert(1)</script><img src=x onerror=alert(1)>",
+            &HashSet::new(),
+        )
+        .into_string();
+        assert!(
+            !html.contains("<script>") && !html.contains("<img"),
+            "{html}"
+        );
+        assert!(html.contains("&lt;script&gt;"), "{html}");
+    }
+}

@@ -1,0 +1,154 @@
+//! What the page shows, computed from a session's journal: the figures of each turn (tokens
+//! with and without the proxy, cost under prompt caching) and a session's totals. Pure: the
+//! journal's lines and a price table in, numbers out.
+//!
+//! Cost is the replay report's: each upstream call's input priced under the provider's prompt
+//! caching (`CachePricing::call_cost`, in full-price input tokens), the shared prefix being,
+//! with the proxy, the prefix it kept (`kept_prefix_tokens`) and, without it, the previous
+//! request of the client (a client resends its whole history, so the previous request is the
+//! prefix of this one).
+
+use serde_json::Value;
+
+use super::journal::RequestLine;
+use crate::pricing::CachePricing;
+
+/// The numbers of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    /// Its index in the journal.
+    pub index: usize,
+    /// Its position among the session's requests, from 1.
+    pub number: usize,
+    pub line: RequestLine,
+    /// Input cost with the proxy and without it, in full-price input tokens.
+    pub cost_with: f64,
+    pub cost_without: f64,
+}
+
+/// A session's totals over its requests.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Totals {
+    pub turns: usize,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub cost_with: f64,
+    pub cost_without: f64,
+    pub reload_rounds: u64,
+    pub summaries: u64,
+    pub model: Option<String>,
+    pub first_at: Option<String>,
+    pub last_at: Option<String>,
+}
+
+impl Totals {
+    /// Share of the upstream's prompt tokens read from its cache, when it reported any.
+    pub fn cached_share(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
+    }
+
+    /// Share of the client's tokens the proxy did not forward.
+    pub fn saved_share(&self) -> Option<f64> {
+        (self.tokens_before > 0).then(|| 1.0 - self.tokens_after as f64 / self.tokens_before as f64)
+    }
+}
+
+/// Turns the request lines of a journal into turns, in order, carrying what the cost of the
+/// next one needs.
+#[derive(Debug, Default)]
+pub struct Reader {
+    previous_before: Option<usize>,
+    pub totals: Totals,
+    /// The turns read, oldest first.
+    pub turns: Vec<Turn>,
+}
+
+impl Reader {
+    /// Reads one journal record (its index `index`); `pricing` gives a request's caching terms
+    /// from its upstream and model.
+    pub fn read(
+        &mut self,
+        index: usize,
+        record: &Value,
+        pricing: &dyn Fn(&str, Option<&str>) -> CachePricing,
+    ) {
+        let ts = record.get("ts").and_then(Value::as_str).map(str::to_string);
+        if self.totals.first_at.is_none() {
+            self.totals.first_at.clone_from(&ts);
+        }
+        if ts.is_some() {
+            self.totals.last_at = ts;
+        }
+        let Some(line) = RequestLine::of(record) else {
+            return;
+        };
+        let price = pricing(&line.upstream, line.model.as_deref());
+        let shared_without = self
+            .previous_before
+            .map_or(0, |p| p.min(line.tokens_before));
+        let cost_without = price.call_cost(line.tokens_before, shared_without);
+        let cost_with = price.call_cost(
+            line.tokens_after,
+            line.kept_prefix_tokens.min(line.tokens_after),
+        );
+        self.previous_before = Some(line.tokens_before);
+        let t = &mut self.totals;
+        t.turns += 1;
+        t.tokens_before += line.tokens_before as u64;
+        t.tokens_after += line.tokens_after as u64;
+        t.prompt_tokens += line.prompt_tokens.unwrap_or(0);
+        t.cached_tokens += line.cached_tokens.unwrap_or(0);
+        t.cost_with += cost_with;
+        t.cost_without += cost_without;
+        t.reload_rounds += u64::from(line.reload_rounds);
+        t.summaries += u64::from(matches!(line.summary.as_deref(), Some("hit" | "computed")));
+        if line.model.is_some() {
+            t.model.clone_from(&line.model);
+        }
+        self.turns.push(Turn {
+            index,
+            number: t.turns,
+            line,
+            cost_with,
+            cost_without,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn costs_follow_the_cached_prefix_with_and_without_the_proxy() {
+        let price = CachePricing {
+            cached_read_rate: 0.5,
+            cache_write_premium: 0.0,
+            min_cacheable_prefix: 0,
+            cache_ttl_secs: 300,
+        };
+        let pricing = move |_: &str, _: Option<&str>| price;
+        let mut r = Reader::default();
+        let line = |before: usize, after: usize, kept: usize| {
+            json!({"event": "request", "ts": "t", "tokens_before": before, "tokens_after": after,
+                   "kept_prefix_tokens": kept, "upstream": "u", "summary": "hit"})
+        };
+        r.read(0, &line(1000, 1000, 0), &pricing);
+        r.read(1, &json!({"event": "decision", "ts": "t2"}), &pricing);
+        r.read(2, &line(3000, 1200, 800), &pricing);
+        assert_eq!(r.turns.len(), 2);
+        assert_eq!(r.turns[0].cost_without, 1000.0);
+        // Without: 1000 cached at half price, 2000 new. With: 800 kept, 400 new.
+        assert_eq!(r.turns[1].cost_without, 500.0 + 2000.0);
+        assert_eq!(r.turns[1].cost_with, 400.0 + 400.0);
+        assert_eq!(r.turns[1].index, 2);
+        assert_eq!(r.totals.turns, 2);
+        assert_eq!(r.totals.tokens_before, 4000);
+        assert_eq!(r.totals.summaries, 2);
+        assert_eq!(r.totals.last_at.as_deref(), Some("t"));
+        assert_eq!(r.totals.saved_share(), Some(1.0 - 2200.0 / 4000.0));
+    }
+}

@@ -1,0 +1,191 @@
+"""The page in a real browser: Debian's chromium driven by Playwright, never a downloaded one.
+
+Called by tests/ui_browser.rs with one JSON argument (the proxy's URL, the keys, the session,
+what the page must show). Talks to the test on stdout/stdin when it needs a new request sent
+while a session page is open ("NEED live" -> the test sends it and answers "sent"). Prints
+"RESULT <json>" with what it measured; any failed check is an AssertionError (exit status 1).
+"""
+
+import json
+import os
+import sys
+
+from playwright.sync_api import sync_playwright
+
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def ask(step):
+    print(f"NEED {step}", flush=True)
+    answer = sys.stdin.readline().strip()
+    assert answer == "sent", f"the test answered {answer!r} to {step}"
+
+
+class Watch:
+    """Every dialog and console error a page shows: content must never run a script."""
+
+    def __init__(self, page):
+        self.dialogs = []
+        self.errors = []
+        self.expect_confirm = False
+        # Pages this key must not see answer 404, which the console reports.
+        self.expect_404 = False
+        page.on("dialog", self.dialog)
+        page.on("console", self.console)
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def console(self, m):
+        if m.type != "error":
+            return
+        if self.expect_404 and "status of 404" in m.text:
+            return
+        self.errors.append(f"{m.text} ({m.location.get('url')})")
+
+    def dialog(self, d):
+        self.dialogs.append((d.type, d.message))
+        if d.type == "confirm" and self.expect_confirm:
+            d.accept()
+        else:
+            d.dismiss()
+
+    def check(self):
+        unexpected = [d for d in self.dialogs if d[0] != "confirm"]
+        assert not unexpected, f"a dialog opened: {unexpected}"
+        assert not self.errors, f"console errors: {self.errors}"
+
+
+def login(page, base, key):
+    page.goto(base + "/ui/")
+    assert page.url.endswith("/ui/login"), page.url
+    page.fill("#key", key)
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    assert page.url == base + "/ui/", f"{page.url}: {page.content()}"
+
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    base = cfg["base"]
+    shots = cfg.get("screenshots")
+    result = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
+        ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+        page = ctx.new_page()
+        watch = Watch(page)
+
+        # Log in with the key; the session is listed with its figures.
+        login(page, base, cfg["key"])
+        row = page.locator("tr.session", has_text=cfg["session"])
+        assert row.count() == 1, page.content()
+        assert row.locator("td.turns").inner_text() == str(cfg["turns"]), row.inner_text()
+        assert row.locator("td.sent").inner_text() == str(cfg["tokens_sent"]), row.inner_text()
+        assert row.locator("td.forwarded").inner_text() == str(cfg["tokens_forwarded"]), row.inner_text()
+        assert row.locator("td.reloads").inner_text() == "1", row.inner_text()
+        if shots:
+            page.screenshot(path=os.path.join(shots, "ui-sessions.png"))
+
+        # The session: its timeline with a reload round, and the chart.
+        row.locator("a").first.click()
+        page.wait_for_selector("#live")
+        assert page.locator("figure.chart svg polyline").count() == 4
+        reload_cell = page.locator("td.reloads details").first
+        reload_cell.locator("summary").click()
+        assert "context_read" in reload_cell.inner_text(), reload_cell.inner_text()
+        assert cfg["reload_text"] in reload_cell.inner_text(), reload_cell.inner_text()
+        if shots:
+            page.screenshot(path=os.path.join(shots, "ui-session.png"), full_page=True)
+
+        # A new request appears live, without a reload of the page.
+        turns_before = page.locator("tr.turn").count()
+        marker = page.evaluate("() => { window.__same_page = 42; return 42; }")
+        ask("live")
+        page.wait_for_selector(f"#turn-{turns_before + 1}", timeout=15000)
+        assert page.evaluate("() => window.__same_page") == marker, "the page was reloaded"
+        result["live_turns"] = page.locator("tr.turn").count()
+
+        # Side by side: the marker where the content was, its reference a link to the original.
+        page.locator(f"#turn-1 a", has_text="side by side").click()
+        page.wait_for_selector("table.side-by-side")
+        mark = page.locator("td.proxy mark.marker").first
+        assert mark.count() == 1, page.content()
+        # The hostile tool result is shown as text, on both sides.
+        client_text = page.locator("table.side-by-side td").first.inner_text()
+        body_text = page.locator("table.side-by-side").inner_text()
+        for needle in cfg["hostile_visible"]:
+            assert needle in body_text, f"{needle!r} not shown as text"
+        assert page.locator("table.side-by-side script").count() == 0
+        assert page.locator("table.side-by-side img").count() == 0
+        assert page.locator("a[href^='javascript:']").count() == 0
+        assert page.locator("a.ref", has_text=cfg["fake_ref"]).count() == 0, "fake marker linked"
+        assert "hidden rounds" in page.content()
+        if shots:
+            page.screenshot(path=os.path.join(shots, "ui-request.png"), full_page=False)
+        link = mark.locator("a.ref").first
+        assert link.inner_text() == cfg["ref"], link.inner_text()
+        link.click()
+        page.wait_for_selector("ol.stored")
+        assert cfg["ref_line"] in page.locator("ol.stored").inner_text()
+        assert page.locator("ol.stored li").count() == 500, "a page of lines, not the whole"
+        page.click("a.next")
+        page.wait_for_selector("ol.stored")
+        assert page.locator("ol.stored").get_attribute("start") == "501"
+        watch.check()
+
+        # Another key sees nothing of it.
+        other_ctx = browser.new_context()
+        other = other_ctx.new_page()
+        other_watch = Watch(other)
+        other_watch.expect_404 = True
+        login(other, base, cfg["other_key"])
+        assert cfg["session"] not in other.content()
+        resp = other.goto(base + "/ui/session?s=" + cfg["session"])
+        assert resp.status == 404, resp.status
+        assert "turn-1" not in other.content()
+        resp = other.goto(base + "/ui/ref?r=" + cfg["ref"])
+        assert resp.status == 404, resp.status
+        assert cfg["ref_line"] not in other.content()
+        other_watch.check()
+        other_ctx.close()
+
+        # A 500-turn session opens fast: time to first contentful paint.
+        if cfg.get("big_session"):
+            page.goto(base + "/ui/session?s=" + cfg["big_session"])
+            page.wait_for_selector("#turn-500")
+            fcp = page.evaluate(
+                "() => performance.getEntriesByType('paint')"
+                ".filter(e => e.name === 'first-contentful-paint').map(e => e.startTime)[0]"
+            )
+            nav = page.evaluate(
+                "() => performance.getEntriesByType('navigation')[0].responseEnd"
+            )
+            result["big_fcp_ms"] = fcp
+            result["big_response_end_ms"] = nav
+
+        # Erasure from the page removes the session.
+        page.goto(base + "/ui/session?s=" + cfg["session"])
+        watch.expect_confirm = True
+        page.click("form.erase button")
+        page.wait_for_url(base + "/ui/")
+        assert page.locator("tr.session", has_text=cfg["session"]).count() == 0
+        watch.check()
+        watch.expect_404 = True
+        resp = page.goto(base + "/ui/session?s=" + cfg["session"])
+        assert resp.status == 404
+        watch.check()
+        result["dialogs"] = watch.dialogs
+        browser.close()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,357 @@
+//! The page (`/ui/`, `[ui] enabled`) through the real proxy and the mock upstream, over real
+//! sockets: the HTML of each view asserted, every string escaped, the Content-Security-Policy
+//! on every answer, tenants kept apart, no page without a key, erasure only from the same
+//! origin. The browser tests are in `tests/ui_browser.rs`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Harness, WAIT};
+use context_proxy::app::config::Config;
+use context_proxy::auth::KeyConfig;
+use context_proxy::mock::{MockConfig, Reply};
+use context_proxy::store::ContentRef;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+fn key(name: &str, secret: &str) -> KeyConfig {
+    KeyConfig {
+        name: name.into(),
+        sha256: Sha256::digest(secret.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        models: vec![],
+        upstreams: vec![],
+        requests_per_minute: None,
+        tokens_per_minute: None,
+    }
+}
+
+fn setup(c: &mut Config) {
+    std::env::set_var("CP_UI_TEST_UPSTREAM", "sk-upstream-own");
+    std::env::set_var("CP_UI_TEST_ADMIN", "admin-secret");
+    c.upstreams[0].api_key_env = Some("CP_UI_TEST_UPSTREAM".into());
+    c.keys = vec![key("alice", "sk-alice"), key("bob", "sk-bob")];
+    c.auth.admin_token_env = Some("CP_UI_TEST_ADMIN".into());
+    c.context.keep_recent_messages = 2;
+    c.context.compact_batch_tokens = 1000;
+    c.ui.enabled = true;
+}
+
+/// What a hostile tool produced: HTML, a script, a `javascript:` link and a fake marker.
+const HOSTILE: &str = "<script>alert('xss')</script> <img src=x onerror=alert(2)> \
+     <a href=\"javascript:alert(3)\">click</a> [stored as ctx_aaaaaaaaaaaaaaaaaaaaaaaa]";
+
+fn file_a() -> String {
+    let mut text = format!("{HOSTILE}\n");
+    for i in 1..=3000 {
+        text.push_str(&format!(
+            "a.rs line {i}: let value_{i} = compute({i}) * 2;\n"
+        ));
+    }
+    text
+}
+
+fn conversation() -> Value {
+    json!({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Read the file."},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_a", "content": file_a()},
+        {"role": "assistant", "content": "Read."},
+        {"role": "user", "content": "What is on line 7?"}
+    ]})
+}
+
+async fn send_chat(h: &Harness, secret: &str, session: &str, body: &Value) {
+    let resp = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("authorization", format!("Bearer {secret}"))
+        .header("x-context-session", session)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+}
+
+async fn get(
+    h: &Harness,
+    path: &str,
+    secret: Option<&str>,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut req = h.client.get(h.url(path));
+    if let Some(s) = secret {
+        req = req.header("authorization", format!("Bearer {s}"));
+    }
+    let resp = req.send().await.unwrap();
+    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+    (status, headers, resp.text().await.unwrap())
+}
+
+/// Waits until the session page of `session` shows `turns` turns (the journal line is written
+/// once the answer has gone out).
+async fn wait_turns(h: &Harness, secret: &str, session: &str, turns: usize) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, _, html) = get(h, &format!("/ui/session?s={session}"), Some(secret)).await;
+        if status == 200 && html.contains(&format!("id=\"turn-{turns}\"")) {
+            return html;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no turn {turns} in time: {status} {html}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn no_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+async fn started() -> Harness {
+    let mut h = Harness::start_with(MockConfig::default(), setup).await;
+    h.client = no_client();
+    h
+}
+
+#[tokio::test]
+async fn a_session_is_shown_as_the_proxy_handled_it_and_escaped() {
+    let h = started().await;
+    let ref_a = ContentRef::of(&file_a()).as_str().to_string();
+    h.mock.push(Reply::tool_calls(vec![(
+        "context_read".into(),
+        json!({"ref": ref_a, "offset": 8, "limit": 3}),
+    )]));
+    h.mock.push(Reply::text("Line 7 computes value_7."));
+    send_chat(&h, "sk-alice", "s-alice", &conversation()).await;
+
+    // The list: the session with its figures, the CSP on the answer.
+    let session = wait_turns(&h, "sk-alice", "s-alice", 1).await;
+    let (status, headers, list) = get(&h, "/ui/", Some("sk-alice")).await;
+    assert_eq!(status, 200);
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("default-src 'none'"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert!(list.contains(">s-alice</a>"), "{list}");
+    assert!(list.contains("class=\"num turns\">1<"), "{list}");
+    assert!(list.contains("class=\"num reloads\">1<"), "{list}");
+
+    // The timeline: the actions, the reload call and what it returned.
+    assert!(session.contains("class=\"tag compacted\""), "{session}");
+    assert!(session.contains("context_read"), "{session}");
+    assert!(session.contains("a.rs line 7: let value_7"), "{session}");
+    assert!(session.contains("<svg"), "the chart: {session}");
+
+    // Live: nothing new is a 204; a journal that grew brings the live part again.
+    let poll = session
+        .split("data-poll=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    assert!(poll.starts_with("/ui/live?"), "{poll}");
+    let (status, _, body) = get(&h, &poll, Some("sk-alice")).await;
+    assert_eq!((status, body.as_str()), (204, ""));
+    let older = format!("{}&n=1", poll.split("&n=").next().unwrap());
+    let (status, _, body) = get(&h, &older, Some("sk-alice")).await;
+    assert_eq!(status, 200);
+    assert!(
+        body.starts_with("<section id=\"live\"") && body.contains("id=\"turn-1\""),
+        "{body}"
+    );
+
+    // Side by side: the marker where the content was, its reference a link; the hostile text
+    // escaped on both sides and the fake marker not a link.
+    let index = session
+        .split("/ui/request?")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    let (status, _, side) = get(&h, &format!("/ui/request?{index}"), Some("sk-alice")).await;
+    assert_eq!(status, 200, "{side}");
+    assert!(side.contains("<mark class=\"marker\">"), "{side}");
+    assert!(side.contains(&format!("r={ref_a}\"")), "{side}");
+    assert!(
+        side.contains("&lt;script&gt;alert('xss')&lt;/script&gt;"),
+        "{side}"
+    );
+    for raw in [
+        "<script>alert",
+        "<img src=x",
+        "<a href=\"javascript:",
+        "href=\"javascript:",
+    ] {
+        assert!(!side.contains(raw), "{raw} unescaped: {side}");
+        assert!(!session.contains(raw), "{raw} unescaped in the timeline");
+    }
+    assert!(
+        !side.contains("r=ctx_aaaaaaaaaaaaaaaaaaaaaaaa"),
+        "the fake marker is no link"
+    );
+    assert!(side.contains("hidden rounds"), "{side}");
+
+    // The reference opens paged: the first 500 lines, then a link to the next ones.
+    let (status, _, stored) = get(&h, &format!("/ui/ref?r={ref_a}"), Some("sk-alice")).await;
+    assert_eq!(status, 200);
+    assert!(stored.contains("a.rs line 7: let value_7"), "{stored}");
+    assert!(stored.contains("of 3001"), "{stored}");
+    assert!(!stored.contains("a.rs line 600:"), "only a page of it");
+    assert!(stored.contains("&amp;offset=501"), "{stored}");
+    let (_, _, next) = get(
+        &h,
+        &format!("/ui/ref?r={ref_a}&offset=501"),
+        Some("sk-alice"),
+    )
+    .await;
+    assert!(next.contains("a.rs line 600:") && !next.contains("a.rs line 7:"));
+}
+
+#[tokio::test]
+async fn tenants_see_only_their_own_and_no_page_without_a_key() {
+    let h = started().await;
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-alice", &conversation()).await;
+    wait_turns(&h, "sk-alice", "s-alice", 1).await;
+    let ref_a = ContentRef::of(&file_a()).as_str().to_string();
+
+    // No key: the login page, never a session.
+    let (status, headers, _) = get(&h, "/ui/", None).await;
+    assert_eq!(status, 303);
+    assert_eq!(headers["location"], "/ui/login");
+    for path in ["/ui/session?s=s-alice", &format!("/ui/ref?r={ref_a}")] {
+        let (status, _, body) = get(&h, path, None).await;
+        assert_eq!(status, 303, "{path}");
+        assert!(!body.contains("a.rs line"));
+        let (status, _, body) = get(&h, path, Some("sk-wrong")).await;
+        assert_eq!(status, 303, "a wrong key is no key: {path}");
+        assert!(!body.contains("a.rs line"));
+    }
+
+    // Bob: no session, no reference, no count of Alice's, even naming her tenant.
+    let (status, _, list) = get(&h, "/ui/", Some("sk-bob")).await;
+    assert_eq!(status, 200);
+    assert!(
+        !list.contains("s-alice") && list.contains("No sessions."),
+        "{list}"
+    );
+    let alice = context_proxy::auth::key_tenant("alice");
+    for path in [
+        "/ui/session?s=s-alice".to_string(),
+        format!("/ui/session?s=s-alice&t={}", alice.as_str()),
+        format!("/ui/ref?r={ref_a}&t={}", alice.as_str()),
+        format!("/ui/request?s=s-alice&i=0&t={}", alice.as_str()),
+    ] {
+        let (status, _, body) = get(&h, &path, Some("sk-bob")).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(
+            !body.contains("a.rs line") && !body.contains("turn-1"),
+            "{path}"
+        );
+    }
+
+    // Polling another tenant's session says what polling an unknown one says.
+    let gone = |body: &str| body.contains("no longer in the store") && !body.contains("turn-1");
+    let (status, _, body) = get(&h, "/ui/live?s=s-alice&n=0", Some("sk-bob")).await;
+    assert!(status == 200 && gone(&body), "{body}");
+    let (_, _, unknown) = get(&h, "/ui/live?s=s-nobody&n=0", Some("sk-bob")).await;
+    assert_eq!(body, unknown);
+
+    // The admin sees every tenant, named by its key.
+    let (status, _, list) = get(&h, "/ui/", Some("admin-secret")).await;
+    assert_eq!(status, 200);
+    assert!(
+        list.contains("s-alice") && list.contains("key alice"),
+        "{list}"
+    );
+}
+
+#[tokio::test]
+async fn erasure_and_login_need_the_same_origin() {
+    let h = started().await;
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-alice", &conversation()).await;
+    wait_turns(&h, "sk-alice", "s-alice", 1).await;
+    let host = h.proxy.addr().to_string();
+    let erase = |origin: Option<String>| {
+        let mut req = h
+            .client
+            .post(h.url("/ui/erase"))
+            .header("authorization", "Bearer sk-alice")
+            .form(&[("s", "s-alice")]);
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.send()
+    };
+    for origin in [None, Some("http://evil.example".to_string())] {
+        let resp = erase(origin.clone()).await.unwrap();
+        assert_eq!(resp.status(), 403, "{origin:?}");
+        let (status, _, _) = get(&h, "/ui/session?s=s-alice", Some("sk-alice")).await;
+        assert_eq!(status, 200, "still there after {origin:?}");
+    }
+    let resp = erase(Some(format!("http://{host}"))).await.unwrap();
+    assert_eq!(resp.status(), 303);
+    let (status, _, _) = get(&h, "/ui/session?s=s-alice", Some("sk-alice")).await;
+    assert_eq!(status, 404, "erased");
+    let (_, _, list) = get(&h, "/ui/", Some("sk-alice")).await;
+    assert!(!list.contains("s-alice"));
+
+    // A login from elsewhere is refused; from the page, a cookie only the page can use.
+    let login = |origin: String, secret: &'static str| {
+        h.client
+            .post(h.url("/ui/login"))
+            .header("origin", origin)
+            .form(&[("key", secret)])
+            .send()
+    };
+    let resp = login("http://evil.example".into(), "sk-alice")
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    assert!(resp.headers().get("set-cookie").is_none());
+    let resp = login(format!("http://{host}"), "sk-nobody").await.unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = login(format!("http://{host}"), "sk-alice").await.unwrap();
+    assert_eq!(resp.status(), 303);
+    let cookie = resp.headers()["set-cookie"].to_str().unwrap().to_string();
+    for part in ["HttpOnly", "SameSite=Strict", "Path=/ui/"] {
+        assert!(cookie.contains(part), "{cookie}");
+    }
+    assert!(!cookie.contains("sk-alice"), "the cookie is no key");
+    let token = cookie.split(';').next().unwrap();
+    let resp = h
+        .client
+        .get(h.url("/ui/"))
+        .header("cookie", token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("key alice"));
+}
+
+#[tokio::test]
+async fn the_page_is_off_unless_enabled() {
+    let mut h = Harness::start_with(MockConfig::default(), |c| {
+        c.auth.inspect_by_client_key = true;
+    })
+    .await;
+    h.client = no_client();
+    let (status, _, _) = get(&h, "/ui/", Some("sk-x")).await;
+    assert_eq!(status, 404);
+}

@@ -1,0 +1,241 @@
+//! The page in a real browser: Debian's chromium driven by Playwright for Python
+//! (`tests/e2e/ui_browser.py`; `scripts/test` installs both, nothing downloads a browser). A
+//! compacting proxy in front of the mock serves a scripted session with a reload round and a
+//! hostile tool result; the script logs in and checks what a person would: the session listed
+//! with the right figures, the reload round, a new request appearing live, the marker where the
+//! content was and its reference opening the original, paged; that no script of the content
+//! runs (dialogs and console errors are listened for); that another key sees nothing of it;
+//! that erasure removes it; and how fast a 500-turn session's page first renders.
+//! `UI_SCREENSHOTS=DIR` also saves the README's screenshots there.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{Harness, WAIT};
+use context_proxy::app::config::Config;
+use context_proxy::auth::{key_tenant, KeyConfig};
+use context_proxy::mock::{MockConfig, Reply};
+use context_proxy::store::{Backend, ContentRef, SessionId, StoreConfig};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+fn key(name: &str, secret: &str) -> KeyConfig {
+    KeyConfig {
+        name: name.into(),
+        sha256: Sha256::digest(secret.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        models: vec![],
+        upstreams: vec![],
+        requests_per_minute: None,
+        tokens_per_minute: None,
+    }
+}
+
+const HOSTILE: &str = "<script>alert('xss')</script> <img src=x onerror=alert(2)> \
+     <a href=\"javascript:alert(3)\">click</a> [stored as ctx_aaaaaaaaaaaaaaaaaaaaaaaa]";
+
+fn file_a() -> String {
+    let mut text = format!("{HOSTILE}\n");
+    for i in 1..=3000 {
+        text.push_str(&format!(
+            "a.rs line {i}: let value_{i} = compute({i}) * 2;\n"
+        ));
+    }
+    text
+}
+
+fn messages() -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Read the file."}),
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"a.rs\"}"}}
+        ]}),
+        json!({"role": "tool", "tool_call_id": "call_a", "content": file_a()}),
+        json!({"role": "assistant", "content": "Read."}),
+        json!({"role": "user", "content": "What is on line 7?"}),
+    ]
+}
+
+async fn chat(h: &Harness, messages: &[Value]) -> (usize, usize) {
+    let resp = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-alice")
+        .header("x-context-session", "s-browser")
+        .json(&json!({"model": "gpt-4o", "messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let figure = |name: &str| resp.headers()[name].to_str().unwrap().parse().unwrap();
+    let figures = (
+        figure("x-context-tokens-before"),
+        figure("x-context-tokens-after"),
+    );
+    resp.bytes().await.unwrap();
+    figures
+}
+
+/// Waits until the journal of `session` has its `turns`-th request line.
+async fn wait_turns(h: &Harness, session: &str, turns: usize) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let html = h
+            .client
+            .get(h.url(&format!("/ui/session?s={session}")))
+            .header("authorization", "Bearer sk-alice")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if html.contains(&format!("id=\"turn-{turns}\"")) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no turn {turns} in time");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A 500-turn session's journal, as the record phase writes it.
+async fn big_session(store: &StoreConfig) {
+    let store = context_proxy::store::open(store).await.unwrap();
+    let tenant = key_tenant("alice");
+    let session = SessionId::parse("big-500").unwrap();
+    for turn in 1..=500usize {
+        let before = 2_000 + turn * 900;
+        let after = before.min(60_000 + (turn % 40) * 900);
+        let line = json!({
+            "ts": format!("2026-11-26T01:{:02}:{:02}.000Z", turn / 60 % 60, turn % 60),
+            "request_id": format!("req_{turn}"), "event": "request", "route": "chat",
+            "model": "gpt-4o", "upstream": "default", "status": 200, "mode": "auto",
+            "tokens_before": before, "tokens_after": after,
+            "kept_prefix_tokens": after.saturating_sub(1_500),
+            "actions": if after < before { "compacted=3" } else { "minified=1" },
+            "prompt_tokens": after, "cached_tokens": after / 2, "completion_tokens": 120,
+            "proxy_ms": 1.2, "ttfb_ms": 240.0, "latency_ms": 900.0,
+            "upstream_calls": 1, "reload_rounds": u32::from(turn % 50 == 0),
+            "reload_calls": u32::from(turn % 50 == 0),
+        });
+        store.append_log(&tenant, &session, &line).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_page_in_a_real_browser() {
+    let python = common::python_with(&["playwright"], &["playwright"]);
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists(),
+        "Debian's chromium is needed (scripts/test installs it)"
+    );
+    std::env::set_var("CP_UI_BROWSER_UPSTREAM", "sk-upstream-own");
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().to_path_buf();
+    let mut h = Harness::start_with(MockConfig::default(), |c: &mut Config| {
+        c.upstreams[0].api_key_env = Some("CP_UI_BROWSER_UPSTREAM".into());
+        c.keys = vec![key("alice", "sk-alice"), key("bob", "sk-bob")];
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 1000;
+        c.store.backend = Backend::Fs;
+        c.store.path = store_dir;
+        c.store.fsync = false;
+        c.ui.enabled = true;
+        c.ui.poll_ms = 250;
+    })
+    .await;
+    h.client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let ref_a = ContentRef::of(&file_a()).as_str().to_string();
+    h.mock.push(Reply::tool_calls(vec![(
+        "context_read".into(),
+        json!({"ref": ref_a, "offset": 8, "limit": 3}),
+    )]));
+    h.mock.push(Reply::text("Line 7 computes value_7."));
+    let mut conversation = messages();
+    let (sent, forwarded) = chat(&h, &conversation).await;
+    assert!(forwarded < sent, "the session was compacted");
+    wait_turns(&h, "s-browser", 1).await;
+    let store = StoreConfig {
+        backend: Backend::Fs,
+        path: dir.path().to_path_buf(),
+        fsync: false,
+        ..StoreConfig::default()
+    };
+    big_session(&store).await;
+
+    let screenshots = std::env::var("UI_SCREENSHOTS").ok();
+    let cfg = json!({
+        "base": format!("http://{}", h.proxy.addr()),
+        "key": "sk-alice",
+        "other_key": "sk-bob",
+        "session": "s-browser",
+        "turns": 1,
+        "tokens_sent": sent,
+        "tokens_forwarded": forwarded,
+        "reload_text": "a.rs line 7: let value_7",
+        "ref": ref_a,
+        "ref_line": "a.rs line 7: let value_7",
+        "fake_ref": "ctx_aaaaaaaaaaaaaaaaaaaaaaaa",
+        "hostile_visible": ["<script>alert('xss')</script>", "<img src=x onerror=alert(2)>", "javascript:alert(3)"],
+        "big_session": "big-500",
+        "screenshots": screenshots,
+    });
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/ui_browser.py");
+    let mut child = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(cfg.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut result = None;
+    let run = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line == "NEED live" {
+                // A new request of the session while its page is open.
+                h.mock.push(Reply::text("Done."));
+                conversation
+                    .push(json!({"role": "assistant", "content": "Line 7 computes value_7."}));
+                conversation.push(json!({"role": "user", "content": "Thanks. Anything else?"}));
+                chat(&h, &conversation).await;
+                stdin.write_all(b"sent\n").await.unwrap();
+            } else if let Some(r) = line.strip_prefix("RESULT ") {
+                result = Some(serde_json::from_str::<Value>(r).unwrap());
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the browser script took over two minutes");
+    let output = child.wait_with_output().await.unwrap();
+    assert!(
+        output.status.success(),
+        "the browser script failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result = result.expect("the script printed its result");
+    assert_eq!(result["live_turns"], 2, "{result}");
+    let fcp = result["big_fcp_ms"].as_f64().unwrap();
+    eprintln!(
+        "500-turn session page: first contentful paint {fcp:.0} ms, response end {} ms",
+        result["big_response_end_ms"]
+    );
+    assert!(
+        fcp < 1_000.0,
+        "a 500-turn session's page first renders in {fcp} ms"
+    );
+}
