@@ -316,3 +316,50 @@ async fn a_websocket_upgrade_gets_426_and_other_routes_pass_verbatim() {
         assert_eq!(echo["path"], path.split('?').next().unwrap());
     }
 }
+
+/// A Codex-shaped session of 45 turns (the full input resent every turn, `store:false`,
+/// encrypted reasoning before every call, large shell outputs) on a small window: every
+/// request the proxy forwards is accepted by the strict mock (no orphan, no dangling
+/// reasoning), and the forwarded prefix moves only at a few compaction points.
+#[tokio::test]
+async fn a_45_turn_codex_session_stays_valid_and_its_prefix_stable() {
+    let h = small_window().await;
+    let mut input = vec![
+        json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>workspace-write</permissions>"}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "port the crate to the new API"}]}),
+    ];
+    let mut previous: Option<Vec<Value>> = None;
+    let mut rewrites = 0;
+    for turn in 0..45 {
+        h.mock.push(Reply::text(format!("turn {turn} done")));
+        let resp = post(&h, &codex_body(input.clone(), false)).await;
+        assert_eq!(resp.status(), 200, "turn {turn}");
+        resp.bytes().await.unwrap();
+        let sent = h.mock.received().last().unwrap().json();
+        let sent: Vec<Value> = sent["input"].as_array().unwrap().clone();
+        if let Some(before) = &previous {
+            // What the previous request sent, up to its last item (the new turn came after).
+            let shared = before.len() - 1;
+            if sent.len() < shared || sent[..shared] != before[..shared] {
+                rewrites += 1;
+            }
+        }
+        previous = Some(sent);
+        // The model's turn: reasoning, a shell call, its output; then the answer seen.
+        input.push(json!({"type": "reasoning", "summary": [], "encrypted_content": format!("gAAAAB{turn:04}{}", "Qx+/".repeat(60))}));
+        input.push(json!({"type": "function_call", "call_id": format!("call_{turn}"), "name": "shell", "arguments": format!("{{\"cmd\":[\"cargo\",\"check\",\"-p\",\"m{turn}\"]}}")}));
+        let output: String = (0..120)
+            .map(|l| format!("warning[{turn}:{l}]: unused variable `x{l}` in m{turn}/src/lib.rs\n"))
+            .collect();
+        input.push(json!({"type": "function_call_output", "call_id": format!("call_{turn}"), "output": output}));
+    }
+    assert_eq!(h.mock.received().len(), 45);
+    assert!(
+        rewrites > 0,
+        "a 45-turn session on a 16k window was never managed"
+    );
+    assert!(
+        rewrites <= 8,
+        "the prefix moved {rewrites} times in 45 turns"
+    );
+}
