@@ -3,6 +3,8 @@
 //! The one place a request enters.
 //!
 //! - `POST /v1/chat/completions` → [`crate::routes::chat`], the proxy's own request path;
+//! - `POST /v1/responses` → [`crate::routes::responses`], the same phases for the Responses
+//!   API; a WebSocket upgrade there → 426;
 //! - any other `/v1/…` → [`crate::routes::passthrough`], forwarded verbatim;
 //! - `/ui/…` → [`crate::routes::ui`], the page, when `[ui] enabled`;
 //! - `GET /healthz`, `GET /readyz` → answered here.
@@ -155,6 +157,12 @@ async fn route(
         },
         _ if path.starts_with("/v1/context/") => {
             crate::routes::context_api::handle(state, req).await
+        }
+        "/v1/responses" if crate::routes::responses::is_websocket_upgrade(req.headers()) => {
+            Ok(crate::routes::responses::websocket_refused())
+        }
+        "/v1/responses" if req.method() == Method::POST => {
+            crate::routes::responses::handle(state, req, id).await
         }
         "/v1/chat/completions" if req.method() == Method::POST => {
             chat::handle(state, req, id).await

@@ -18,13 +18,15 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// Reads a `usage` object; `None` unless it is an object with a whole `prompt_tokens`.
-    /// A missing `total_tokens` is prompt + completion.
+    /// Reads a `usage` object, chat's (`prompt_tokens`, …) or the Responses API's
+    /// (`input_tokens`, `output_tokens`, `input_tokens_details`); `None` unless it is an
+    /// object with a whole prompt count. A missing `total_tokens` is prompt + completion.
     pub fn from_json(value: &Value) -> Option<Usage> {
         let raw = value.as_object()?;
-        let prompt_tokens = raw.get("prompt_tokens")?.as_u64()?;
+        let keys = Keys::of(raw);
+        let prompt_tokens = raw.get(keys.prompt)?.as_u64()?;
         let completion_tokens = raw
-            .get("completion_tokens")
+            .get(keys.completion)
             .and_then(Value::as_u64)
             .unwrap_or(0);
         let total_tokens = raw
@@ -32,7 +34,7 @@ impl Usage {
             .and_then(Value::as_u64)
             .unwrap_or(prompt_tokens + completion_tokens);
         let cached_tokens = raw
-            .get("prompt_tokens_details")
+            .get(keys.details)
             .and_then(|d| d.get("cached_tokens"))
             .and_then(Value::as_u64);
         Some(Usage {
@@ -62,12 +64,13 @@ impl Usage {
     /// with the counts set from this value.
     pub fn to_json(&self) -> Value {
         let mut out = self.raw.clone();
-        out.insert("prompt_tokens".into(), self.prompt_tokens.into());
-        out.insert("completion_tokens".into(), self.completion_tokens.into());
+        let keys = Keys::of(&self.raw);
+        out.insert(keys.prompt.into(), self.prompt_tokens.into());
+        out.insert(keys.completion.into(), self.completion_tokens.into());
         out.insert("total_tokens".into(), self.total_tokens.into());
         if let Some(cached) = self.cached_tokens {
             let details = out
-                .entry("prompt_tokens_details")
+                .entry(keys.details)
                 .or_insert_with(|| Value::Object(Map::new()));
             if !details.is_object() {
                 *details = Value::Object(Map::new());
@@ -83,6 +86,32 @@ impl Usage {
     pub fn write_into(&self, body: &mut Value) {
         if let Value::Object(body) = body {
             body.insert("usage".into(), self.to_json());
+        }
+    }
+}
+
+/// The names of a usage object's counts: chat's, or the Responses API's when the object
+/// has `input_tokens` and no `prompt_tokens`.
+struct Keys {
+    prompt: &'static str,
+    completion: &'static str,
+    details: &'static str,
+}
+
+impl Keys {
+    fn of(raw: &Map<String, Value>) -> Keys {
+        if raw.contains_key("input_tokens") && !raw.contains_key("prompt_tokens") {
+            Keys {
+                prompt: "input_tokens",
+                completion: "output_tokens",
+                details: "input_tokens_details",
+            }
+        } else {
+            Keys {
+                prompt: "prompt_tokens",
+                completion: "completion_tokens",
+                details: "prompt_tokens_details",
+            }
         }
     }
 }
@@ -137,6 +166,24 @@ mod tests {
         assert_eq!(Usage::from_json(&Value::Null), None);
         assert_eq!(Usage::from_json(&json!({"completion_tokens": 2})), None);
         assert_eq!(Usage::from_json(&json!({"prompt_tokens": -1})), None);
+    }
+
+    #[test]
+    fn reads_and_writes_the_responses_shape() {
+        let raw = json!({"input_tokens": 1200, "input_tokens_details": {"cached_tokens": 1024},
+            "output_tokens": 300, "output_tokens_details": {"reasoning_tokens": 128},
+            "total_tokens": 1500});
+        let mut u = Usage::from_json(&raw).unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.cached_tokens),
+            (1200, 300, Some(1024))
+        );
+        u.add(&Usage::from_json(&raw).unwrap());
+        let summed = u.to_json();
+        assert_eq!(summed["input_tokens"], 2400);
+        assert_eq!(summed["output_tokens_details"]["reasoning_tokens"], 256);
+        assert_eq!(summed["input_tokens_details"]["cached_tokens"], 2048);
+        assert!(summed.get("prompt_tokens").is_none());
     }
 
     #[test]

@@ -56,6 +56,27 @@ enum State {
 struct UsageOnly {
     #[serde(default)]
     usage: Option<Value>,
+    /// A Responses API event carries its usage in its `response` (`response.completed`).
+    #[serde(default)]
+    response: Option<ResponseUsageOnly>,
+}
+
+#[derive(Deserialize)]
+struct ResponseUsageOnly {
+    #[serde(default)]
+    usage: Option<Value>,
+}
+
+impl UsageOnly {
+    fn usage(&self) -> Option<Usage> {
+        self.usage.as_ref().and_then(Usage::from_json).or_else(|| {
+            self.response
+                .as_ref()?
+                .usage
+                .as_ref()
+                .and_then(Usage::from_json)
+        })
+    }
 }
 
 impl Default for UsageTap {
@@ -152,7 +173,7 @@ impl UsageTap {
                 continue;
             };
             if let Ok(parsed) = serde_json::from_str::<UsageOnly>(data) {
-                found = parsed.usage.as_ref().and_then(Usage::from_json).or(found);
+                found = parsed.usage().or(found);
             }
         }
         if let Some(usage) = found {
@@ -164,7 +185,7 @@ impl UsageTap {
     }
 
     fn take(&mut self, parsed: UsageOnly) {
-        if let Some(usage) = parsed.usage.as_ref().and_then(Usage::from_json) {
+        if let Some(usage) = parsed.usage() {
             self.usage = Some(usage);
         }
     }
@@ -267,6 +288,23 @@ mod tests {
                 Some(7),
                 "cut at {cut}"
             );
+        }
+    }
+
+    #[test]
+    fn reads_the_responses_apis_usage_in_json_and_in_its_stream() {
+        let body = br#"{"id":"resp_1","object":"response","output":[],"usage":{"input_tokens":1200,"input_tokens_details":{"cached_tokens":1024},"output_tokens":3,"total_tokens":1203}}"#;
+        let stream = concat!(
+            "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"usage\":null}}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":1200,\"input_tokens_details\":{\"cached_tokens\":1024},\"output_tokens\":3,\"total_tokens\":1203}}}\n\n",
+        );
+        for body in [&body[..], stream.as_bytes()] {
+            for cut in 0..=body.len() {
+                let mut tap = tap_split(body, cut);
+                tap.finish();
+                assert_eq!(tap.prompt_tokens(), Some(1200), "cut at {cut}");
+                assert_eq!(tap.usage().unwrap().cached_tokens, Some(1024));
+            }
         }
     }
 

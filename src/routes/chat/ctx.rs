@@ -1,4 +1,5 @@
-//! The per-request context every phase of the chat route reads and fills in.
+//! The per-request context every phase of a managed route (chat completions, the Responses
+//! API) reads and fills in.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,8 +10,13 @@ use super::ChatRequest;
 use crate::context::{Identity, Managed, Mode};
 use crate::upstream::{Upstream, UpstreamRequest};
 
-/// One chat-completions request on its way through the phases.
+/// One request on its way through the phases.
 pub struct ChatCtx {
+    /// What differs between the managed routes (the wire format, the upstream path, …).
+    pub format: &'static super::Format,
+    /// Why the request goes as it came although its context would be managed (shown in
+    /// `x-context-actions`).
+    pub unmanaged: Option<String>,
     /// The request id (`x-context-request-id`), also on every log line of the request.
     pub request_id: HeaderValue,
     /// The client's request headers, until `forward` takes them for the upstream request.
@@ -80,8 +86,11 @@ impl ChatCtx {
         request: ChatRequest,
         upstream: Arc<Upstream>,
         received: Instant,
+        format: &'static super::Format,
     ) -> ChatCtx {
         ChatCtx {
+            format,
+            unmanaged: None,
             request_id,
             query: parts.uri.query().map(str::to_owned),
             headers: parts.headers,

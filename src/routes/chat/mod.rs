@@ -24,6 +24,7 @@
 
 mod ctx;
 mod dom;
+pub mod format;
 mod loop_json;
 mod loop_stream;
 mod overflow;
@@ -48,15 +49,26 @@ use crate::upstream;
 use serde_json::Value;
 
 pub use ctx::{ChatCtx, Timings};
+pub use format::Format;
 pub use request::ChatRequest;
 
-/// Runs the phases for one request.
+/// Runs the phases for one chat-completions request.
 pub async fn handle(
     state: Arc<Shared>,
     req: Request<Incoming>,
     request_id: HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let mut ctx = parse(&state, req, request_id).await?;
+    run(state, req, request_id, &format::CHAT).await
+}
+
+/// Runs the phases for one request of a managed route's `format`.
+pub async fn run(
+    state: Arc<Shared>,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+    format: &'static Format,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let mut ctx = parse(&state, req, request_id, format).await?;
     identify(&state, &mut ctx);
     // The store calls of planning and applying share one budget: a hung store delays the
     // request once, by `op_timeout_ms`, not once per call.
@@ -93,6 +105,7 @@ async fn parse(
     state: &Shared,
     req: Request<Incoming>,
     request_id: HeaderValue,
+    format: &'static Format,
 ) -> Result<ChatCtx, ProxyError> {
     let received = Instant::now();
     let (parts, body) = req.into_parts();
@@ -107,8 +120,11 @@ async fn parse(
         .map_err(ProxyError::InvalidRequest)?;
     let limits = &state.body_limits;
     let raw = read_limited(body, &parts.headers, limits, &state.body_budget).await?;
-    let peeked = match mode {
-        Mode::Off => ChatRequest::peek(raw.clone()),
+    // A body the format cannot read as it came (compressed) goes out as it came.
+    let mut unmanaged = (format.unmanaged_head)(&parts.headers);
+    let peeked = match (mode, &unmanaged) {
+        (_, Some(_)) => Some(ChatRequest::opaque(raw.clone())),
+        (Mode::Off, None) => ChatRequest::peek(raw.clone()),
         _ => None,
     };
     let request = match peeked {
@@ -132,7 +148,12 @@ async fn parse(
     } else {
         mode
     };
-    let mut ctx = ChatCtx::new(request_id, parts, request, upstream, received);
+    if mode != Mode::Off && unmanaged.is_none() {
+        unmanaged = (format.unmanaged_body)(&request.body);
+    }
+    let mode = if unmanaged.is_some() { Mode::Off } else { mode };
+    let mut ctx = ChatCtx::new(request_id, parts, request, upstream, received, format);
+    ctx.unmanaged = unmanaged;
     ctx.mode = mode;
     ctx.caller = caller;
     ctx.model = ctx.request.model().map(str::to_owned);
@@ -152,8 +173,15 @@ fn identify(state: &Shared, ctx: &mut ChatCtx) {
         let session = ctx
             .headers
             .get(crate::context::session::SESSION_HEADER)
-            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok());
-        ctx.identity = state.context.identify(tenant, session, &ctx.request.body);
+            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+            .map(str::to_owned)
+            .or_else(|| (ctx.format.session_hint)(&ctx.headers, &ctx.request.body));
+        ctx.identity = state.context.identify_wire(
+            ctx.format.wire,
+            tenant,
+            session.as_deref(),
+            &ctx.request.body,
+        );
     }
 }
 
@@ -164,7 +192,10 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         // Nothing to plan: the body was only peeked at and goes out as it came.
         return;
     }
-    ctx.offer = crate::proxy_tools::offer(&ctx.request.body, state.context.reload_config());
+    // The proxy's tools are offered in chat's shape only, so far.
+    if ctx.format.wire == crate::context::adapter::Wire::Chat {
+        ctx.offer = crate::proxy_tools::offer(&ctx.request.body, state.context.reload_config());
+    }
     if let crate::proxy_tools::Offer::Tools(names) = &ctx.offer {
         let encoding = ctx.upstream.encoding.unwrap_or_else(|| {
             crate::tokens::Encoding::for_model(ctx.model.as_deref().unwrap_or(""))
@@ -200,6 +231,7 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
                         .for_model(ctx.model.as_deref().unwrap_or("")),
                 ),
                 reserved_tokens: ctx.offer_tokens,
+                wire: ctx.format.wire,
             },
         )
         .await;
@@ -303,7 +335,7 @@ async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
     let body = outgoing_body(ctx);
     let request = ctx.upstream.request(
         Method::POST,
-        "/chat/completions",
+        ctx.format.path,
         ctx.query.as_deref(),
         std::mem::take(&mut ctx.headers),
         // Content-Length follows the body we send. Accept-Encoding is left out so the answer

@@ -69,6 +69,10 @@ pub async fn learn_limit(
         }
         None => None,
     };
+    // A format whose overflow error states no limit (the Responses API's) implies one: the
+    // request as sent was too long. Retried under it, not learned.
+    let limit =
+        limit.or_else(|| (ctx.format.implied_limit)(&body, ctx.managed.report.tokens_after));
     Ok((
         Answer::Json(Final {
             status,

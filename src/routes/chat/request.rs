@@ -68,6 +68,16 @@ impl ChatRequest {
         })
     }
 
+    /// `raw` kept as it came, not read at all (a body the proxy cannot read, forwarded
+    /// unmanaged); routed as a request without a model.
+    pub fn opaque(raw: Bytes) -> ChatRequest {
+        ChatRequest {
+            raw,
+            body: Value::Null,
+            model: None,
+        }
+    }
+
     /// The `model` field, when it is a string.
     pub fn model(&self) -> Option<&str> {
         self.model.as_deref()

@@ -26,6 +26,12 @@ pub use context_proxy_contract::{RELOAD_HEADER, SUMMARY_HEADER, UPSTREAM_CACHED_
 /// The client's response for `answer`.
 pub fn respond(state: Arc<Shared>, ctx: ChatCtx, answer: Answer) -> Response<ProxyBody> {
     let mut headers = context_headers(&ctx.managed);
+    if let Some(why) = &ctx.unmanaged {
+        let actions = HeaderValue::from_str(&format!("unmanaged ({why})"))
+            .unwrap_or(HeaderValue::from_static("unmanaged"));
+        headers.retain(|(name, _)| *name != ACTIONS_HEADER);
+        headers.push((ACTIONS_HEADER, actions));
+    }
     let summary = ctx.summary;
     let rounds = ctx.stats.rounds.load(Ordering::Relaxed);
     if rounds > 0 {

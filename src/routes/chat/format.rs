@@ -1,0 +1,58 @@
+//! What differs between the routes that run the managed phases of this module: the wire
+//! format of the conversation, the upstream path, where a conversation's identity comes from
+//! when the client names no session, and why a request must go unmanaged. Everything else —
+//! parse, identify, plan, apply, forward, the retry, respond, record — is the same code for
+//! every route; `CHAT` is chat completions' format, `routes::responses` has the Responses
+//! API's.
+
+use http::HeaderMap;
+use serde_json::Value;
+
+use crate::context::adapter::Wire;
+
+/// A managed route's format.
+#[derive(Debug)]
+pub struct Format {
+    /// The conversation's wire format (its adapter).
+    pub wire: Wire,
+    /// The upstream path, after the upstream's base URL (`/chat/completions`).
+    pub path: &'static str,
+    /// The session hint when the client sent no `x-context-session`.
+    pub session_hint: fn(&HeaderMap, &Value) -> Option<String>,
+    /// Why a request must go as it came, judged from its headers before its body is read (a
+    /// compressed body), or `None`.
+    pub unmanaged_head: fn(&HeaderMap) -> Option<String>,
+    /// Why a parsed request must go as it came (it depends on state the proxy cannot see),
+    /// or `None`.
+    pub unmanaged_body: fn(&Value) -> Option<String>,
+    /// The context limit an overflow error implies when it states none: the tokens the
+    /// request was sent with, when the body is this format's "too long" error.
+    pub implied_limit: fn(&[u8], usize) -> Option<usize>,
+}
+
+fn none_from_headers(_: &HeaderMap, _: &Value) -> Option<String> {
+    None
+}
+
+fn managed_head(_: &HeaderMap) -> Option<String> {
+    None
+}
+
+fn managed_body(_: &Value) -> Option<String> {
+    None
+}
+
+fn no_implied_limit(_: &[u8], _: usize) -> Option<usize> {
+    None
+}
+
+/// Chat completions (`POST /v1/chat/completions`): the session is `x-context-session` or the
+/// conversation's opening; every request is managed.
+pub const CHAT: Format = Format {
+    wire: Wire::Chat,
+    path: "/chat/completions",
+    session_hint: none_from_headers,
+    unmanaged_head: managed_head,
+    unmanaged_body: managed_body,
+    implied_limit: no_implied_limit,
+};

@@ -1,0 +1,365 @@
+//! `POST /v1/responses` through the real proxy, over real sockets, against the mock's strict
+//! Responses API: a long Codex-shaped session is managed (tool outputs compacted or moved out,
+//! every forwarded input valid by the mock's pairing rules, encrypted reasoning byte-exact),
+//! the session comes from `prompt_cache_key` or Codex's headers, requests that depend on
+//! server-side state or come compressed go as they came with the reason, the overflow error
+//! (which states no limit) is retried under the size sent, a WebSocket upgrade gets 426, and
+//! every other `/v1/responses/…` route is forwarded verbatim.
+
+mod common;
+
+use common::Harness;
+use context_proxy::context::settings::WindowEntry;
+use context_proxy::mock::{MockConfig, Reply};
+use serde_json::{json, Value};
+
+fn header<'a>(resp: &'a reqwest::Response, name: &str) -> &'a str {
+    resp.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name}"))
+        .to_str()
+        .unwrap()
+}
+
+/// A Codex-like input of `turns` shell calls, each with a large output, reasoning before each
+/// call, an `apply_patch` custom call in the middle, then a new user turn.
+fn codex_input(turns: usize) -> Vec<Value> {
+    let mut input = vec![
+        json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>workspace-write</permissions>"}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "make the tests pass"}]}),
+    ];
+    for t in 0..turns {
+        input.push(json!({"type": "reasoning", "summary": [], "encrypted_content": format!("gAAAAB{t:04}\\u002b{}", "Zz9+".repeat(100))}));
+        if t == turns / 2 {
+            input.push(json!({"type": "custom_tool_call", "call_id": format!("call_p{t}"), "name": "apply_patch", "input": "*** Begin Patch\n*** End Patch"}));
+            input.push(json!({"type": "custom_tool_call_output", "call_id": format!("call_p{t}"), "output": "Success."}));
+            continue;
+        }
+        input.push(json!({"type": "function_call", "call_id": format!("call_{t}"), "name": "shell", "arguments": format!("{{\"cmd\":[\"cat\",\"src/file{t}.rs\"]}}")}));
+        let output: String = (0..300)
+            .map(|l| format!("{t}:{l} fn item_{l}() -> u32 {{ {l} }}\n"))
+            .collect();
+        input.push(json!({"type": "function_call_output", "call_id": format!("call_{t}"), "output": output}));
+    }
+    input.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "now run them again"}]}));
+    input
+}
+
+fn codex_body(input: Vec<Value>, stream: bool) -> Value {
+    json!({
+        "model": "small-model",
+        "instructions": "You are Codex, a coding agent.",
+        "input": input,
+        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {"cmd": {"type": "array", "items": {"type": "string"}}}, "required": ["cmd"], "additionalProperties": false}, "strict": true},
+                  {"type": "custom", "name": "apply_patch", "format": {"type": "text"}}],
+        "tool_choice": "auto",
+        "parallel_tool_calls": true,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": false,
+        "stream": stream,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "thread-0199",
+    })
+}
+
+async fn small_window() -> Harness {
+    Harness::start_with(MockConfig::default(), |c| {
+        c.context
+            .model_windows
+            .insert("small-model".into(), WindowEntry::Window(16_384));
+    })
+    .await
+}
+
+async fn post(h: &Harness, body: &Value) -> reqwest::Response {
+    h.client
+        .post(h.url("/v1/responses"))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer sk-test-client")
+        .header("session-id", "thread-0199")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_long_codex_session_is_managed_and_stays_valid() {
+    let h = small_window().await;
+    let input = codex_input(30);
+    h.mock.push(Reply::text("Done."));
+    let resp = post(&h, &codex_body(input.clone(), false)).await;
+    assert_eq!(resp.status(), 200, "{:?}", resp.headers());
+    let actions = header(&resp, "x-context-actions").to_string();
+    let before: usize = header(&resp, "x-context-tokens-before").parse().unwrap();
+    let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
+    assert!(after < before, "{before} → {after} ({actions})");
+    assert!(
+        actions.contains("compacted") || actions.contains("offloaded"),
+        "{actions}"
+    );
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["output"][1]["content"][0]["text"], "Done.");
+
+    // The mock, strict as the API, accepted it: the forwarded input has no orphan.
+    let received = h.mock.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].path, "/v1/responses");
+    let sent = received[0].json();
+    let sent_input = sent["input"].as_array().unwrap();
+    assert!(sent_input.len() <= input.len());
+    // instructions, tools and every other member are as the client sent them.
+    for key in [
+        "instructions",
+        "tools",
+        "reasoning",
+        "include",
+        "prompt_cache_key",
+        "store",
+    ] {
+        assert_eq!(sent[key], codex_body(input.clone(), false)[key], "{key}");
+    }
+    // Encrypted reasoning kept is byte-exact, escape included.
+    let raw = String::from_utf8(received[0].body.to_vec()).unwrap();
+    let kept_reasoning = sent_input
+        .iter()
+        .filter(|i| i["type"] == "reasoning")
+        .count();
+    assert!(kept_reasoning > 0);
+    assert_eq!(raw.matches("\\\\u002b").count(), kept_reasoning);
+    // The task and the latest user turn are kept.
+    assert_eq!(sent_input[1], input[1]);
+    assert_eq!(sent_input.last(), input.last());
+    // Every call's output follows it, and reasoning stays before its call.
+    for (k, item) in sent_input.iter().enumerate() {
+        if item["type"] == "reasoning" {
+            let next = &sent_input[k + 1];
+            let original = input.iter().position(|i| i == item).unwrap();
+            assert_eq!(next, &input[original + 1]);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_second_turn_keeps_the_prefix_the_first_sent() {
+    let h = small_window().await;
+    let input = codex_input(30);
+    h.mock.push(Reply::text("first"));
+    h.mock.push(Reply::text("second"));
+    let first = post(&h, &codex_body(input.clone(), false)).await;
+    assert_eq!(first.status(), 200);
+    first.bytes().await.unwrap();
+    let mut longer = input.clone();
+    longer.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "first", "annotations": []}]}));
+    longer.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and once more"}]}));
+    let second = post(&h, &codex_body(longer, false)).await;
+    assert_eq!(second.status(), 200);
+    let kept: usize = header(&second, "x-context-kept-prefix-tokens")
+        .parse()
+        .unwrap();
+    assert!(kept > 0);
+    second.bytes().await.unwrap();
+    let received = h.mock.received();
+    let a = received[0].json()["input"].as_array().unwrap().clone();
+    let b = received[1].json()["input"].as_array().unwrap().clone();
+    // The second request starts with what the first sent, before the first's last user turn.
+    assert_eq!(&b[..a.len() - 1], &a[..a.len() - 1], "the prefix moved");
+}
+
+#[tokio::test]
+async fn a_streamed_managed_request_relays_the_apis_events() {
+    let h = small_window().await;
+    h.mock.push(Reply::text("Streamed answer."));
+    let resp = post(&h, &codex_body(codex_input(30), true)).await;
+    assert_eq!(resp.status(), 200);
+    assert!(header(&resp, "x-context-actions") != "none");
+    let text = resp.text().await.unwrap();
+    assert!(text.starts_with("event: response.created\n"));
+    assert!(text.contains("event: response.completed\n"));
+    assert!(!text.contains("[DONE]"));
+}
+
+#[tokio::test]
+async fn requests_on_server_side_state_or_compressed_go_as_they_came() {
+    let h = small_window().await;
+    let mut body = codex_body(codex_input(30), false);
+    body["previous_response_id"] = json!("resp_123");
+    let raw = body.to_string();
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .header("content-type", "application/json")
+        .body(raw.clone())
+        .send()
+        .await
+        .unwrap();
+    // The mock, holding no state, refuses it the way the API does; the client gets that.
+    assert_eq!(resp.status(), 400);
+    assert!(header(&resp, "x-context-actions").starts_with("unmanaged (previous_response_id"));
+    assert_eq!(h.mock.received()[0].body, raw.as_bytes());
+
+    let mut body = codex_body(codex_input(30), false);
+    body["input"]
+        .as_array_mut()
+        .unwrap()
+        .insert(2, json!({"type": "item_reference", "id": "msg_1"}));
+    let raw = body.to_string();
+    let resp = post(&h, &body).await;
+    assert!(header(&resp, "x-context-actions").contains("item_reference"));
+    assert_eq!(h.mock.received()[1].body, raw.as_bytes());
+
+    // A compressed body is not read: forwarded as it came, its encoding with it.
+    let compressed = vec![0x28, 0xb5, 0x2f, 0xfd, 0, 1, 2, 3];
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .header("content-type", "application/json")
+        .header("content-encoding", "zstd")
+        .body(compressed.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(header(&resp, "x-context-actions").contains("Content-Encoding: zstd"));
+    let received = &h.mock.received()[2];
+    assert_eq!(received.body.to_vec(), compressed);
+    assert_eq!(received.headers["content-encoding"], "zstd");
+}
+
+#[tokio::test]
+async fn an_unknown_item_type_in_the_span_to_move_leaves_the_request_byte_identical() {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.context
+            .model_windows
+            .insert("small-model".into(), WindowEntry::Window(8_192));
+    })
+    .await;
+    let mut input = codex_input(30);
+    input.insert(2, json!({"type": "future_item", "data": "new in 2027"}));
+    let raw = codex_body(input, false).to_string();
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .header("content-type", "application/json")
+        .body(raw.clone())
+        .send()
+        .await
+        .unwrap();
+    let actions = header(&resp, "x-context-actions").to_string();
+    assert!(actions.contains("future_item"), "{actions}");
+    assert_eq!(h.mock.received()[0].body, raw.as_bytes());
+}
+
+#[tokio::test]
+async fn an_overflow_without_a_stated_limit_is_retried_smaller() {
+    // An unknown model: a large window assumed, the whole input sent.
+    let mut body = codex_body(codex_input(12), false);
+    body["model"] = json!("gpt-unknown");
+    let probe = Harness::start().await;
+    let probed: Value = post(&probe, &body).await.json().await.unwrap();
+    let size = probed["usage"]["input_tokens"].as_u64().unwrap() as usize;
+    // An upstream whose window is a little smaller: it says "too long", without a number.
+    let h = Harness::start_with(
+        MockConfig {
+            context_limit: Some(size * 8 / 10),
+            ..MockConfig::default()
+        },
+        |_| {},
+    )
+    .await;
+    h.mock.push(Reply::text("fits now"));
+    let resp = post(&h, &body).await;
+    assert_eq!(resp.status(), 200);
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["output"][1]["content"][0]["text"], "fits now");
+    let received = h.mock.received();
+    assert_eq!(received.len(), 2);
+    assert!(received[1].body.len() < received[0].body.len());
+}
+
+#[tokio::test]
+async fn a_websocket_upgrade_gets_426_and_other_routes_pass_verbatim() {
+    let h = Harness::start().await;
+    let resp = h
+        .client
+        .get(h.url("/v1/responses"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .header("openai-beta", "responses_websockets=2026-02-06")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 426);
+    let body = resp.bytes().await.unwrap();
+    let error = common::assert_openai_error(&body);
+    assert_eq!(error["code"], "websocket_not_supported");
+    assert!(h.mock.received().is_empty());
+
+    for (method, path) in [
+        ("GET", "/v1/responses/resp_1"),
+        ("DELETE", "/v1/responses/resp_1"),
+        ("GET", "/v1/responses/resp_1/input_items?limit=5"),
+        ("POST", "/v1/responses/resp_1/cancel"),
+        ("POST", "/v1/responses/input_tokens"),
+    ] {
+        let resp = h
+            .client
+            .request(method.parse().unwrap(), h.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{method} {path}");
+        assert_eq!(header(&resp, "x-mock-echo"), "1");
+        let echo: Value = resp.json().await.unwrap();
+        assert_eq!(echo["method"], method);
+        assert_eq!(echo["path"], path.split('?').next().unwrap());
+    }
+}
+
+/// A Codex-shaped session of 45 turns (the full input resent every turn, `store:false`,
+/// encrypted reasoning before every call, large shell outputs) on a small window: every
+/// request the proxy forwards is accepted by the strict mock (no orphan, no dangling
+/// reasoning), and the forwarded prefix moves only at a few compaction points.
+#[tokio::test]
+async fn a_45_turn_codex_session_stays_valid_and_its_prefix_stable() {
+    let h = small_window().await;
+    let mut input = vec![
+        json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>workspace-write</permissions>"}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "port the crate to the new API"}]}),
+    ];
+    let mut previous: Option<Vec<Value>> = None;
+    let mut rewrites = 0;
+    for turn in 0..45 {
+        h.mock.push(Reply::text(format!("turn {turn} done")));
+        let resp = post(&h, &codex_body(input.clone(), false)).await;
+        assert_eq!(resp.status(), 200, "turn {turn}");
+        resp.bytes().await.unwrap();
+        let sent = h.mock.received().last().unwrap().json();
+        let sent: Vec<Value> = sent["input"].as_array().unwrap().clone();
+        if let Some(before) = &previous {
+            // What the previous request sent, up to its last item (the new turn came after).
+            let shared = before.len() - 1;
+            if sent.len() < shared || sent[..shared] != before[..shared] {
+                rewrites += 1;
+            }
+        }
+        previous = Some(sent);
+        // The model's turn: reasoning, a shell call, its output; then the answer seen.
+        input.push(json!({"type": "reasoning", "summary": [], "encrypted_content": format!("gAAAAB{turn:04}{}", "Qx+/".repeat(60))}));
+        input.push(json!({"type": "function_call", "call_id": format!("call_{turn}"), "name": "shell", "arguments": format!("{{\"cmd\":[\"cargo\",\"check\",\"-p\",\"m{turn}\"]}}")}));
+        let output: String = (0..120)
+            .map(|l| format!("warning[{turn}:{l}]: unused variable `x{l}` in m{turn}/src/lib.rs\n"))
+            .collect();
+        input.push(json!({"type": "function_call_output", "call_id": format!("call_{turn}"), "output": output}));
+    }
+    assert_eq!(h.mock.received().len(), 45);
+    assert!(
+        rewrites > 0,
+        "a 45-turn session on a 16k window was never managed"
+    );
+    assert!(
+        rewrites <= 8,
+        "the prefix moved {rewrites} times in 45 turns"
+    );
+}

@@ -1,0 +1,67 @@
+//! The official OpenAI Python SDK's Responses API (`responses.create`, `responses.stream`)
+//! through the proxy, against the mock's strict Responses API: a long Codex-like input is
+//! managed on the way (the client sees only the mock's answer), a function call round trips,
+//! and the stream helper, which checks the event order, assembles the streamed answer.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::Harness;
+use context_proxy::context::settings::WindowEntry;
+use context_proxy::mock::{MockConfig, Reply};
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn the_python_sdk_speaks_responses_through_the_proxy() {
+    let python = common::python_with(&["openai"], &["openai"]);
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.context
+            .model_windows
+            .insert("small-model".into(), WindowEntry::Window(16_384));
+    })
+    .await;
+    h.mock.push(Reply::text("It is a Rust proxy."));
+    h.mock.push(Reply::tool_calls(vec![(
+        "read_file".into(),
+        json!({"path": "README.md"}),
+    )]));
+    h.mock.push(Reply::text("The README names it."));
+    h.mock.push(Reply::text("Streamed: the tests pass."));
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/sdk_responses.py");
+    let base = h.url("/v1");
+    let output =
+        tokio::task::spawn_blocking(move || Command::new(python).arg(script).arg(base).output())
+            .await
+            .unwrap()
+            .unwrap();
+    assert!(
+        output.status.success(),
+        "SDK client failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let actions = out["actions"].as_str().unwrap();
+    assert!(
+        actions.contains("compacted") || actions.contains("offloaded"),
+        "{actions}"
+    );
+    assert_eq!(out["text"], "It is a Rust proxy.");
+    assert_eq!(out["reasoning_sealed"], json!([true]));
+    assert_eq!(out["call"], json!(["read_file", {"path": "README.md"}]));
+    assert_eq!(out["followed"], "The README names it.");
+    assert_eq!(out["stream_text"], "Streamed: the tests pass.");
+    assert_eq!(out["stream_final"], "Streamed: the tests pass.");
+    assert!(out["stream_usage"].as_u64().unwrap() > 0);
+
+    let received = h.mock.received();
+    assert_eq!(received.len(), 4);
+    // The managed request reached the strict mock smaller than the SDK sent it.
+    let sent = received[0].json();
+    assert!(sent["input"].as_array().unwrap().len() < 2 + 24 * 3 + 1);
+    assert_eq!(sent["prompt_cache_key"], "sdk-thread");
+    assert_eq!(received[0].headers["authorization"], "Bearer sk-e2e");
+    assert_eq!(received[3].json()["stream"], true);
+}
