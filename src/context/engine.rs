@@ -181,6 +181,9 @@ pub enum Skipped {
     /// The conversation is not well formed (a tool result without its call, …): the engine
     /// never rewrites what it cannot keep valid.
     Malformed(String),
+    /// The span the engine would move out holds an item it must not move (an item type the
+    /// adapter does not know, a sealed summary, a reference to server-side state).
+    Immovable(String),
     /// The store failed, so nothing could be offloaded (fail-open).
     StoreUnavailable,
     /// Storing what the plan removes would go over a daily write quota (fail-open).
@@ -192,6 +195,7 @@ impl std::fmt::Display for Skipped {
         match self {
             Skipped::NoMessages => f.write_str("no messages array"),
             Skipped::Malformed(why) => write!(f, "malformed conversation: {why}"),
+            Skipped::Immovable(why) => f.write_str(why),
             Skipped::StoreUnavailable => f.write_str("store unavailable"),
             Skipped::QuotaExceeded(scope) => {
                 write!(f, "store quota exceeded: {}", scope.as_str())
@@ -847,6 +851,15 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         }
     }
 
+    // An item the adapter cannot let go of in the span to move out: the request goes as it came.
+    if let Some(why) = span.as_ref().and_then(|span| {
+        input.messages[span.clone()]
+            .iter()
+            .find_map(|m| input.adapter.immovable(m))
+    }) {
+        report.skipped = Some(Skipped::Immovable(why));
+        return unchanged(report);
+    }
     let kept_end = if price.answered_end == 0 {
         0
     } else {

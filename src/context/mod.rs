@@ -45,7 +45,7 @@ use serde_json::Value;
 
 use crate::store::{ContentRef, Store, StoreError, Tenant};
 use crate::tokens::{Counter, Encoding};
-use adapter::{Adapter, Chat};
+use adapter::{Adapter, Wire};
 use engine::Report;
 pub use engine::Skipped;
 use planner::Planner;
@@ -242,7 +242,18 @@ impl ContextManager {
         session_hint: Option<&str>,
         body: &Value,
     ) -> Option<Identity> {
-        let messages = Chat.payloads(body)?;
+        self.identify_wire(Wire::Chat, tenant, session_hint, body)
+    }
+
+    /// [`ContextManager::identify`] for a request of any wire format.
+    pub fn identify_wire(
+        &self,
+        wire: Wire,
+        tenant: Tenant,
+        session_hint: Option<&str>,
+        body: &Value,
+    ) -> Option<Identity> {
+        let messages = wire.adapter().payloads(body)?;
         Some(identify(tenant, session_hint, &messages))
     }
 
@@ -273,7 +284,6 @@ impl ContextManager {
         body: &mut Value,
         request_id: &str,
     ) -> Managed {
-        let adapter: &dyn Adapter = &Chat;
         let Plan {
             report,
             counted,
@@ -290,6 +300,7 @@ impl ContextManager {
                 refs: Vec::new(),
             };
         };
+        let adapter: &dyn Adapter = decided.wire.adapter();
         let Some(messages) = adapter.payloads(body) else {
             return Managed::unchanged(report);
         };

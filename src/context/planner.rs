@@ -42,6 +42,8 @@ pub struct Route<'a> {
     /// Tokens the proxy may add to the request after planning (its own tools' definitions):
     /// kept free in the budget, so the request as forwarded still fits.
     pub reserved_tokens: usize,
+    /// The request's wire format (its adapter reads and writes the conversation).
+    pub wire: adapter::Wire,
 }
 
 /// What the plan phase decided for one request, handed to the apply phase.
@@ -104,6 +106,7 @@ pub(super) struct MarkerSlot {
 /// What the engine decided for a request, with what the writer needs to record it.
 #[derive(Debug)]
 pub struct Decided {
+    pub(super) wire: adapter::Wire,
     pub(super) prefixes: Prefixes,
     pub(super) prior: Decision,
     pub(super) outcome: engine::Outcome,
@@ -493,15 +496,14 @@ impl Planner {
         let counter = self
             .counter
             .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)));
-        let mut count = counter.count_request(body);
+        let adapter = route.wire.adapter();
+        let mut count = adapter.count(&counter, body);
         let mut report = Report {
             tokens_before: count.total,
             tokens_after: count.total,
             ..Report::default()
         };
-        let (Some(identity), Some(messages)) =
-            (identity, body.get("messages").and_then(Value::as_array))
-        else {
+        let (Some(identity), Some(messages)) = (identity, adapter.payloads(body)) else {
             let report = Report {
                 skipped: Some(Skipped::NoMessages),
                 ..report
@@ -522,29 +524,35 @@ impl Planner {
             && count.total as f64 > self.config.summarizer.soft_ratio * settings.budget as f64;
         if !summary_ahead
             && engine::nothing_to_do(
-                &adapter::Chat,
+                adapter,
                 count.total,
                 &count.per_message,
-                messages,
+                &messages,
                 &settings,
                 &env,
             )
         {
             let fixed = count.total - count.per_message.iter().sum::<usize>();
             report.kept_prefix_tokens =
-                Input::new(messages, &count.per_message, fixed).unchanged_prefix_tokens();
+                Input::read(adapter, &messages, &count.per_message, &[], fixed)
+                    .unchanged_prefix_tokens();
             return Plan::unchanged(report);
         }
         // Put back the proxy's own tool calls hidden from the client. Only a conversation that
         // needs planning can hold them: one was made when an earlier, shorter request of it
         // showed a reference, and what made that request need planning is still here.
-        let restored = self.restore_hidden(identity, body).await;
+        // (Chat only: the Responses route hides no exchange yet.)
+        let restored = if route.wire == adapter::Wire::Chat {
+            self.restore_hidden(identity, body).await
+        } else {
+            0
+        };
         if restored > 0 {
-            count = counter.count_request(body);
+            count = adapter.count(&counter, body);
             report.tokens_before = count.total;
             report.tokens_after = count.total;
         }
-        let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        let Some(messages) = adapter.payloads(body) else {
             return Plan::unchanged(report);
         };
         // Counted from this very body (after any restore): the hashes are its messages'.
@@ -568,8 +576,8 @@ impl Planner {
                 tokens: counter.count_text(&best.summary),
             }),
             ..Input::read(
-                &adapter::Chat,
-                messages,
+                adapter,
+                &messages,
                 &count.per_message,
                 &count.message_hashes,
                 fixed,
@@ -619,6 +627,7 @@ impl Planner {
             store_failed,
             restored,
             decided: Some(Decided {
+                wire: route.wire,
                 prefixes,
                 prior,
                 outcome,

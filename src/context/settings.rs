@@ -161,9 +161,10 @@ pub struct RequestLimits {
 }
 
 impl RequestLimits {
-    /// The answer size a chat request asks for: `max_completion_tokens`, else `max_tokens`.
+    /// The answer size a request asks for: `max_completion_tokens`, else `max_tokens` (chat),
+    /// or `max_output_tokens` (Responses).
     pub fn requested_output_of(body: &serde_json::Value) -> Option<usize> {
-        ["max_completion_tokens", "max_tokens"]
+        ["max_completion_tokens", "max_tokens", "max_output_tokens"]
             .iter()
             .find_map(|k| body.get(*k).and_then(serde_json::Value::as_u64))
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX))

@@ -252,6 +252,7 @@ impl Writer {
             prior,
             outcome,
             marker: _,
+            wire: _,
         } = decided;
         let (decision, report, writes) = (outcome.decision, &outcome.report, &outcome.writes);
         if decision == *prior {

@@ -1,4 +1,5 @@
-//! The [`Counter`]: counts what the upstream bills for a chat-completions request, per message,
+//! The [`Counter`]: counts what the upstream bills for a chat-completions or Responses request,
+//! per message (per input item),
 //! remembering each message's count in a [`CountCache`] so that a conversation's next request
 //! only tokenizes what is new. It holds no I/O and never fails: odd input is counted for what
 //! is there (see `message.rs` and `tools.rs` for the rules).
@@ -118,6 +119,57 @@ impl Counter {
         let total = per_message
             .iter()
             .fold(REPLY_PRIMING, |sum, n| sum.saturating_add(*n))
+            .saturating_add(tools)
+            .saturating_add(response_format);
+        RequestCount {
+            total,
+            per_message,
+            message_hashes,
+            tools,
+            response_format,
+        }
+    }
+
+    /// Tokens the upstream bills for a whole Responses API request body (`POST /v1/responses`):
+    /// each element of `input` counted like a message (its framing included; a string `input`
+    /// is one user message), `instructions` like a system message, the flat `tools`, a
+    /// `text.format` JSON schema, and the reply priming. `per_message` and `message_hashes`
+    /// are the elements of an `input` array (empty for a string).
+    pub fn count_responses_request(&self, body: &Value) -> RequestCount {
+        let items = body
+            .get("input")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice);
+        let (per_message, message_hashes): (Vec<usize>, Vec<u128>) =
+            items.iter().map(|m| self.count_and_hash_message(m)).unzip();
+        let text_input = match body.get("input") {
+            Some(Value::String(text)) => message::TOKENS_PER_MESSAGE + self.count_text(text),
+            _ => 0,
+        };
+        let instructions = match body.get("instructions") {
+            Some(Value::String(text)) => message::TOKENS_PER_MESSAGE + self.count_text(text),
+            _ => 0,
+        };
+        let tools = body.get("tools").map_or(0, |list| {
+            self.cached(Domain::Tools, list, |l| {
+                tools::tools_tokens(l, self.encoding)
+            })
+        });
+        let response_format = body
+            .get("text")
+            .and_then(|text| text.get("format"))
+            .filter(|format| format.get("type").and_then(Value::as_str) == Some("json_schema"))
+            .map_or(0, |format| {
+                self.cached(Domain::ResponseFormat, format, |f| {
+                    let schema = f.get("schema").unwrap_or(f);
+                    self.encoding.count(&schema.to_string())
+                })
+            });
+        let total = per_message
+            .iter()
+            .fold(REPLY_PRIMING, |sum, n| sum.saturating_add(*n))
+            .saturating_add(text_input)
+            .saturating_add(instructions)
             .saturating_add(tools)
             .saturating_add(response_format);
         RequestCount {

@@ -32,7 +32,7 @@ use std::ops::Range;
 
 use serde_json::{json, Map, Value};
 
-use super::chat::scan;
+use super::scan;
 use super::{splice, Adapter, Piece, Spans};
 use crate::context::model::{Binding, Kind};
 use crate::tokens::{field, str_field};

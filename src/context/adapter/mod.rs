@@ -4,11 +4,16 @@
 //! changed: an item the engine leaves alone keeps its bytes.
 //!
 //! The engine holds each item's JSON (its payload) and asks the adapter to read and rebuild it;
-//! it never reads a field name itself. Chat completions ([`chat::Chat`]) is the first adapter,
-//! Anthropic Messages ([`messages::Messages`]) the second (see `docs/conversation-model.md`).
+//! it never reads a field name itself. The adapters: chat completions ([`chat::Chat`]),
+//! Anthropic Messages ([`messages::Messages`]) and the Responses API
+//! ([`responses::Responses`]) (see `docs/conversation-model.md`); [`Wire`] names the formats
+//! the planner is handed by a route. `scan` finds an array's elements in a body's bytes, for
+//! every adapter's `spans`.
 
 pub mod chat;
 pub mod messages;
+pub mod responses;
+pub(crate) mod scan;
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -19,11 +24,48 @@ use super::model::{Item, Kind};
 
 pub use chat::Chat;
 pub use messages::Messages;
+pub use responses::Responses;
+
+use crate::tokens::{Counter, RequestCount};
+
+/// The wire formats whose conversations the proxy manages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Wire {
+    /// Chat completions (`POST /v1/chat/completions`).
+    #[default]
+    Chat,
+    /// The Responses API (`POST /v1/responses`).
+    Responses,
+}
+
+impl Wire {
+    /// The adapter reading this format.
+    pub fn adapter(self) -> &'static dyn Adapter {
+        match self {
+            Wire::Chat => &Chat,
+            Wire::Responses => &Responses,
+        }
+    }
+}
 
 /// A wire format's view of a request's conversation.
 pub trait Adapter: Send + Sync {
     /// The format's name, for logs (`chat`, …).
     fn name(&self) -> &'static str;
+
+    /// What the upstream bills for `body`, per item of the conversation (in `payloads`
+    /// order) and in all; by default by the chat rules (one item per element of `messages`).
+    fn count(&self, counter: &Counter, body: &Value) -> RequestCount {
+        counter.count_request(body)
+    }
+
+    /// Why `item` must not be moved out, when it must not: an item whose type the adapter
+    /// does not know (it may carry state the model needs), or one the proxy could not read
+    /// back. A request whose moved-out span holds one goes unmanaged, with this reason.
+    fn immovable(&self, item: &Value) -> Option<String> {
+        let _ = item;
+        None
+    }
 
     /// The conversation's items as JSON values, in order, or `None` when the body holds no
     /// conversation.

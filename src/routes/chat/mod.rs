@@ -200,6 +200,7 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
                         .for_model(ctx.model.as_deref().unwrap_or("")),
                 ),
                 reserved_tokens: ctx.offer_tokens,
+                wire: crate::context::adapter::Wire::Chat,
             },
         )
         .await;
