@@ -84,9 +84,6 @@ const ECHOED: [(&str, Default); 14] = [
     ("truncation", || Value::String("disabled".into())),
 ];
 
-/// Prefix hashes remembered for the prompt cache before the oldest half is forgotten.
-pub(crate) const MAX_CACHED_PREFIXES: usize = 100_000;
-
 /// The parts of a Responses request the mock acts on.
 #[derive(Debug)]
 struct ResponsesRequest {
@@ -307,15 +304,6 @@ fn item_tokens(item: &Value, encoding: Encoding) -> usize {
         + count(&item["name"])
         + count(&item["arguments"])
         + count(&item["input"])
-}
-
-/// OpenAI's prompt cache: a prefix of 1024 tokens and up is cached in steps of 128.
-pub(crate) fn cacheable(tokens: usize) -> usize {
-    if tokens < 1024 {
-        0
-    } else {
-        1024 + (tokens - 1024) / 128 * 128
-    }
 }
 
 /// Parses and validates the body, or gives the body of the API's 400 for it.
@@ -608,12 +596,5 @@ mod tests {
             .unwrap()
             .starts_with("Item with id 'msg_1' not found."));
         assert_eq!(error_of(json!({"input": "x"}))["param"], "model");
-    }
-
-    #[test]
-    fn the_cache_counts_in_steps() {
-        assert_eq!(cacheable(1023), 0);
-        assert_eq!(cacheable(1024), 1024);
-        assert_eq!(cacheable(1300), 1280);
     }
 }

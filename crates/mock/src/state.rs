@@ -158,6 +158,18 @@ struct PrefixCache {
     order: VecDeque<[u8; 32]>,
 }
 
+/// Prefix hashes remembered for the prompt cache before the oldest are forgotten.
+const MAX_CACHED_PREFIXES: usize = 100_000;
+
+/// OpenAI's prompt cache: a prefix of 1024 tokens and up is cached in steps of 128.
+fn cacheable(tokens: usize) -> usize {
+    if tokens < 1024 {
+        0
+    } else {
+        1024 + (tokens - 1024) / 128 * 128
+    }
+}
+
 /// Locks a mutex; a panic while it was held does not make its data invalid here.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -258,7 +270,7 @@ impl State {
     }
 
     /// The tokens of a request's prefix found in the prompt cache (as the API reports them,
-    /// [`crate::responses::cacheable`]), given its prefixes as (hash, tokens up to there);
+    /// [`cacheable`]), given its prefixes as (hash, tokens up to there);
     /// every prefix is cached from now on.
     pub(crate) fn cache_prefixes(&self, prefixes: &[([u8; 32], usize)]) -> usize {
         let mut cache = lock(&self.prefix_cache);
@@ -272,12 +284,12 @@ impl State {
                 cache.order.push_back(*hash);
             }
         }
-        while cache.order.len() > crate::responses::MAX_CACHED_PREFIXES {
+        while cache.order.len() > MAX_CACHED_PREFIXES {
             if let Some(old) = cache.order.pop_front() {
                 cache.known.remove(&old);
             }
         }
-        crate::responses::cacheable(hit)
+        cacheable(hit)
     }
 }
 
@@ -330,6 +342,13 @@ mod tests {
         state.reset();
         assert!(state.received().is_empty());
         assert_eq!(state.next_serial(), 1);
+    }
+
+    #[test]
+    fn the_prompt_cache_counts_in_steps() {
+        assert_eq!(cacheable(1023), 0);
+        assert_eq!(cacheable(1024), 1024);
+        assert_eq!(cacheable(1300), 1280);
     }
 
     #[test]
