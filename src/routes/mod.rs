@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod context_api;
+pub mod messages;
 pub mod passthrough;
 pub mod shared;
 pub mod ui;

@@ -49,6 +49,7 @@ use serde_json::Value;
 
 pub use ctx::{ChatCtx, Timings};
 pub use request::ChatRequest;
+pub use respond::context_headers;
 
 /// Runs the phases for one request.
 pub async fn handle(
