@@ -13,15 +13,20 @@ use context_proxy::context::estimate;
 use context_proxy::context::{ContextConfig, Mode, Settings};
 use context_proxy::mock::rules;
 use context_proxy::store::ContentRef;
+use context_proxy::tokens::{CountSettings, Counter, Encoding};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
 /// Counts items with the Messages estimate.
 struct Estimate;
 
+fn counter() -> Counter {
+    Counter::new(Encoding::O200kBase, CountSettings::default())
+}
+
 impl Env for Estimate {
     fn count_message(&self, message: &Value) -> usize {
-        estimate::scaled(estimate::item_tokens(message), estimate::DEFAULT_FACTOR)
+        Messages.count_item(&counter(), message)
     }
     fn reference(&self, text: &str) -> ContentRef {
         ContentRef::of(text)

@@ -188,6 +188,9 @@ pub enum Skipped {
     StoreUnavailable,
     /// Storing what the plan removes would go over a daily write quota (fail-open).
     QuotaExceeded(super::quota::Exceeded),
+    /// The wire format's adapter cannot write the decision back without breaking a rule of its
+    /// API (a thinking signature, an unknown block): the request goes as it came.
+    Unmanaged(String),
 }
 
 impl std::fmt::Display for Skipped {
@@ -197,6 +200,7 @@ impl std::fmt::Display for Skipped {
             Skipped::Malformed(why) => write!(f, "malformed conversation: {why}"),
             Skipped::Immovable(why) => f.write_str(why),
             Skipped::StoreUnavailable => f.write_str("store unavailable"),
+            Skipped::Unmanaged(why) => write!(f, "unmanaged: {why}"),
             Skipped::QuotaExceeded(scope) => {
                 write!(f, "store quota exceeded: {}", scope.as_str())
             }

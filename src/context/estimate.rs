@@ -5,16 +5,31 @@
 //! prompt size; [`Calibration`] turns it into the session's own factor, kept a margin above
 //! what was measured. Pure: counts in, counts out.
 //!
-//! What is counted, per item of the [Messages adapter](super::adapter::messages): the text of
+//! What is counted, per item of the Messages adapter (`adapter/messages.rs`): the text of
 //! text, thinking and tool-result blocks, a tool call's name and input as JSON, an image or a
 //! document as [`MEDIA_TOKENS`], any other block as its JSON; 3 tokens per message and 3 per
 //! tool result; the tool definitions, as JSON, and 3 tokens priming the reply are outside the
 //! items.
 
-use serde_json::Value;
+use std::borrow::Cow;
 
-use super::adapter::messages::{block_type, blocks, ORIGIN};
-use crate::tokens::{field, Encoding};
+use serde_json::{json, Value};
+
+use crate::tokens::{field, str_field, Encoding};
+
+/// A block's `type`.
+pub fn block_type(block: &Value) -> &str {
+    str_field(block, "type").unwrap_or("")
+}
+
+/// The blocks of a `content`: a string is one text block (borrowed when it is an array).
+pub fn blocks(content: Option<&Value>) -> Cow<'_, [Value]> {
+    match content {
+        Some(Value::Array(blocks)) => Cow::Borrowed(blocks.as_slice()),
+        Some(Value::String(text)) => Cow::Owned(vec![json!({"type": "text", "text": text})]),
+        _ => Cow::Owned(Vec::new()),
+    }
+}
 
 /// The factor over the BPE count before any answer has been seen: Claude's tokenizers give
 /// about 1.1–1.2 tokens per `o200k_base` token on code and prose; 1.25 errs high.
@@ -77,18 +92,14 @@ pub fn block_tokens(block: &Value) -> usize {
     }
 }
 
-/// The BPE tokens of one item (a message, a part of one, or `system`).
-pub fn item_tokens(item: &Value) -> usize {
-    let content: usize = blocks(field(item, "content"))
-        .iter()
-        .map(block_tokens)
-        .sum();
-    let framing = match field(item, ORIGIN) {
-        // `system` is not a message.
-        Some(Value::String(_)) => 0,
-        _ => FRAMING,
-    };
-    content + framing
+/// The BPE tokens of one message (or part of one), its framing included.
+pub fn message_tokens(message: &Value) -> usize {
+    content_tokens(field(message, "content")) + FRAMING
+}
+
+/// The BPE tokens of a `content` or `system` (a string or blocks), without framing.
+pub fn content_tokens(content: Option<&Value>) -> usize {
+    blocks(content).iter().map(block_tokens).sum()
 }
 
 /// The BPE tokens outside the items of `body`.
@@ -146,30 +157,25 @@ impl Calibration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::adapter::{Adapter, Messages};
-    use serde_json::json;
 
     #[test]
     fn every_kind_of_block_counts() {
-        let body = json!({
-            "system": "Be brief.",
-            "tools": [{"name": "Read", "input_schema": {"type": "object"}}],
-            "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "read a"},
-                                             {"type": "image", "source": {"type": "url", "url": "x"}}]},
-                {"role": "assistant", "content": [
-                    {"type": "thinking", "thinking": "ok", "signature": "s"},
-                    {"type": "tool_use", "id": "t", "name": "Read", "input": {"p": "a"}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "hello"}]}
-            ]
-        });
-        let payloads = Messages.payloads(&body).unwrap();
-        let per: Vec<usize> = payloads.iter().map(item_tokens).collect();
         let c = |t: &str| ENCODING.count(t);
-        assert_eq!(per[0], c("Be brief."));
-        assert_eq!(per[1], c("read a") + MEDIA_TOKENS + FRAMING);
-        assert_eq!(per[2], c("ok") + c("Read") + c(r#"{"p":"a"}"#) + FRAMING);
-        assert_eq!(per[3], c("hello") + 2 * FRAMING);
+        let user = json!({"role": "user", "content": [{"type": "text", "text": "read a"},
+            {"type": "image", "source": {"type": "url", "url": "x"}}]});
+        assert_eq!(message_tokens(&user), c("read a") + MEDIA_TOKENS + FRAMING);
+        let assistant = json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "ok", "signature": "s"},
+            {"type": "tool_use", "id": "t", "name": "Read", "input": {"p": "a"}}]});
+        assert_eq!(
+            message_tokens(&assistant),
+            c("ok") + c("Read") + c(r#"{"p":"a"}"#) + FRAMING
+        );
+        let result = json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": "hello"}]});
+        assert_eq!(message_tokens(&result), c("hello") + 2 * FRAMING);
+        assert_eq!(content_tokens(Some(&json!("Be brief."))), c("Be brief."));
+        let body = json!({"tools": [{"name": "Read", "input_schema": {"type": "object"}}]});
         assert_eq!(
             fixed_tokens(&body),
             c(&body["tools"][0].to_string()) + REPLY_PRIMING

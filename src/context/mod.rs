@@ -284,6 +284,33 @@ impl ContextManager {
         body: &mut Value,
         request_id: &str,
     ) -> Managed {
+        self.apply_to(identity, plan, body, None, request_id).await
+    }
+
+    /// [`ContextManager::apply`] for an Anthropic Messages request, whose decision is written
+    /// into its bytes `raw` ([`adapter::messages::write_bytes`]): untouched messages keep their
+    /// bytes, and a decision that would break a rule of the API leaves the request unmanaged.
+    pub async fn apply_messages(
+        &self,
+        identity: Option<&Identity>,
+        plan: Plan,
+        body: &mut Value,
+        raw: &[u8],
+        rules: adapter::messages::WriteRules,
+        request_id: &str,
+    ) -> Managed {
+        self.apply_to(identity, plan, body, Some((raw, rules)), request_id)
+            .await
+    }
+
+    async fn apply_to(
+        &self,
+        identity: Option<&Identity>,
+        plan: Plan,
+        body: &mut Value,
+        bytes_of: Option<(&[u8], adapter::messages::WriteRules)>,
+        request_id: &str,
+    ) -> Managed {
         let Plan {
             report,
             counted,
@@ -304,6 +331,24 @@ impl ContextManager {
         let Some(messages) = adapter.payloads(body) else {
             return Managed::unchanged(report);
         };
+        // Written into the original bytes before anything is stored: a decision that cannot
+        // be written stores nothing.
+        let written = match (&bytes_of, &decided.outcome.messages) {
+            (Some((raw, rules)), Some(items)) => {
+                match adapter::messages::write_bytes(raw, body, &messages, items, *rules) {
+                    Ok(written) => Some(written),
+                    Err(why) => {
+                        tracing::info!(reason = %why, "messages request left unmanaged");
+                        return Managed::skipped(
+                            &report,
+                            Skipped::Unmanaged(why.to_string()),
+                            false,
+                        );
+                    }
+                }
+            }
+            _ => None,
+        };
         let committed = self
             .writer
             .commit(adapter, identity, &messages, &decided, request_id)
@@ -315,8 +360,11 @@ impl ContextManager {
             return Managed::unchanged(report);
         };
         adapter.write(body, new_messages);
-        // A `Value` always serializes (its keys are strings).
-        let bytes = Bytes::from(body.to_string());
+        let bytes = match written {
+            Some(written) => Bytes::from(written.body),
+            // A `Value` always serializes (its keys are strings).
+            None => Bytes::from(body.to_string()),
+        };
         Managed {
             body: Some(bytes),
             report,

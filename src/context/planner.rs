@@ -205,13 +205,15 @@ pub struct Planner {
 /// The engine's view of counting and addressing, with caches.
 struct CachedEnv<'a> {
     counter: &'a Counter,
+    /// The wire format's counting of one item.
+    adapter: &'a dyn adapter::Adapter,
     references: &'a caches::PerMessage<ContentRef>,
     transformed: &'a caches::PerMessage<Option<Arc<transforms::Lossless>>>,
 }
 
 impl Env for CachedEnv<'_> {
     fn count_message(&self, message: &Value) -> usize {
-        self.counter.count_message(message)
+        self.adapter.count_item(self.counter, message)
     }
 
     fn reference(&self, text: &str) -> ContentRef {
@@ -514,6 +516,7 @@ impl Planner {
             self.settings_for(identity, route, model, mode, body).await;
         let env = CachedEnv {
             counter: &counter,
+            adapter,
             references: &self.references,
             transformed: &self.transformed,
         };

@@ -5,6 +5,7 @@
 
 pub mod chat;
 pub mod context_api;
+pub mod messages;
 pub mod passthrough;
 pub mod responses;
 pub mod shared;

@@ -5,6 +5,8 @@
 //! - `POST /v1/chat/completions` → [`crate::routes::chat`], the proxy's own request path;
 //! - `POST /v1/responses` → [`crate::routes::responses`], the same phases for the Responses
 //!   API; a WebSocket upgrade there → 426;
+//! - `POST /v1/messages` (any query) and `POST /v1/messages/count_tokens` →
+//!   [`crate::routes::messages`], Anthropic Messages managed;
 //! - any other `/v1/…` → [`crate::routes::passthrough`], forwarded verbatim;
 //! - `/ui/…` → [`crate::routes::ui`], the page, when `[ui] enabled`;
 //! - `GET /healthz`, `GET /readyz` → answered here.
@@ -23,7 +25,7 @@ use crate::http::error::ProxyError;
 use crate::http::headers::api_key;
 use crate::http::request_body;
 use crate::routes::shared::Shared;
-use crate::routes::{chat, passthrough};
+use crate::routes::{chat, messages, passthrough};
 
 /// Response header carrying the request id (also on every log line of the request). The
 /// upstream's own `x-request-id` is relayed untouched.
@@ -166,6 +168,12 @@ async fn route(
         }
         "/v1/chat/completions" if req.method() == Method::POST => {
             chat::handle(state, req, id).await
+        }
+        "/v1/messages" if req.method() == Method::POST => {
+            messages::handle(state, req, id, messages::Endpoint::Messages).await
+        }
+        "/v1/messages/count_tokens" if req.method() == Method::POST => {
+            messages::handle(state, req, id, messages::Endpoint::CountTokens).await
         }
         _ if path.starts_with("/v1/") => passthrough::handle(state, req).await,
         _ => Err(ProxyError::NotFound {

@@ -34,8 +34,10 @@ use serde_json::{json, Map, Value};
 
 use super::scan;
 use super::{splice, Adapter, Piece, Spans};
+use crate::context::estimate::{self, scaled, DEFAULT_FACTOR};
+pub use crate::context::estimate::{block_type, blocks};
 use crate::context::model::{Binding, Kind};
-use crate::tokens::{field, str_field};
+use crate::tokens::{field, stable_hash, str_field, Counter, RequestCount};
 
 /// The key under which a payload carries its origin; never sent upstream.
 pub const ORIGIN: &str = "__context_proxy_origin";
@@ -109,20 +111,6 @@ pub fn without_origin(payload: &Value) -> Value {
         map.remove(ORIGIN);
     }
     v
-}
-
-/// A block's `type`.
-pub fn block_type(block: &Value) -> &str {
-    str_field(block, "type").unwrap_or("")
-}
-
-/// The blocks of a `content`: a string is one text block (borrowed when it is an array).
-pub fn blocks(content: Option<&Value>) -> Cow<'_, [Value]> {
-    match content {
-        Some(Value::Array(blocks)) => Cow::Borrowed(blocks.as_slice()),
-        Some(Value::String(text)) => Cow::Owned(vec![json!({"type": "text", "text": text})]),
-        _ => Cow::Owned(Vec::new()),
-    }
 }
 
 /// How many leading blocks of a user message are `tool_result`s.
@@ -202,6 +190,34 @@ pub fn breakpoints(body: &Value) -> usize {
 impl Adapter for Messages {
     fn name(&self) -> &'static str {
         "messages"
+    }
+
+    /// The estimate of `crate::context::estimate` (there is no public Claude tokenizer): the
+    /// BPE times the default factor, which errs high.
+    fn count(&self, counter: &Counter, body: &Value) -> RequestCount {
+        let payloads = self.payloads(body).unwrap_or_default();
+        let per_message: Vec<usize> = payloads
+            .iter()
+            .map(|p| self.count_item(counter, p))
+            .collect();
+        let message_hashes = payloads.iter().map(stable_hash).collect();
+        let fixed = scaled(estimate::fixed_tokens(body), DEFAULT_FACTOR);
+        RequestCount {
+            total: per_message.iter().sum::<usize>() + fixed,
+            per_message,
+            message_hashes,
+            tools: fixed,
+            response_format: 0,
+        }
+    }
+
+    fn count_item(&self, _counter: &Counter, item: &Value) -> usize {
+        let raw = match origin(item) {
+            // `system` is not a message: no framing.
+            Some(Origin::System) => estimate::content_tokens(field(item, "content")),
+            _ => estimate::message_tokens(item),
+        };
+        scaled(raw, DEFAULT_FACTOR)
     }
 
     fn payloads<'b>(&self, body: &'b Value) -> Option<Cow<'b, [Value]>> {

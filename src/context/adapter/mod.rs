@@ -36,6 +36,8 @@ pub enum Wire {
     Chat,
     /// The Responses API (`POST /v1/responses`).
     Responses,
+    /// Anthropic Messages (`POST /v1/messages`).
+    Messages,
 }
 
 impl Wire {
@@ -44,6 +46,7 @@ impl Wire {
         match self {
             Wire::Chat => &Chat,
             Wire::Responses => &Responses,
+            Wire::Messages => &Messages,
         }
     }
 }
@@ -57,6 +60,12 @@ pub trait Adapter: Send + Sync {
     /// order) and in all; by default by the chat rules (one item per element of `messages`).
     fn count(&self, counter: &Counter, body: &Value) -> RequestCount {
         counter.count_request(body)
+    }
+
+    /// Tokens of one item, framing included (what the engine counts a rewritten item with);
+    /// by default by the chat rules.
+    fn count_item(&self, counter: &Counter, item: &Value) -> usize {
+        counter.count_message(item)
     }
 
     /// Why `item` must not be moved out, when it must not: an item whose type the adapter

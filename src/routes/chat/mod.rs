@@ -51,6 +51,7 @@ use serde_json::Value;
 pub use ctx::{ChatCtx, Timings};
 pub use format::Format;
 pub use request::ChatRequest;
+pub use respond::context_headers;
 
 /// Runs the phases for one chat-completions request.
 pub async fn handle(

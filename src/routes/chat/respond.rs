@@ -156,7 +156,7 @@ impl Observer for Reader {
 
 /// `x-context-tokens-before`, `x-context-tokens-after`, `x-context-kept-prefix-tokens` (when
 /// counted) and `x-context-actions`.
-fn context_headers(managed: &Managed) -> Vec<(&'static str, HeaderValue)> {
+pub fn context_headers(managed: &Managed) -> Vec<(&'static str, HeaderValue)> {
     let report = &managed.report;
     if !managed.counted {
         return vec![(ACTIONS_HEADER, HeaderValue::from_static("off"))];
