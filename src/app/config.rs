@@ -159,11 +159,51 @@ impl ValidConfig {
     /// What is valid but probably not meant: one line each, for the start-up log and
     /// `check-config`. Today: an upstream whose `base_url` has no version path segment.
     pub fn warnings(&self) -> Vec<String> {
-        self.upstreams
+        let mut warnings: Vec<String> = self
+            .upstreams
             .iter()
             .enumerate()
             .filter_map(|(i, u)| u.base_url_warning(&format!("upstreams[{i}] ({})", u.name)))
-            .collect()
+            .collect();
+        warnings.extend(self.budget_warnings());
+        warnings
+    }
+
+    /// A `max_context_tokens` whose cuts cannot pay on an upstream, whatever the traffic: a cut
+    /// goes down to `target_ratio` × the budget, and under the upstream's minimum cacheable
+    /// prefix every request after it is billed in full, where going direct it is cached. (With
+    /// a budget over that, whether cuts pay depends on the pinned head of each conversation:
+    /// the proxy says so once per conversation, docs/context.md.)
+    fn budget_warnings(&self) -> Vec<String> {
+        let context = &self.context;
+        let Some(budget) = context.max_context_tokens else {
+            return Vec::new();
+        };
+        if context.mode == crate::context::Mode::Off {
+            return Vec::new();
+        }
+        let target = (budget as f64 * context.target_ratio) as usize;
+        let mut warnings = Vec::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let key = format!("upstreams[{i}] ({})", u.name);
+            let Ok(terms) = u.cache_terms(&key) else {
+                continue;
+            };
+            let model = u
+                .models
+                .iter()
+                .find(|m| !m.ends_with('*'))
+                .map_or("gpt-4o", String::as_str);
+            let cache = terms.for_model(model);
+            let min = cache.min_cacheable_prefix;
+            if cache.rebill_rate() > 0.0 && target < min {
+                let pays = (min as f64 / context.target_ratio).ceil() as usize;
+                warnings.push(format!(
+                    "context.max_context_tokens = {budget} cuts requests down to {target} tokens,                      under {key}'s minimum cacheable prefix ({min}): every request after a cut                      is billed in full, where going direct it would be cached, so the budget                      costs more than no budget; set it to at least {pays}"
+                ));
+            }
+        }
+        warnings
     }
 }
 
@@ -220,6 +260,32 @@ mod tests {
         let text = "[upstream]\nbase_url = \"http://a/v1\"\n[[upstreams]]\nname = \"b\"\nbase_url = \"http://b/v1\"\n";
         let err = Config::from_toml(text).unwrap().validate().unwrap_err();
         assert!(err.to_string().contains("not both"), "{err}");
+    }
+
+    #[test]
+    fn a_budget_whose_cuts_fall_under_the_minimum_prefix_is_warned_about() {
+        let warnings = |budget: usize, pricing: &str| {
+            Config::from_toml(&format!(
+                "[upstream]\nbase_url = \"https://api.openai.com/v1\"\ncache_pricing = \"{pricing}\"\n\
+                 [context]\nmax_context_tokens = {budget}\n"
+            ))
+            .unwrap()
+            .validate()
+            .unwrap()
+            .warnings()
+        };
+        // 0.6 × 1500 = 900 < 1024: cut requests are never cached by Anthropic.
+        let w = warnings(1500, "anthropic");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("1024") && w[0].contains("at least 1707"),
+            "{}",
+            w[0]
+        );
+        // Room enough, or a provider that caches from 64 tokens, or none at all: nothing said.
+        assert!(warnings(1707, "anthropic").is_empty());
+        assert!(warnings(1500, "deepseek").is_empty());
+        assert!(warnings(1500, "none").is_empty());
     }
 
     #[test]

@@ -447,15 +447,16 @@ pub fn cheapest_cut(sizes: &[usize], model: &CutModel) -> usize {
 
 /// The smallest budget at which a forced cut of this conversation costs no more per turn than
 /// going direct (both by the [`CutModel`]): at a budget `b` the conversation is cut when it
-/// reaches `b`, down to `kept(b)` tokens. `None` when no budget up to 64 times the model's
-/// pays.
+/// reaches `b`, down to `kept(b)` tokens (a budget under that is never met). `None` when no
+/// budget up to 64 times the model's pays.
 pub fn smallest_paying_budget(model: &CutModel, kept: impl Fn(usize) -> usize) -> Option<usize> {
+    // A budget under what its cut keeps cannot be met at all.
     let pays = |b: usize| {
         let at = CutModel {
             budget: b,
             ..*model
         };
-        cut_cost_per_turn(kept(b).min(b), &at) <= direct_cost_per_turn(b, &at)
+        kept(b) <= b && cut_cost_per_turn(kept(b), &at) <= direct_cost_per_turn(b, &at)
     };
     let (mut low, mut high) = (model.budget.max(1), model.budget.max(1));
     while !pays(high) {
@@ -1675,6 +1676,12 @@ mod tests {
         assert!(!pays(5400));
         let b = smallest_paying_budget(&model, kept).unwrap();
         assert!(b > 5400 && pays(b) && !pays(b - 1), "{b}");
+        // The head alone over the budget: no budget under what the cut keeps is an answer.
+        let over = CutModel {
+            budget: 5000,
+            ..model
+        };
+        assert!(smallest_paying_budget(&over, kept).unwrap() >= 5200);
         // A budget that pays is its own answer.
         let roomy = CutModel {
             budget: b + 1000,

@@ -78,12 +78,21 @@ fn kind_of(body: &Value, previous: Option<&Value>) -> CallKind {
             }
         }
     }
-    let last_of = |b: &Value| b.get("messages")?.as_array()?.last().cloned();
-    match previous {
-        Some(p) if last.is_some() && last_of(p).as_ref() == last => CallKind::Retry,
+    // A retry resends the same request, cut smaller: its recent tail is the previous call's
+    // (a new turn adds messages, so its tail differs even when a short reply repeats).
+    let tail = |b: &Value| -> Option<Vec<Value>> {
+        let m = b.get("messages")?.as_array()?;
+        (m.len() >= RETRY_TAIL).then(|| m[m.len() - RETRY_TAIL..].to_vec())
+    };
+    match (previous.and_then(tail), tail(body)) {
+        (Some(a), Some(b)) if a == b => CallKind::Retry,
         _ => CallKind::Forwarded,
     }
 }
+
+/// Messages at the end of two calls that are the same when the second retries the first (the
+/// recent window the proxy never cuts holds at least as many).
+const RETRY_TAIL: usize = 4;
 
 /// One upstream call, counted.
 #[derive(Debug, Clone, PartialEq)]

@@ -604,10 +604,10 @@ mod tests {
             json!({"role": "user", "content": "[context-proxy: 2 earlier messages moved out]"});
         let body = |ms: Vec<&Value>| json!({"model": "gpt-4o", "messages": ms});
         let bodies = vec![
-            body(vec![&task]),                               // forwarded
-            body(vec![&task, &read, &text]),                 // the proxy's reload round
-            body(vec![&task, &read, &text, &answer, &next]), // forwarded
-            body(vec![&marker, &next]),                      // retried smaller after "too long"
+            body(vec![&task]),                                 // forwarded
+            body(vec![&task, &read, &text]),                   // the proxy's reload round
+            body(vec![&task, &read, &text, &answer, &next]),   // forwarded
+            body(vec![&marker, &read, &text, &answer, &next]), // retried smaller after "too long"
         ];
         let calls = count_session(&c, &bodies);
         let kinds: Vec<CallKind> = calls.iter().map(|c| c.kind).collect();
