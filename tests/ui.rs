@@ -355,3 +355,46 @@ async fn the_page_is_off_unless_enabled() {
     let (status, _, _) = get(&h, "/ui/", Some("sk-x")).await;
     assert_eq!(status, 404);
 }
+
+/// A 100 000-line tool result opens paged, never whole: on the side-by-side view, in the
+/// message's own view, and as stored content.
+#[tokio::test]
+async fn a_100k_line_tool_result_opens_paged() {
+    let h = started().await;
+    let huge: String = (1..=100_000)
+        .map(|i| format!("log line {i}: ok\n"))
+        .collect();
+    let mut body = conversation();
+    body["messages"][3]["content"] = json!(huge);
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-huge", &body).await;
+    let session = wait_turns(&h, "sk-alice", "s-huge", 1).await;
+    let bound = 200_000;
+    let request = session
+        .split("/ui/request?")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    let (status, _, side) = get(&h, &format!("/ui/request?{request}"), Some("sk-alice")).await;
+    assert_eq!(status, 200);
+    assert!(side.len() < bound, "side by side: {} bytes", side.len());
+    assert!(side.contains("log line 60: ok") && !side.contains("log line 61: ok"));
+    let more = side
+        .split("class=\"more\" href=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    let (status, _, message) = get(&h, &more, Some("sk-alice")).await;
+    assert_eq!(status, 200, "{more}");
+    assert!(message.len() < bound, "message: {} bytes", message.len());
+    assert!(message.contains("log line 61: ok") && message.contains("log line 560: ok"));
+    assert!(!message.contains("log line 561: ok") && message.contains("of 100000"));
+    let r = ContentRef::of(&huge).as_str().to_string();
+    let (status, _, stored) =
+        get(&h, &format!("/ui/ref?r={r}&offset=99900"), Some("sk-alice")).await;
+    assert_eq!(status, 200);
+    assert!(stored.len() < bound, "stored: {} bytes", stored.len());
+    assert!(stored.contains("log line 100000: ok") && !stored.contains("log line 99899: ok"));
+}
