@@ -32,6 +32,10 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    if let Ok(steps) = std::env::var("CONTEXT_BENCH_STEPS") {
+        runtime.block_on(run_steps(&steps));
+        return;
+    }
     println!("## Context management\n");
     runtime.block_on(planning());
     println!();
@@ -100,6 +104,29 @@ async fn manager_with(config: ContextConfig) -> ContextManager {
         .expect("memory store");
     let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
     ContextManager::new(config, counter, store)
+}
+
+/// Runs part 1's requests in the order `steps` names them (`cold`, `next`, `same`, comma
+/// separated) and nothing else: under `valgrind --tool=callgrind` the difference between two
+/// step lists is the instruction count of the steps one adds, the same on a busy machine
+/// (BENCHMARKS.md, "instruction counts").
+async fn run_steps(steps: &str) {
+    let body = json!({"model": "gpt-4o", "messages": conversation(100_000)});
+    let mut next = body.clone();
+    if let Some(list) = next["messages"].as_array_mut() {
+        list.push(json!({"role": "assistant", "content": "They all validate the request first."}));
+        list.push(json!({"role": "user", "content": "And how do they respond?"}));
+    }
+    let tenant = context_proxy::store::Tenant::from_api_key(Some("sk-bench"));
+    let m = manager().await;
+    for step in steps.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let mut b = match step {
+            "cold" => body.clone(),
+            "next" | "same" => next.clone(),
+            other => panic!("unknown step {other:?}: cold, next or same"),
+        };
+        black_box(m.manage(&tenant, None, &mut b, Mode::Auto, None).await);
+    }
 }
 
 async fn planning() {

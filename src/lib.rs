@@ -7,7 +7,7 @@
 //! [`http::error`].
 //!
 //! The modules stand in layers (ARCHITECTURE.md; `tests/layers.rs` holds them): leaves
-//! ([`wire`], [`telemetry`], [`glob`], [`service`] and the leaf crates), adapters ([`store`],
+//! ([`wire`], [`ids`], [`telemetry`], [`glob`], [`service`] and the leaf crates), adapters ([`store`],
 //! [`upstream`], [`http`]), the domain ([`context`], [`proxy_tools`], [`auth`], [`sessions`],
 //! [`summarizer`], [`recorder`]), routes and the server ([`routes`], [`server`]), and the
 //! composition root ([`app`]). An import points down, never up, and never in a circle.
@@ -33,6 +33,7 @@ pub mod auth;
 pub mod context;
 pub mod glob;
 pub mod http;
+pub mod ids;
 pub mod proxy_tools;
 pub mod recorder;
 pub mod routes;

@@ -165,3 +165,145 @@ async fn replicas_sharing_redis_never_judge_a_cache_expired() {
     .await;
     assert_eq!(actions, "none");
 }
+
+/// A long chat without tools, far over a 1,500-token budget: the same conversation for both
+/// upstreams but for the model's name in the system prompt (one session each).
+fn long_chat(model: &str) -> Value {
+    let mut messages = vec![
+        json!({"role": "system", "content": format!("You answer briefly ({model}).")}),
+        json!({"role": "user", "content": "Help me plan a trip."}),
+    ];
+    for k in 0..40 {
+        messages.push(json!({"role": "assistant", "content": format!("Idea {k}: {}", "visit the old town and the harbour ".repeat(5))}));
+        messages.push(json!({"role": "user", "content": format!("And then ({k})? {}", "what else is worth seeing ".repeat(5))}));
+    }
+    json!({"model": model, "messages": messages})
+}
+
+/// Over budget, the cut's depth is chosen by price: DeepSeek caches from 64 tokens, so the
+/// deep cut (down to the low watermark, 900 tokens) is the cheapest; Anthropic caches nothing
+/// under 1,024 tokens, so the same cut would bill every following turn in full, and a
+/// shallower cut that keeps the prompt cacheable is cheaper. Both requests fit the budget.
+#[tokio::test]
+async fn two_upstreams_cut_the_same_conversation_at_depths_their_prices_choose() {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        let base_url = c.upstreams[0].base_url.clone();
+        c.context.max_context_tokens = Some(1500);
+        c.context.keep_recent_messages = 2;
+        c.context.reload.enabled = false;
+        c.upstreams = vec![
+            UpstreamConfig {
+                name: "deepseek".into(),
+                base_url: base_url.clone(),
+                models: vec!["deepseek-*".into()],
+                cache_pricing: Some("deepseek".into()),
+                ..UpstreamConfig::default()
+            },
+            UpstreamConfig {
+                name: "anthropic".into(),
+                base_url,
+                models: vec!["claude-*".into()],
+                default: true,
+                cache_pricing: Some("anthropic".into()),
+                ..UpstreamConfig::default()
+            },
+        ];
+    })
+    .await;
+    let tokens =
+        |resp: &reqwest::Response, name: &str| -> usize { header(resp, name).parse().unwrap() };
+    let deep = h.chat(&long_chat("deepseek-chat")).await;
+    let shallow = h.chat(&long_chat("claude-sonnet-4")).await;
+    assert_eq!(
+        (deep.status().as_u16(), shallow.status().as_u16()),
+        (200, 200)
+    );
+    for resp in [&deep, &shallow] {
+        assert!(tokens(resp, "x-context-tokens-before") > 3000);
+        assert!(tokens(resp, "x-context-tokens-after") <= 1500);
+    }
+    let (deep_after, shallow_after) = (
+        tokens(&deep, "x-context-tokens-after"),
+        tokens(&shallow, "x-context-tokens-after"),
+    );
+    // Down to the low watermark (0.6 × 1,500, and the marker) on one; over 1,024 on the other.
+    assert!(deep_after <= 900 + 120, "{deep_after}");
+    assert!(shallow_after >= 1024, "{shallow_after}");
+    let moved = |resp: &reqwest::Response| -> usize {
+        let actions = header(resp, "x-context-actions");
+        actions
+            .strip_prefix("offloaded=")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{actions}"))
+    };
+    assert!(moved(&deep) > moved(&shallow));
+    // What the upstream received: the two cuts, both after the pinned system prompt and task.
+    let received = h.mock.received();
+    let sent = |i: usize| received[i].json()["messages"].as_array().unwrap().len();
+    assert!(sent(0) < sent(1), "{} and {} messages", sent(0), sent(1));
+}
+
+/// A support agent's conversation whose pinned head (a long policy prompt and the task)
+/// nearly fills the budget: every cut keeps the head and little else, and is soon followed by
+/// another, each writing everything after the head again.
+fn head_heavy(turns: usize) -> Value {
+    let policy: String = (0..60)
+        .map(|i| format!("Rule {i}: answer politely, check the order first and never promise a refund over the limit.\n"))
+        .collect();
+    let mut messages = vec![
+        json!({"role": "system", "content": policy}),
+        json!({"role": "user", "content": "My order A100 has not arrived."}),
+    ];
+    for k in 0..turns {
+        messages.push(json!({"role": "assistant", "content": format!("Let me check that for you ({k}): {}", "the parcel is on its way. ".repeat(6))}));
+        messages.push(json!({"role": "user", "content": format!("Still nothing ({k}). {}", "where is it? ".repeat(6))}));
+    }
+    json!({"model": "claude-sonnet-4", "messages": messages})
+}
+
+/// Sessions the proxy warned that their budget costs more than going direct, by `/metrics`.
+async fn unpaid_sessions(h: &Harness) -> u64 {
+    let resp = h.client.get(h.url("/metrics")).send().await.unwrap();
+    let text = resp.text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("context_proxy_budget_unpaid_conversations_total "))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Sends three requests of one head-heavy session (`exchanges` and the next two) under a
+/// budget `room` tokens over its pinned head, each cut and within the budget; the sessions
+/// warned.
+async fn cut_three_times(room: usize, exchanges: usize) -> u64 {
+    let counter = context_proxy::tokens::Counter::new(
+        context_proxy::tokens::Encoding::O200kBase,
+        Default::default(),
+    );
+    let head = counter.count_request(&head_heavy(0)).total;
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.context.keep_recent_messages = 2;
+        c.context.reload.enabled = false;
+        c.context.max_context_tokens = Some(head + room);
+        c.upstreams[0].cache_pricing = Some("anthropic".into());
+    })
+    .await;
+    for turns in exchanges..exchanges + 3 {
+        let resp = h.chat(&head_heavy(turns)).await;
+        assert_eq!(resp.status().as_u16(), 200);
+        let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
+        assert!(after <= head + room, "{after} over {}", head + room);
+        let before: usize = header(&resp, "x-context-tokens-before").parse().unwrap();
+        assert!(before > head + room);
+    }
+    unpaid_sessions(&h).await
+}
+
+/// A budget that cannot be met without costing more than going direct is said once per
+/// session (the metric counts the session once, however many of its requests are cut); a
+/// budget with room enough for the cuts to pay says nothing.
+#[tokio::test]
+async fn a_budget_the_head_nearly_fills_is_warned_once_per_session() {
+    // Early in a conversation going direct is cheap: 250 tokens of room cost more.
+    assert_eq!(cut_three_times(250, 4).await, 1);
+    // 3,000 tokens of room, and a conversation grown well past them: the cuts pay.
+    assert_eq!(cut_three_times(3000, 40).await, 0);
+}

@@ -662,3 +662,109 @@ proptest! {
         prop_assert!(same(&cold, &none));
     }
 }
+
+/// Cache prices with a minimum cacheable prefix that matters at these sizes.
+fn pricing_with_minimum() -> impl Strategy<Value = CachePricing> {
+    (pricing(), prop_oneof![Just(0usize), 64usize..4096]).prop_map(|(p, min)| CachePricing {
+        min_cacheable_prefix: min,
+        ..p
+    })
+}
+
+/// The cost model of a forced cut, written here from its definition (docs/context.md): one
+/// request of `size` tokens after the cut, the head read from the cache, then turns of `growth`
+/// tokens until the next cut or the horizon (the last one weighed by its fraction), each
+/// reading the previous request from the cache when that is at least the minimum prefix.
+fn cycle_cost(size: usize, model: &engine::CutModel) -> f64 {
+    let c = &model.cache;
+    let price = |tokens: f64, cached: f64| {
+        let cached = if cached >= c.min_cacheable_prefix as f64 {
+            cached.min(tokens)
+        } else {
+            0.0
+        };
+        cached * c.cached_read_rate + (tokens - cached) * (1.0 + c.cache_write_premium)
+    };
+    let s = size as f64;
+    let turns = if model.growth > 0.0 {
+        model.horizon.min((model.budget as f64 - s) / model.growth)
+    } else {
+        model.horizon
+    };
+    let mut requests = vec![(s, (model.head as f64).min(s), 1.0)];
+    let mut k = 1.0;
+    while k < turns + 1.0 {
+        let weight = (turns - (k - 1.0)).min(1.0);
+        let at = |k: f64| (s + k * model.growth).round();
+        requests.push((at(k), at(k - 1.0), weight));
+        k += 1.0;
+    }
+    let total: f64 = requests.iter().map(|&(t, c, w)| w * price(t, c)).sum();
+    total / (1.0 + turns)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// The chosen depth is the cheapest candidate by the model, found by brute force over
+    /// every candidate; a tie goes to the deeper cut.
+    #[test]
+    fn the_cut_depth_is_the_cheapest_candidate(steps in prop::collection::vec(1usize..800, 1..12),
+                                               head in 0usize..3000, room in 0usize..4000,
+                                               growth in 0.0f64..1500.0, horizon in 0.0f64..12.0,
+                                               cache in pricing_with_minimum()) {
+        // Candidate sizes from the shallowest (just under the budget) to the deepest.
+        let budget = head + room + steps.iter().sum::<usize>() + 1;
+        let mut sizes = vec![budget - 1];
+        for step in &steps {
+            sizes.push(sizes.last().unwrap() - step);
+        }
+        let model = engine::CutModel { budget, head, growth, horizon, cache };
+        let chosen = engine::cheapest_cut(&sizes, &model);
+        let costs: Vec<f64> = sizes.iter().map(|&s| cycle_cost(s, &model)).collect();
+        let best = costs.iter().copied().fold(f64::INFINITY, f64::min);
+        let tolerance = 1e-6 * best.max(1.0);
+        prop_assert!((engine::cut_cost_per_turn(sizes[chosen], &model) - costs[chosen]).abs() < tolerance,
+            "the engine's cost {} differs from the definition's {}", engine::cut_cost_per_turn(sizes[chosen], &model), costs[chosen]);
+        prop_assert!(costs[chosen] <= best + tolerance, "chose {} at {} over the cheapest {}", chosen, costs[chosen], best);
+        prop_assert!(costs[chosen + 1..].iter().all(|&c| c > costs[chosen] - tolerance), "a deeper cut costs the same: {:?}", costs);
+        // Without caching every token is billed, and the deepest cut is the cheapest.
+        let none = engine::CutModel { cache: CachePricing::NONE, ..model };
+        prop_assert_eq!(engine::cheapest_cut(&sizes, &none), sizes.len() - 1);
+    }
+}
+
+/// Today's cut, "once and deep, down to the low watermark": the same settings with a marker
+/// reserve no shallower cut can fit beside, so only the deepest is a candidate.
+fn deepest_only(s: &Settings) -> Settings {
+    Settings {
+        cut_reserve_tokens: s.budget,
+        ..s.clone()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    /// Prices change how the budget is met, never whether: a forced request that the deep cut
+    /// brings under the budget is brought under it at the depth any prices choose; and without
+    /// caching the choice is the deep cut itself.
+    #[test]
+    fn forced_cuts_fit_under_any_prices(turns in prop::collection::vec(small_turn(), 6..30), seed in any::<u64>(),
+                                        budget in 2_000usize..20_000, cache in pricing_with_minimum(),
+                                        mode in prop_oneof![Just(Mode::Auto), Just(Mode::Compress)]) {
+        let messages = build(&turns, seed);
+        let base = settings(mode, budget, 2);
+        let priced = Settings { cache, ..base.clone() };
+        let none = Settings { cache: CachePricing::NONE, ..base.clone() };
+        let deep = run_priced(&messages, &deepest_only(&none), Decision::default(), true);
+        let out = run_priced(&messages, &priced, Decision::default(), true);
+        prop_assert_eq!(out.report.forced, deep.report.forced);
+        if deep.report.tokens_after <= budget {
+            prop_assert!(out.report.tokens_after <= budget, "{:?} over {}", out.report, budget);
+        }
+        let plain = run_priced(&messages, &none, Decision::default(), true);
+        prop_assert_eq!(plain.decision, deep.decision);
+        prop_assert_eq!(plain.messages, deep.messages);
+    }
+}

@@ -23,6 +23,7 @@ use syn::visit::Visit;
 const LAYERS: &[(&str, u8)] = &[
     // 0: pure leaves. The crates re-exported from lib.rs are leaves too.
     ("wire", 0),
+    ("ids", 0),
     ("telemetry", 0),
     ("glob", 0),
     ("service", 0),

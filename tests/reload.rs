@@ -477,6 +477,7 @@ async fn a_hidden_exchange_returns_only_to_its_own_conversation() {
                 })
                 .collect(),
             content_chunks: None,
+            thinking: None,
         })
     };
     // The first user's model reads its file back and runs the tests: the read is hidden.

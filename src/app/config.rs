@@ -130,12 +130,7 @@ impl Config {
                 )));
             }
         }
-        self.store.validate().map_err(|e| match e {
-            crate::store::StoreError::Config { key, message } => {
-                ConfigError::Invalid(format!("store.{key} {message}"))
-            }
-            other => ConfigError::Invalid(other.to_string()),
-        })?;
+        self.store.validate().map_err(ConfigError::Invalid)?;
         self.record.validate().map_err(ConfigError::Invalid)?;
         self.ui.validate().map_err(ConfigError::Invalid)?;
         let upstream_keys = self.upstreams.iter().any(|u| u.api_key_env.is_some());

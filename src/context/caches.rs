@@ -91,6 +91,14 @@ pub fn last_seen() -> Cache<Identity, Instant> {
         .build()
 }
 
+/// Sessions warned that their budget costs more than going direct (once per session).
+pub fn warned() -> Cache<Identity, ()> {
+    Cache::builder()
+        .max_capacity(LAST_SEEN)
+        .time_to_live(LAST_SEEN_TTL)
+        .build()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

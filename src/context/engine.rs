@@ -21,8 +21,9 @@
 //! 3. **Move out** (auto, compress): the oldest whole units after the pinned head
 //!    (system/developer messages and, with `pin_task`, the first user message) are replaced by
 //!    one marker message placed after that head. The boundary stays where it was, goes to a
-//!    ready summary's boundary when that pays, and over budget goes once and deep: down to the
-//!    target, so the following turns extend the prefix for many turns.
+//!    ready summary's boundary when that pays, and over budget goes once, so the following
+//!    turns extend the prefix for many turns: at the depth the [`CutModel`] prices lowest per
+//!    turn, between the shallowest cut that fits and the low watermark (the target).
 //!
 //! **What the model has not seen is untouchable**: everything after the last assistant message
 //! (the results it is about to read) is never compacted nor moved out; only the hard cap may
@@ -154,6 +155,22 @@ pub struct Report {
     /// Whether the budget forced the change (the request, as the prior decision leaves it, is
     /// over budget); otherwise every move was optional and priced.
     pub forced: bool,
+    /// Set when the budget forced a cut that costs more per turn than going direct (by the
+    /// [`CutModel`]): the pinned head leaves the budget too little room.
+    pub costlier_than_direct: Option<Unpaid>,
+    /// The first such cut of its session: the manager warned about it just now (set by the
+    /// planner, counted by the metrics).
+    pub warn_unpaid: bool,
+}
+
+/// A forced cut that costs more than going direct, by the [`CutModel`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Unpaid {
+    /// The cut's expected input cost per turn over going direct's (above 1).
+    pub ratio: f64,
+    /// The smallest budget at which a cut of this conversation would pay
+    /// ([`smallest_paying_budget`]); `None` when none would.
+    pub smallest_paying_budget: Option<usize>,
 }
 
 /// Why a request was forwarded as it came although context management was on.
@@ -315,6 +332,141 @@ pub fn rewrite_pays(
     freed > 0
         && freed as f64 * cache.cached_read_rate * horizon_turns
             > rebilled as f64 * cache.rebill_rate()
+}
+
+/// What the cost of a forced cut's depth depends on, besides the request it leaves.
+///
+/// The model ([`cut_cost_per_turn`]): a cut that leaves a request of `s` tokens bills the
+/// pinned head (`head`, unchanged, so read from the cache) at the cached rate and everything
+/// after it written again in full (plus the write premium); then the conversation grows by
+/// `growth` tokens a turn, each turn reading the previous request from the cache and writing
+/// its new tokens, until the budget forces the next cut, after `(budget − s) / growth` turns,
+/// or until the horizon ends, whichever comes first. The expected input cost per turn is that
+/// cycle's cost over its turns (the cut's included). A deeper cut (a smaller `s`) rebills less
+/// on the cut and on every later turn and lets more turns pass before the next cut; a shallower
+/// one keeps a prompt the provider still caches when the deep one falls under its minimum
+/// cacheable prefix. The cached rate, the write premium, the minimum prefix and the growth so
+/// far decide between them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CutModel {
+    /// The budget the request must fit.
+    pub budget: usize,
+    /// Tokens of the pinned head (tools, instructions, the task) before the first moved unit:
+    /// the cut leaves them where they were, so they stay cached.
+    pub head: usize,
+    /// The conversation's growth per turn so far, in tokens.
+    pub growth: f64,
+    /// Further requests the cut is priced over: as many as the conversation has made, at most
+    /// `cache_horizon_turns`.
+    pub horizon: f64,
+    pub cache: CachePricing,
+}
+
+/// Expected input cost per turn, in full-price tokens, of a forced cut that leaves a request
+/// of `size` tokens (see [`CutModel`]).
+///
+/// Derivation. Let `s = size`, `g` the growth per turn, `n = min(horizon, (budget − s) / g)`
+/// the turns until the next forced cut (a real number: the growth is an average), and
+/// `call(t, c)` the provider's price of a request of `t` tokens whose first `c` repeat the
+/// previous request ([`CachePricing::call_cost`]: cached at `cached_read_rate` when `c` is at
+/// least the minimum prefix, the rest at `1 + cache_write_premium`). Turn 0 is the cut, turn
+/// `k` extends turn `k − 1` by `g`:
+///
+/// `cost = call(s, head) + Σ_{k=1..⌊n⌋} call(s + k·g, s + (k−1)·g) + (n − ⌊n⌋)·call(s + (⌊n⌋+1)·g, s + ⌊n⌋·g)`
+///
+/// and the cost per turn is `cost / (1 + n)`. Without caching (`cached_read_rate` 1, no
+/// premium) every term is the request's size, so the cost per turn is `s + g·φ(n)` with
+/// `φ` rising more slowly than `n` falls: it grows with `s`, and the deepest cut is the
+/// cheapest, as the low watermark has it. With a discount, the cut's rewrite
+/// (`s − head` at the full rate) is paid once per cycle, so a longer cycle (a deeper cut)
+/// spreads it thinner; but a request under the minimum cacheable prefix pays every turn in
+/// full.
+pub fn cut_cost_per_turn(size: usize, model: &CutModel) -> f64 {
+    let room = model.budget.saturating_sub(size) as f64;
+    let n = if model.growth > 0.0 {
+        model.horizon.min(room / model.growth)
+    } else {
+        model.horizon
+    };
+    let cut = model.cache.call_cost(size, model.head.min(size));
+    per_turn(cut, size, n, model)
+}
+
+/// Going direct, priced as [`cut_cost_per_turn`] prices a cut: the request as the client sent
+/// it (`size`, its previous request cached: `size − growth`) and the next `horizon` turns,
+/// per turn.
+pub fn direct_cost_per_turn(size: usize, model: &CutModel) -> f64 {
+    let previous = (size as f64 - model.growth).max(0.0).round() as usize;
+    let first = model.cache.call_cost(size, previous);
+    per_turn(first, size, model.horizon, model)
+}
+
+/// `first` (the cost of turn 0, a request of `size`), then `n` turns (a real number) each
+/// growing by the model's growth and reading the previous one from the cache: per turn.
+fn per_turn(first: f64, size: usize, n: f64, model: &CutModel) -> f64 {
+    let n = n.max(0.0);
+    let g = model.growth.max(0.0);
+    let at = |k: f64| (size as f64 + k * g).round() as usize;
+    let turn = |k: f64| model.cache.call_cost(at(k), at(k - 1.0));
+    let whole = n.floor();
+    let mut cost = first;
+    let mut k = 1.0;
+    while k <= whole {
+        cost += turn(k);
+        k += 1.0;
+    }
+    cost += (n - whole) * turn(whole + 1.0);
+    cost / (1.0 + n)
+}
+
+/// Of the requests a forced cut may leave (`sizes`, from the shallowest cut that fits the
+/// budget to the deepest, the one down to the low watermark), the index of the one the
+/// [`CutModel`] prices lowest per turn; a tie goes to the deeper cut, so floating-point noise
+/// never makes a cut shallower.
+pub fn cheapest_cut(sizes: &[usize], model: &CutModel) -> usize {
+    let Some((&deepest, shallower)) = sizes.split_last() else {
+        return 0;
+    };
+    let mut best = (shallower.len(), cut_cost_per_turn(deepest, model));
+    for (i, &size) in shallower.iter().enumerate().rev() {
+        let cost = cut_cost_per_turn(size, model);
+        if cost < best.1 - 1e-9 * best.1.abs().max(1.0) {
+            best = (i, cost);
+        }
+    }
+    best.0
+}
+
+/// The smallest budget at which a forced cut of this conversation costs no more per turn than
+/// going direct (both by the [`CutModel`]): at a budget `b` the conversation is cut when it
+/// reaches `b`, down to `kept(b)` tokens. `None` when no budget up to 64 times the model's
+/// pays.
+pub fn smallest_paying_budget(model: &CutModel, kept: impl Fn(usize) -> usize) -> Option<usize> {
+    let pays = |b: usize| {
+        let at = CutModel {
+            budget: b,
+            ..*model
+        };
+        cut_cost_per_turn(kept(b).min(b), &at) <= direct_cost_per_turn(b, &at)
+    };
+    let (mut low, mut high) = (model.budget.max(1), model.budget.max(1));
+    while !pays(high) {
+        if high >= model.budget.max(1).saturating_mul(64) {
+            return None;
+        }
+        low = high;
+        high = high.saturating_mul(2);
+    }
+    // pays(high); not pays(low) unless low == high.
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if pays(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    Some(high)
 }
 
 /// Whether a lossless transform applies to some tool result (asked of `env`, which callers
@@ -637,6 +789,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     // What the prior decision moves out: compacting in there changes nothing sent.
     let prior_span = movable.map_or(0..0, |m| m.start..moved_end);
     let forced = work.total() - moved_tokens > settings.budget;
+    let answers = answers(&input.items);
     let price = Price {
         forced,
         free: !input.cache_warm
@@ -644,6 +797,8 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
             || settings.cache.rebill_rate() <= 0.0,
         answered_end: input.answered_end(),
         horizon: horizon(&input.items, settings, work.total() - moved_tokens, before),
+        answers,
+        raw: before,
     };
     if settings.mode.compacts() {
         let from = decision.compact_before;
@@ -657,7 +812,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     }
 
     // 3. Move the oldest units out.
-    let span = movable.and_then(|m| {
+    let cut = movable.map_or_else(Cut::default, |m| {
         offload_span(
             &work,
             &units,
@@ -668,6 +823,8 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
             &mut decision,
         )
     });
+    report.costlier_than_direct = cut.unpaid;
+    let span = cut.span;
     if let Some(span) = &span {
         if decision.offload_before != prior.offload_before.min(unseen) {
             first_rewritten = first_rewritten.min(span.start);
@@ -767,6 +924,10 @@ struct Price {
     answered_end: usize,
     /// Further requests the rewrite must pay for itself over ([`horizon`]).
     horizon: f64,
+    /// The model's answers so far: the requests the conversation has made.
+    answers: usize,
+    /// The request as the client sent it (what going direct costs).
+    raw: usize,
 }
 
 /// The further requests over which a rewrite now must pay: as many as the conversation has
@@ -776,16 +937,38 @@ struct Price {
 /// tokens as sent). A short conversation is not rewritten for savings it may never collect,
 /// and a rewrite that the next cut would repeat waits for it.
 pub fn horizon(items: &[Item<'_>], settings: &Settings, size: usize, raw: usize) -> f64 {
-    let answered = items.iter().filter(|m| m.kind.is_assistant()).count();
-    let mut h = settings.cache_horizon_turns.min(answered as f64);
-    if answered > 0 && raw > 0 {
-        let growth = raw as f64 / answered as f64;
+    let answers = answers(items);
+    let mut h = settings.cache_horizon_turns.min(answers as f64);
+    if answers > 0 && raw > 0 {
+        let growth = raw as f64 / answers as f64;
         h = h.min(settings.budget.saturating_sub(size) as f64 / growth);
     }
     h
 }
 
+/// The model's answers in the conversation: the requests it has made so far.
+fn answers(items: &[Item<'_>]) -> usize {
+    items.iter().filter(|m| m.kind.is_assistant()).count()
+}
+
 impl Price {
+    /// The cost model of a forced cut below a pinned head of `head` tokens: the conversation
+    /// grew by what it holds past the head over its requests so far, and is priced over as
+    /// many more, at most `cache_horizon_turns`.
+    fn cut_model(&self, head: usize, settings: &Settings) -> CutModel {
+        let growth = match self.answers {
+            0 => 0.0,
+            n => self.raw.saturating_sub(head) as f64 / n as f64,
+        };
+        CutModel {
+            budget: settings.budget,
+            head,
+            growth,
+            horizon: settings.cache_horizon_turns.min(self.answers as f64),
+            cache: settings.cache,
+        }
+    }
+
     /// Whether a rewrite freeing `freed` tokens and billing `rebilled` again is taken.
     fn takes(&self, freed: usize, rebilled: usize, settings: &Settings) -> bool {
         self.forced
@@ -795,6 +978,11 @@ impl Price {
 }
 
 impl Work<'_> {
+    /// Tokens before message `end` as they now stand, the tools and framing included.
+    fn total_to(&self, end: usize) -> usize {
+        self.input.fixed + self.counts[..end].iter().sum::<usize>()
+    }
+
     /// Tokens from message `first` up to `end` as they now stand: what a rewrite at `first`
     /// bills again.
     fn rebilled(&self, first: usize, end: usize) -> usize {
@@ -861,7 +1049,8 @@ impl Movable {
 
 /// Stage 3: chooses the run of whole units to move out and records it in `decision`. It keeps
 /// the prior boundary; it goes to a ready summary's boundary when that pays; over budget, it
-/// goes once and deep, down to the target.
+/// goes once, as deep as the [`CutModel`] finds cheapest between the shallowest cut that fits
+/// and the low watermark (and says in `unpaid` when even that costs more than going direct).
 fn offload_span(
     work: &Work<'_>,
     units: &[Range<usize>],
@@ -870,7 +1059,7 @@ fn offload_span(
     price: &Price,
     ready: Option<ReadySummary>,
     decision: &mut Decision,
-) -> Option<Range<usize>> {
+) -> Cut {
     let total = work.total();
     let (mut end, mut moved) = at.run_to(work, units, decision.offload_before);
     // A ready summary's boundary, when moving there pays. Its span was chosen as a cut down
@@ -886,22 +1075,88 @@ fn offload_span(
             deep_enough = total - moved + ready.tokens <= settings.budget;
         }
     }
-    // Over budget: once and deep, so the next turns extend the prefix for many turns.
+    // Over budget: once, at the depth the cut model prices lowest, from the shallowest cut
+    // that fits the budget (its marker's room kept) down to the low watermark.
+    let mut unpaid = None;
     if price.forced && !deep_enough {
         let kept_end = end;
+        let fits = |moved: usize| total - moved + settings.cut_reserve_tokens <= settings.budget;
+        // (end, moved) at every boundary that fits, and the deepest one in any case.
+        let mut candidates = Vec::new();
         for u in units[at.first..].iter().skip_while(|u| u.end <= kept_end) {
             if u.end > at.limit || total - moved <= settings.target {
                 break;
             }
             moved += work.counts[u.clone()].iter().sum::<usize>();
             end = u.end;
+            if fits(moved) {
+                candidates.push((end, moved));
+            }
         }
+        if candidates.last() != Some(&(end, moved)) {
+            candidates.push((end, moved));
+        }
+        let model = price.cut_model(work.total_to(at.start), settings);
+        // What each cut forwards: the kept messages and the marker (its size barely depends
+        // on the run's; the deepest run's is counted once, for all).
+        let marker = marker_tokens(work, end - at.start, moved, &settings.readback);
+        let sizes: Vec<usize> = candidates
+            .iter()
+            .map(|&(_, m)| total - m + marker)
+            .collect();
+        let chosen = cheapest_cut(&sizes, &model);
+        end = candidates[chosen].0;
+        // At a budget `b` the cut would go down to its target, or as deep as it can here.
+        let deepest = sizes[sizes.len() - 1];
+        let ratio = settings.target as f64 / settings.budget.max(1) as f64;
+        let kept_at = |b: usize| ((b as f64 * ratio) as usize).max(deepest);
+        unpaid = unpaid_cut(sizes[chosen], &model, price.raw, kept_at);
     }
     if end == at.start {
-        return None;
+        return Cut { span: None, unpaid };
     }
     decision.offload_before = end;
-    Some(at.start..end)
+    Cut {
+        span: Some(at.start..end),
+        unpaid,
+    }
+}
+
+/// What stage 3 chose: the run moved out, and whether its forced cut costs more than going
+/// direct.
+#[derive(Default)]
+struct Cut {
+    span: Option<Range<usize>>,
+    unpaid: Option<Unpaid>,
+}
+
+/// Whether a forced cut leaving `size` costs more per turn than sending `raw` direct, and
+/// then the smallest budget that pays (at a budget `b`, a cut leaves `kept_at(b)`).
+fn unpaid_cut(
+    size: usize,
+    model: &CutModel,
+    raw: usize,
+    kept_at: impl Fn(usize) -> usize,
+) -> Option<Unpaid> {
+    let cut = cut_cost_per_turn(size, model);
+    let direct = direct_cost_per_turn(raw, model);
+    (cut > direct && direct > 0.0).then(|| Unpaid {
+        ratio: cut / direct,
+        smallest_paying_budget: smallest_paying_budget(model, kept_at),
+    })
+}
+
+/// Tokens of the marker standing for a run of `messages` messages of `tokens` tokens (its
+/// reference stands in: every reference is as long).
+fn marker_tokens(
+    work: &Work<'_>,
+    messages: usize,
+    tokens: usize,
+    readback: &markers::Readback,
+) -> usize {
+    let reference = ContentRef::of("");
+    let text = markers::offloaded(messages, tokens, &reference, readback);
+    work.env.count_message(&work.input.adapter.marker(text))
 }
 
 /// The marker standing for a moved-out run, and what it stores.
@@ -1327,6 +1582,88 @@ mod tests {
         // No discount: anything freed pays; nothing freed never does.
         assert!(rewrite_pays(1, 1_000_000, &CachePricing::NONE, 1.0));
         assert!(!rewrite_pays(0, 0, &CachePricing::NONE, 1.0));
+    }
+
+    fn anthropic_min(min_cacheable_prefix: usize) -> CachePricing {
+        CachePricing {
+            cached_read_rate: 0.1,
+            cache_write_premium: 0.25,
+            min_cacheable_prefix,
+            cache_ttl_secs: 300,
+        }
+    }
+
+    #[test]
+    fn a_cut_is_priced_over_its_cycle_as_computed_by_hand() {
+        let model = CutModel {
+            budget: 1000,
+            head: 300,
+            growth: 100.0,
+            horizon: 10.0,
+            cache: anthropic_min(0),
+        };
+        // Cut to 600: the head read (30), the rest written (375); four turns until the next
+        // cut, each reading the previous request and writing 100 new tokens.
+        let by_hand =
+            (30.0 + 375.0) + (60.0 + 125.0) + (70.0 + 125.0) + (80.0 + 125.0) + (90.0 + 125.0);
+        assert!((cut_cost_per_turn(600, &model) - by_hand / 5.0).abs() < 1e-9);
+        // A cut to 650 has 3.5 turns: the half turn weighs half.
+        let by_hand = (30.0 + 437.5) + 190.0 + 200.0 + 210.0 + 0.5 * 220.0;
+        assert!((cut_cost_per_turn(650, &model) - by_hand / 4.5).abs() < 1e-9);
+        // Going direct from 1200 tokens: 1100 cached, then ten turns.
+        let direct: f64 = (0..=10)
+            .map(|k| 0.1 * (1100 + 100 * k) as f64 + 125.0)
+            .sum();
+        assert!((direct_cost_per_turn(1200, &model) - direct / 11.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_cut_stays_over_the_minimum_cacheable_prefix_when_that_is_cheaper() {
+        // From a 1,500-token budget a cut to 900 would be under Anthropic's 1,024-token
+        // minimum: every turn billed in full. Keeping 1,100 is cached from the next turn on.
+        let sizes = [1400, 1300, 1200, 1100, 1000, 900];
+        let model = |cache| CutModel {
+            budget: 1500,
+            head: 200,
+            growth: 40.0,
+            horizon: 10.0,
+            cache,
+        };
+        assert_eq!(cheapest_cut(&sizes, &model(anthropic_min(1024))), 3);
+        // DeepSeek caches from 64 tokens; without caching every token is billed anyway: as
+        // deep as the low watermark goes.
+        let deepseek = crate::pricing::Preset::parse("deepseek")
+            .unwrap()
+            .for_model("x");
+        assert_eq!(cheapest_cut(&sizes, &model(deepseek)), 5);
+        assert_eq!(cheapest_cut(&sizes, &model(CachePricing::NONE)), 5);
+    }
+
+    #[test]
+    fn the_smallest_paying_budget_pays_and_one_token_less_does_not() {
+        let model = CutModel {
+            budget: 5400,
+            head: 3600,
+            growth: 300.0,
+            horizon: 10.0,
+            cache: anthropic_min(1024),
+        };
+        // The head and the recent turns leave 5,200 tokens at the deepest: a cut every turn
+        // or so, each writing 1,600 tokens again.
+        let kept = |b: usize| ((b as f64 * 0.6) as usize).max(5200);
+        let pays = |b: usize| {
+            let at = CutModel { budget: b, ..model };
+            cut_cost_per_turn(kept(b), &at) <= direct_cost_per_turn(b, &at)
+        };
+        assert!(!pays(5400));
+        let b = smallest_paying_budget(&model, kept).unwrap();
+        assert!(b > 5400 && pays(b) && !pays(b - 1), "{b}");
+        // A budget that pays is its own answer.
+        let roomy = CutModel {
+            budget: b + 1000,
+            ..model
+        };
+        assert_eq!(smallest_paying_budget(&roomy, kept), Some(b + 1000));
     }
 
     /// Old results worth a batch, and a long recent tail the move would bill again.

@@ -9,6 +9,7 @@
 //! - `units` — the chat names of units;
 //! - `markers` — the texts that stand in for removed content;
 //! - `engine` — lossless transforms, truncate, compact, move out (pure);
+//! - `estimate` — counting Anthropic Messages without its tokenizer, calibrated by usage;
 //! - `transforms` — the lossless transforms of tool results (pure);
 //! - `models` — the built-in table of model windows and output limits, with sources;
 //! - `limits` — limits stated by upstreams in their errors, learned and remembered;
@@ -21,6 +22,7 @@
 pub mod adapter;
 pub mod caches;
 pub mod engine;
+pub mod estimate;
 pub mod limits;
 pub mod markers;
 pub mod model;

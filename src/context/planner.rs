@@ -192,6 +192,8 @@ pub struct Planner {
     /// When each session last sent a request to this process: whether the provider's cache
     /// may still hold its prefix (unknown: assumed warm).
     last_seen: Cache<Identity, Instant>,
+    /// Sessions already warned that their budget costs more than going direct.
+    warned: Cache<Identity, ()>,
     /// Whether other processes serve the same sessions (a shared store): then this process
     /// sees only some of a session's requests, and never judges its cache expired.
     shared: bool,
@@ -243,6 +245,7 @@ impl Planner {
             transformed: caches::transformed(),
             learned: limits::LearnedLimits::new(),
             last_seen: caches::last_seen(),
+            warned: caches::warned(),
             shared: false,
         }
     }
@@ -275,6 +278,27 @@ impl Planner {
         let previous = self.last_seen.get(id);
         self.last_seen.insert(id.clone(), Instant::now());
         previous
+    }
+
+    /// Says once per session, in a warning, that its budget forces cuts that cost more than
+    /// going direct, and which budget would pay; whether it said so now.
+    fn warn_unpaid(&self, id: &Identity, settings: &Settings, unpaid: engine::Unpaid) -> bool {
+        if self.warned.contains_key(id) {
+            return false;
+        }
+        self.warned.insert(id.clone(), ());
+        let advice = match unpaid.smallest_paying_budget {
+            Some(b) => format!("a budget of at least {b} tokens would pay (context.max_context_tokens)"),
+            None => "no budget up to 64 times this one would pay: the pinned head leaves too little room".into(),
+        };
+        tracing::warn!(
+            session = %id.session,
+            budget = settings.budget,
+            ratio = format!("{:.2}", unpaid.ratio),
+            "the context budget forces cuts that cost {:.2}× going direct under the upstream's cache prices; {advice}",
+            unpaid.ratio,
+        );
+        true
     }
 
     /// The context limit an upstream states in an error answer (status and body as the
@@ -576,6 +600,9 @@ impl Planner {
         } else {
             (SummaryPlan::None, None)
         };
+        if let Some(unpaid) = outcome.report.costlier_than_direct {
+            outcome.report.warn_unpaid = self.warn_unpaid(identity, &settings, unpaid);
+        }
         tracing::debug!(
             before = outcome.report.tokens_before,
             after = outcome.report.tokens_after,

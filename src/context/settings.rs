@@ -293,6 +293,12 @@ impl ContextConfig {
             pin_task: self.pin_task,
             lossless: self.lossless,
             readback: super::markers::Readback::default(),
+            cut_reserve_tokens: MARKER_RESERVE_TOKENS
+                + if self.summarizer.enabled {
+                    self.summarizer.max_summary_tokens
+                } else {
+                    0
+                },
         }
     }
 
@@ -363,7 +369,13 @@ pub struct Settings {
     pub lossless: bool,
     /// How markers tell the model to read content back (the proxy's tools, or not offered).
     pub readback: super::markers::Readback,
+    /// Room a forced cut keeps free in the budget for what stands in for the moved units: the
+    /// marker, and the summary placed in it when summaries are on (`max_summary_tokens`).
+    pub cut_reserve_tokens: usize,
 }
+
+/// Tokens a moved-out marker takes, at most (its text names a count, a size and a reference).
+pub const MARKER_RESERVE_TOKENS: usize = 120;
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,6 @@
 //! The errors a client can see, and the one place they become HTTP responses in the OpenAI
-//! error shape (`crate::wire::error`).
+//! error shape (`crate::wire::error`), or in Anthropic's on its Messages routes
+//! (`crate::wire::anthropic`).
 //!
 //! [`ClientError`] is what a part of the proxy implements for its own error type to say how a
 //! client sees it (the upstreams, the body reader, auth, inspection): this module imports none
@@ -12,6 +13,7 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
 use crate::http::body::{full, ProxyBody};
+use crate::wire::anthropic;
 use crate::wire::error::openai_error;
 
 /// An error a client sees, with the status and OpenAI error `type` and `code` it is answered
@@ -129,8 +131,21 @@ impl ProxyError {
 
     /// The whole HTTP response.
     pub fn into_response(self) -> http::Response<ProxyBody> {
+        let body = self.body();
+        self.response_with(body)
+    }
+
+    /// The whole HTTP response in Anthropic's error shape (its Messages routes), the error type
+    /// following the status.
+    pub fn into_anthropic_response(self, request_id: &str) -> http::Response<ProxyBody> {
         let (status, _, _) = self.classify();
-        let mut resp = http::Response::new(full(self.body()));
+        let body = anthropic::error_body(status.as_u16(), &self.to_string(), request_id);
+        self.response_with(Bytes::from(body.to_string()))
+    }
+
+    fn response_with(self, body: Bytes) -> http::Response<ProxyBody> {
+        let (status, _, _) = self.classify();
+        let mut resp = http::Response::new(full(body));
         *resp.status_mut() = status;
         if let ProxyError::Client(e) = &self {
             if let Some(secs) = e.retry_after() {
@@ -179,6 +194,20 @@ fn byte_offset(body: &[u8], line: usize, column: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn on_messages_routes_errors_take_anthropics_shape() {
+        use http_body_util::BodyExt;
+        let resp = ProxyError::InvalidRequest("bad mode".into()).into_anthropic_response("req-1");
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "error", "error": {"type": "invalid_request_error", "message": "bad mode"}, "request_id": "req-1"})
+        );
+    }
 
     #[test]
     fn every_error_has_the_four_keys() {

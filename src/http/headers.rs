@@ -41,7 +41,8 @@ pub fn end_to_end(from: HeaderMap, drop: &[HeaderName]) -> HeaderMap {
     out
 }
 
-/// The API key of a request: `Authorization: Bearer …`, or Azure's `api-key`.
+/// The API key of a request: `Authorization: Bearer …`, Azure's `api-key`, or Anthropic's
+/// `x-api-key`.
 pub fn api_key(headers: &HeaderMap) -> Option<&str> {
     if let Some(auth) = headers
         .get(http::header::AUTHORIZATION)
@@ -55,6 +56,7 @@ pub fn api_key(headers: &HeaderMap) -> Option<&str> {
     }
     headers
         .get("api-key")
+        .or_else(|| headers.get("x-api-key"))
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
 }
@@ -105,5 +107,18 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(pairs(&out), pairs(&h));
+    }
+
+    #[test]
+    fn the_key_is_read_from_any_of_the_three_headers() {
+        let key = |name: &'static str, value: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static(value));
+            api_key(&h).map(str::to_string)
+        };
+        assert_eq!(key("authorization", "Bearer sk-1").as_deref(), Some("sk-1"));
+        assert_eq!(key("api-key", "az").as_deref(), Some("az"));
+        assert_eq!(key("x-api-key", "sk-ant").as_deref(), Some("sk-ant"));
+        assert_eq!(key("x-other", "n"), None);
     }
 }

@@ -1,5 +1,6 @@
 //! Routing: gives each request an id and a tracing span, sends it to the handler for its path,
-//! and turns a [`ProxyError`] into the OpenAI error shape. The one place a request enters.
+//! and turns a [`ProxyError`] into the OpenAI error shape (Anthropic's on `/v1/messages…`).
+//! The one place a request enters.
 //!
 //! - `POST /v1/chat/completions` → [`crate::routes::chat`], the proxy's own request path;
 //! - any other `/v1/…` → [`crate::routes::passthrough`], forwarded verbatim;
@@ -44,10 +45,18 @@ pub async fn handle(state: Arc<Shared>, req: Request<Incoming>) -> Response<Prox
     let metrics_route = crate::telemetry::metrics::route_of(req.uri().path());
     let http1 = req.version() <= http::Version::HTTP_11;
     let in_flight = state.metrics.in_flight();
+    // Anthropic's clients read errors in Anthropic's shape.
+    let anthropic = is_messages_path(req.uri().path());
     let mut response = request_body::holding_bodies(route(state.clone(), req, id.clone()))
         .instrument(span.clone())
         .await
-        .unwrap_or_else(ProxyError::into_response);
+        .unwrap_or_else(|e| {
+            if anthropic {
+                e.into_anthropic_response(id.to_str().unwrap_or_default())
+            } else {
+                e.into_response()
+            }
+        });
     cancelled.line = None;
     drop(in_flight);
     let upstream = response
@@ -156,6 +165,12 @@ async fn route(
             path: path.to_string(),
         }),
     }
+}
+
+/// Whether `path` is one of Anthropic's Messages routes (`/v1/messages`, `/v1/messages/…`),
+/// whose errors are in Anthropic's shape.
+pub fn is_messages_path(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
 }
 
 /// Resolves the dot segments of the request's path (`.`, `..`, and their percent-encoded forms

@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::StoreError;
-
 /// Longest retention accepted, so that retention arithmetic on timestamps cannot overflow.
 const MAX_RETENTION_DAYS: u64 = 36_500;
 
@@ -159,9 +157,10 @@ impl StoreConfig {
         self.on_error == OnError::Closed
     }
 
-    /// Checks every key that has constraints; the message names the key.
-    pub fn validate(&self) -> Result<(), StoreError> {
-        let fail = |key: &'static str, message: String| Err(StoreError::Config { key, message });
+    /// Checks every key that has constraints; the message names the key (`store.…`), as every
+    /// section's `validate` does.
+    pub fn validate(&self) -> Result<(), String> {
+        let fail = |key: &str, message: String| Err(format!("store.{key} {message}"));
         if !(1..=MAX_RETENTION_DAYS).contains(&self.retention_days) {
             return fail(
                 "retention_days",
@@ -189,8 +188,8 @@ impl StoreConfig {
         }
     }
 
-    fn validate_redis(&self) -> Result<(), StoreError> {
-        let fail = |key: &'static str, message: String| Err(StoreError::Config { key, message });
+    fn validate_redis(&self) -> Result<(), String> {
+        let fail = |key: &str, message: String| Err(format!("store.{key} {message}"));
         let is_url = |url: &str| url.starts_with("redis://") || url.starts_with("rediss://");
         if self.redis_cluster_nodes.is_empty() && !is_url(&self.redis_url) {
             return fail(

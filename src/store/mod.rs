@@ -42,7 +42,6 @@
 
 mod config;
 mod fs;
-mod ids;
 mod locks;
 mod memory;
 mod redis;
@@ -60,9 +59,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 pub use self::redis::RedisStore;
+pub use crate::ids::{ContentKind, ContentRef, InvalidId, SessionId, StateKey, Tenant};
 pub use config::{Backend, OnError, StoreConfig};
 pub use fs::FsStore;
-pub use ids::{ContentKind, ContentRef, SessionId, StateKey, Tenant};
 pub use memory::MemoryStore;
 pub use state_list::StateList;
 
@@ -70,14 +69,11 @@ pub use state_list::StateList;
 /// context management, with a warning log.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("invalid {what} {value:?}: expected {expected}")]
-    Invalid {
-        what: &'static str,
-        value: String,
-        expected: &'static str,
-    },
-    #[error("invalid config: store.{key} {message}")]
-    Config { key: &'static str, message: String },
+    #[error(transparent)]
+    Invalid(#[from] InvalidId),
+    /// A `[store]` key that cannot be used; the message names it (`store.…`).
+    #[error("invalid config: {0}")]
+    Config(String),
     #[error("store {op} did not finish within {timeout_ms} ms (store.op_timeout_ms)")]
     Timeout { op: &'static str, timeout_ms: u64 },
     #[error("{len} bytes do not fit in the memory store's {limit} bytes (store.memory_max_bytes)")]
@@ -324,7 +320,7 @@ pub async fn open_with_clock(
     cfg: &StoreConfig,
     clock: Arc<dyn Clock>,
 ) -> Result<Arc<dyn Store>, StoreError> {
-    cfg.validate()?;
+    cfg.validate().map_err(StoreError::Config)?;
     let inner: Arc<dyn Store> = match cfg.backend {
         Backend::Memory => Arc::new(MemoryStore::new(cfg, clock)),
         Backend::Fs => {

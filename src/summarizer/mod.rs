@@ -203,7 +203,8 @@ impl Summarizer {
     ) -> Result<(String, Source), Failure> {
         let key = flight_key(task);
         let id = &task.identity;
-        let lock = StateKey::parse(&format!("summary-{}", task.job.prefix_hash))?;
+        let lock = StateKey::parse(&format!("summary-{}", task.job.prefix_hash))
+            .map_err(StoreError::from)?;
         loop {
             if let Some(s) = self
                 .summaries

@@ -88,6 +88,9 @@ pub struct Metrics {
     pub context_fail_open: AtomicU64,
     /// Chat requests left alone because the conversation was malformed.
     pub context_malformed: AtomicU64,
+    /// Conversations whose budget forced a cut costing more than going direct (warned once
+    /// each).
+    pub budget_unpaid_conversations: AtomicU64,
     pub tokens_before: AtomicU64,
     pub tokens_after: AtomicU64,
     /// Upstream answers whose `usage.prompt_tokens` was read.
@@ -278,6 +281,7 @@ impl Default for Metrics {
             context_rewritten: AtomicU64::new(0),
             context_fail_open: AtomicU64::new(0),
             context_malformed: AtomicU64::new(0),
+            budget_unpaid_conversations: AtomicU64::new(0),
             tokens_before: AtomicU64::new(0),
             tokens_after: AtomicU64::new(0),
             usage_samples: AtomicU64::new(0),
@@ -545,6 +549,11 @@ impl Metrics {
                 "context_proxy_context_malformed",
                 "Chat requests left alone because the conversation was malformed.",
                 &self.context_malformed,
+            ),
+            (
+                "context_proxy_budget_unpaid_conversations",
+                "Conversations whose context budget forced a cut costing more than going direct under the upstream's cache prices (each warned once).",
+                &self.budget_unpaid_conversations,
             ),
             (
                 "context_proxy_tokens_before",

@@ -18,7 +18,8 @@ pub struct UpstreamConfig {
     /// fragment: the request's path and query are appended).
     pub base_url: String,
     /// Name of an environment variable holding this upstream's API key. When set, the proxy
-    /// sends `Authorization: Bearer <key>` instead of the client's header.
+    /// sends `Authorization: Bearer <key>` instead of the client's header (`x-api-key: <key>`
+    /// when the client sent its key in `x-api-key`, as Anthropic clients do).
     pub api_key_env: Option<String>,
     /// Model name patterns (`*` and `?` wildcards) routed to this upstream.
     pub models: Vec<String>,

@@ -28,6 +28,24 @@ use crate::http::headers::end_to_end;
 /// Request headers starting with this are the proxy's own and never forwarded.
 pub use context_proxy_contract::CONTROL_HEADER_PREFIX;
 
+/// An upstream's own key, as the two headers that carry keys want it.
+#[derive(Clone)]
+struct OwnKey {
+    /// `Bearer <key>`, for `Authorization`.
+    bearer: HeaderValue,
+    /// The key alone, for Anthropic's `x-api-key`.
+    bare: HeaderValue,
+}
+
+impl std::fmt::Debug for OwnKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OwnKey(..)")
+    }
+}
+
+/// Anthropic's API key header.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
 /// One upstream API.
 #[derive(Debug)]
 pub struct Upstream {
@@ -38,8 +56,8 @@ pub struct Upstream {
     base: reqwest::Url,
     /// The base URL's path without a trailing slash, e.g. `/v1` (empty for the root).
     base_path: String,
-    /// `Authorization` value replacing the client's, when the config gives this upstream a key.
-    authorization: Option<HeaderValue>,
+    /// The key replacing the client's, when the config gives this upstream one.
+    authorization: Option<OwnKey>,
     patterns: Vec<String>,
     read_timeout: Duration,
     client: reqwest::Client,
@@ -91,15 +109,16 @@ impl Upstreams {
                         upstream: cfg.name.clone(),
                         var: var.clone(),
                     })?;
-                    let mut value =
-                        HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                            UpstreamSetupError::InvalidKey {
-                                upstream: cfg.name.clone(),
-                                var: var.clone(),
-                            }
-                        })?;
-                    value.set_sensitive(true);
-                    Some(value)
+                    let invalid = || UpstreamSetupError::InvalidKey {
+                        upstream: cfg.name.clone(),
+                        var: var.clone(),
+                    };
+                    let mut bearer =
+                        HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| invalid())?;
+                    bearer.set_sensitive(true);
+                    let mut bare = HeaderValue::from_str(&key).map_err(|_| invalid())?;
+                    bare.set_sensitive(true);
+                    Some(OwnKey { bearer, bare })
                 }
             };
             let client = reqwest::Client::builder()
@@ -235,8 +254,15 @@ impl Upstream {
         for name in control {
             headers.remove(name);
         }
-        if let Some(auth) = &self.authorization {
-            headers.insert(header::AUTHORIZATION, auth.clone());
+        if let Some(key) = &self.authorization {
+            // An Anthropic client sends its key in `x-api-key`: the upstream's own goes there
+            // too (Anthropic's API wants it there), and the client's never goes upstream.
+            if headers.remove(X_API_KEY).is_some() {
+                headers.remove(header::AUTHORIZATION);
+                headers.insert(X_API_KEY, key.bare.clone());
+            } else {
+                headers.insert(header::AUTHORIZATION, key.bearer.clone());
+            }
         }
         headers
     }
@@ -467,6 +493,29 @@ mod tests {
         c.base_url = "http://h/v1?k=1".into();
         let err = Upstreams::new(&[c], |_| None).unwrap_err();
         assert!(err.to_string().contains("base_url"), "{err}");
+    }
+
+    #[test]
+    fn the_upstreams_key_goes_where_the_client_put_its_own() {
+        let mut c = cfg("x", &[], true);
+        c.api_key_env = Some("KEY".into());
+        let ups = Upstreams::new(&[c], |_| Some("sk-up".into())).unwrap();
+        let up = ups.route(None);
+        let sent = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, HeaderValue::from_static(v));
+            }
+            up.request(Method::POST, "/x", None, h, &[], Bytes::new())
+                .headers
+        };
+        let openai = sent(&[("authorization", "Bearer client")]);
+        assert_eq!(openai["authorization"], "Bearer sk-up");
+        assert!(!openai.contains_key("x-api-key"));
+        let anthropic = sent(&[("x-api-key", "client"), ("anthropic-version", "2023-06-01")]);
+        assert_eq!(anthropic["x-api-key"], "sk-up");
+        assert!(!anthropic.contains_key("authorization"));
+        assert_eq!(anthropic["anthropic-version"], "2023-06-01");
     }
 
     #[test]

@@ -7,11 +7,13 @@
 //! - [`hide`]: the proxy's own tool calls dropped from a stream's chunks, the others renumbered.
 //! - [`usage`]: the upstream's token usage, summed over several calls and written back.
 //! - [`usage_tap`]: the usage of an answer of either shape, read as it streams past.
+//! - [`anthropic`]: Anthropic Messages: its error shape, the usage of its answers.
 //!
 //! Everything here is pure: bytes and JSON in, values out; no I/O, no clock. It shares nothing
 //! with the mock upstream's wire code, so the two cannot agree on a mistake.
 
 pub mod accumulate;
+pub mod anthropic;
 pub mod error;
 pub mod hide;
 pub mod sse;

@@ -71,7 +71,7 @@ pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
 }
 
 /// Fixed latency plus the per-prompt-token latency.
-fn latency(ctx: &Ctx, prompt_tokens: usize) -> Duration {
+pub(crate) fn latency(ctx: &Ctx, prompt_tokens: usize) -> Duration {
     let per_token = ctx.config.latency_per_input_token.as_nanos();
     let tokens = u128::try_from(prompt_tokens).unwrap_or(u128::MAX);
     let nanos = u64::try_from(per_token.saturating_mul(tokens)).unwrap_or(u64::MAX);
@@ -86,9 +86,28 @@ async fn respond(
     request: &ChatRequest,
     prompt_tokens: usize,
 ) -> Response<MockBody> {
+    answer_reply(
+        ctx,
+        reply,
+        request.stream,
+        |completion| answer(ctx, completion, request, prompt_tokens).to_json(),
+        |completion, hold| stream(ctx, completion, request, prompt_tokens, hold),
+    )
+    .await
+}
+
+/// Sends `reply`: a completion as JSON (`json`) or as a stream (`stream`, when `streamed`),
+/// an error or a raw reply verbatim, each after its hold. Shared by every API the mock plays.
+pub(crate) async fn answer_reply(
+    ctx: &Ctx,
+    reply: Reply,
+    streamed: bool,
+    json: impl FnOnce(&Completion) -> Value,
+    stream: impl FnOnce(&Completion, Option<(usize, Gate)>) -> Response<MockBody>,
+) -> Response<MockBody> {
     let (reply, hold) = unwrap_hold(reply);
-    if let (Reply::Completion(completion), true) = (&reply, request.stream) {
-        return stream(ctx, completion, request, prompt_tokens, hold);
+    if let (Reply::Completion(completion), true) = (&reply, streamed) {
+        return stream(completion, hold);
     }
     if let Some((_, gate)) = hold {
         if ctx.life.unless_stopping(gate.opened()).await.is_none() {
@@ -96,10 +115,7 @@ async fn respond(
         }
     }
     match reply {
-        Reply::Completion(completion) => {
-            let answer = answer(ctx, &completion, request, prompt_tokens);
-            json_response(StatusCode::OK, &answer.to_json())
-        }
+        Reply::Completion(completion) => json_response(StatusCode::OK, &json(&completion)),
         Reply::Error { status, body } => match StatusCode::from_u16(status) {
             Ok(status) => json_response(status, &body),
             Err(_) => bad_script(&format!("error status {status} is not an HTTP status")),
@@ -115,7 +131,7 @@ async fn respond(
 }
 
 /// Takes the holds off a reply; the outermost hold applies.
-fn unwrap_hold(mut reply: Reply) -> (Reply, Option<(usize, Gate)>) {
+pub(crate) fn unwrap_hold(mut reply: Reply) -> (Reply, Option<(usize, Gate)>) {
     let mut hold = None;
     while let Reply::Held {
         reply: inner,
@@ -158,12 +174,27 @@ fn stream(
     hold: Option<(usize, Gate)>,
 ) -> Response<MockBody> {
     let answer = answer(ctx, completion, request, prompt_tokens);
+    sse_response(
+        ctx,
+        answer.to_events(request.include_usage),
+        &answer.id,
+        hold,
+    )
+}
+
+/// `events` streamed as `text/event-stream`, paced and held as configured; `id` names the task.
+pub(crate) fn sse_response(
+    ctx: &Ctx,
+    events: Vec<bytes::Bytes>,
+    id: &str,
+    hold: Option<(usize, Gate)>,
+) -> Response<MockBody> {
     let plan = StreamPlan {
-        events: answer.to_events(request.include_usage),
+        events,
         interval: ctx.config.chunk_interval,
         hold,
     };
-    let body = sse::stream(plan, &answer.id, ctx.state.clone(), ctx.life.clone());
+    let body = sse::stream(plan, id, ctx.state.clone(), ctx.life.clone());
     let mut response = Response::new(body);
     let headers = response.headers_mut();
     headers.insert(
@@ -226,23 +257,32 @@ fn replace_lone_surrogates(json: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Parses and validates the body, or gives the body of OpenAI's 400 for it.
-fn parse(body: &[u8]) -> Result<ChatRequest, Value> {
-    let invalid = |message: &str, param: Option<&str>, code: Option<&str>| {
-        wire::error_body(message, "invalid_request_error", param, code)
+/// The body as a JSON object, or the body of OpenAI's 400 for it.
+pub(crate) fn read_json(body: &[u8]) -> Result<Value, Value> {
+    let invalid = |message: &str, code: Option<&str>| {
+        wire::error_body(message, "invalid_request_error", None, code)
     };
     // Legal JSON that a Rust string cannot hold (a lone surrogate escape) is read with U+FFFD
     // in its place, as a lenient server would.
     let body: Value = serde_json::from_slice(body)
         .or_else(|_| serde_json::from_slice(&replace_lone_surrogates(body)))
-        .map_err(|_| invalid(INVALID_JSON_MESSAGE, None, None))?;
+        .map_err(|_| invalid(INVALID_JSON_MESSAGE, None))?;
     if !body.is_object() {
         let message = format!(
             "Invalid type for 'body': expected an object, but got {} instead.",
             json_kind(&body)
         );
-        return Err(invalid(&message, None, Some("invalid_type")));
+        return Err(invalid(&message, Some("invalid_type")));
     }
+    Ok(body)
+}
+
+/// Parses and validates the body, or gives the body of OpenAI's 400 for it.
+fn parse(body: &[u8]) -> Result<ChatRequest, Value> {
+    let invalid = |message: &str, param: Option<&str>, code: Option<&str>| {
+        wire::error_body(message, "invalid_request_error", param, code)
+    };
+    let body = read_json(body)?;
     let model = match &body["model"] {
         Value::String(model) => model.clone(),
         _ => return Err(invalid("you must provide a model parameter", None, None)),
@@ -282,7 +322,7 @@ fn parse(body: &[u8]) -> Result<ChatRequest, Value> {
     })
 }
 
-fn json_kind(value: &Value) -> &'static str {
+pub(crate) fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -304,7 +344,7 @@ pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response<MockB
     response
 }
 
-fn raw_response(
+pub(crate) fn raw_response(
     status: u16,
     headers: &[(String, String)],
     body: bytes::Bytes,

@@ -1,26 +1,37 @@
 //! The mock upstream: the project's only fake, an HTTP server that answers like OpenAI's
-//! chat-completions API, key for key and event for event (the facts it follows are in the
-//! repository's `docs/openai-wire.md`), from replies a test scripts. Integration tests run it
-//! in-process ([`MockUpstream`]); the end-to-end tests and the benchmark run it as a process
-//! ([`cli::run`], `context-proxy mock-upstream`) and script it over HTTP (`/_mock/*`).
+//! chat-completions and Responses APIs and Anthropic's Messages API, key for key and event for
+//! event (the facts it follows are in the repository's `docs/openai-wire.md`,
+//! `docs/responses-wire.md` and `docs/messages-wire.md`), from replies a test scripts.
+//! Integration tests run it in-process ([`MockUpstream`]); the end-to-end tests and the
+//! benchmark run it as a process ([`cli::run`], `context-proxy mock-upstream`) and script it
+//! over HTTP (`/_mock/*`).
 //!
-//! Code map: `server` accepts connections and owns the lifecycle; `routes` dispatches and records;
-//! `chat` answers chat completions; `script` holds what tests queue; `wire` writes the OpenAI
-//! shapes; `sse` streams events and detects clients that leave; `reader` is the reader mode; `usage` counts tokens; `state` is
-//! what the handle and the connections share; `body` is its response body type; `cli` is the
-//! command-line entry point.
+//! Code map: `server` accepts connections and owns the lifecycle; `routes` dispatches and
+//! records; `chat` answers chat completions; `responses` the Responses API (`responses_wire`
+//! writes its shapes); `messages` answers Anthropic Messages (`rules` the API's 400s,
+//! `prompt_cache` its counting and caching, `anthropic` its shapes); `script` holds what tests
+//! queue; `wire` writes the OpenAI chat shapes; `sse` streams events and detects clients that
+//! leave; `reader` is the reader mode; `usage` counts tokens; `state` is what the handle and
+//! the connections share; `body` is its response body type; `cli` is the command-line entry
+//! point.
 //!
 //! It depends on nothing of the proxy but the token counter (`context-proxy-tokens`), through
 //! that crate's public API: it plays the upstream, so it must not share the proxy's mistakes.
 
 #![forbid(unsafe_code)]
 
+mod anthropic;
 mod body;
 mod chat;
 pub mod cli;
 mod ctx;
+mod messages;
+mod prompt_cache;
 pub mod reader;
+mod responses;
+mod responses_wire;
 mod routes;
+pub mod rules;
 pub mod script;
 mod server;
 mod sse;

@@ -81,6 +81,7 @@ pub fn reply(body: &Value) -> Option<Reply> {
                 })
                 .collect(),
             content_chunks: None,
+            thinking: None,
         }));
     }
     let answer = found

@@ -1,6 +1,9 @@
 //! Routes a request to what answers it, and records it:
 //!
 //! - `POST /v1/chat/completions` → `chat`;
+//! - `POST /v1/responses` → `responses`;
+//! - `POST /v1/messages` (any query, `?beta=true` too) and `POST /v1/messages/count_tokens` →
+//!   `messages`;
 //! - `GET /v1/models` → an OpenAI-shaped model list;
 //! - `/_mock/*` → the control API (not recorded): `POST /_mock/replies` queues a JSON array of
 //!   replies, `GET /_mock/received` lists the recorded requests, `POST /_mock/reset` forgets
@@ -20,6 +23,8 @@ use tracing::debug;
 
 use super::chat::{self, json_response, shutting_down};
 use super::ctx::Ctx;
+use super::messages;
+use super::rules::Endpoint;
 use super::script::Reply;
 use super::state::Received;
 use super::wire;
@@ -58,6 +63,13 @@ pub(crate) async fn handle(ctx: Ctx, request: Request<Incoming>) -> Response<Moc
 async fn serve(ctx: &Ctx, request: Received) -> Response<MockBody> {
     match (request.method.as_str(), request.path.as_str()) {
         ("POST", "/v1/chat/completions") => chat::handle(ctx, &request.body).await,
+        ("POST", "/v1/responses") => super::responses::handle(ctx, &request.body).await,
+        ("POST", "/v1/messages") => {
+            messages::handle(ctx, &request.headers, &request.body, Endpoint::Messages).await
+        }
+        ("POST", "/v1/messages/count_tokens") => {
+            messages::handle(ctx, &request.headers, &request.body, Endpoint::CountTokens).await
+        }
         ("GET", "/v1/models") => {
             if !ctx.life.sleep(ctx.config.latency).await {
                 return shutting_down();

@@ -49,6 +49,9 @@ pub struct Completion {
     pub tool_calls: Vec<ToolCall>,
     /// Split a streamed `content` into exactly this many content chunks instead of word by word.
     pub content_chunks: Option<usize>,
+    /// On Anthropic Messages, the thinking text of the answer's opening `thinking` block, when
+    /// the request turns thinking on (a default text is thought when `None`); chat ignores it.
+    pub thinking: Option<String>,
 }
 
 /// A function call the assistant makes.
@@ -88,6 +91,7 @@ impl Reply {
             content: Some(s.into()),
             tool_calls: Vec::new(),
             content_chunks: None,
+            thinking: None,
         })
     }
 
@@ -98,6 +102,7 @@ impl Reply {
             content: None,
             tool_calls: calls.into_iter().map(to_call).collect(),
             content_chunks: None,
+            thinking: None,
         })
     }
 
@@ -107,6 +112,7 @@ impl Reply {
             content: Some(text.into()),
             tool_calls: calls.into_iter().map(to_call).collect(),
             content_chunks: None,
+            thinking: None,
         })
     }
 
@@ -136,6 +142,24 @@ impl Reply {
             reply,
             after: chunks,
             gate,
+        }
+    }
+
+    /// On Anthropic Messages, thinks `text` first (when the request turns thinking on). No
+    /// effect on errors and raw replies.
+    pub fn thinking(self, text: impl Into<String>) -> Reply {
+        let text = text.into();
+        match self {
+            Reply::Completion(mut completion) => {
+                completion.thinking = Some(text);
+                Reply::Completion(completion)
+            }
+            Reply::Held { reply, after, gate } => Reply::Held {
+                reply: Box::new(reply.thinking(text)),
+                after,
+                gate,
+            },
+            other => other,
         }
     }
 
@@ -206,6 +230,7 @@ impl Default for Gate {
 /// ```json
 /// {"text": "hi"}
 /// {"text": "a long answer", "stream_chunks": 200}
+/// {"thinking": "the user wants…", "text": "hi"}
 /// {"tool_calls": [{"name": "f", "arguments": {"x": 1}}]}
 /// {"text": "let me look", "tool_calls": [{"id": "call_1", "name": "f", "arguments": "{bad"}]}
 /// {"error": {"status": 429, "body": {"error": {"message": "slow down", "type": "requests", "param": null, "code": null}}}}
@@ -227,6 +252,9 @@ pub struct ReplySpec {
     pub raw: Option<RawSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_chunks: Option<usize>,
+    /// Anthropic Messages only: the answer's thinking text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 /// JSON form of [`Reply::Error`].
@@ -264,9 +292,9 @@ impl TryFrom<ReplySpec> for Reply {
                 "give exactly one of `text`/`tool_calls`, `error` or `raw`".into(),
             ));
         }
-        if spec.stream_chunks.is_some() && !completion {
+        if (spec.stream_chunks.is_some() || spec.thinking.is_some()) && !completion {
             return Err(InvalidReply(
-                "`stream_chunks` applies only to `text`/`tool_calls` replies".into(),
+                "`stream_chunks` and `thinking` apply only to `text`/`tool_calls` replies".into(),
             ));
         }
         if let Some(ErrorSpec { status, body }) = spec.error {
@@ -288,6 +316,7 @@ impl TryFrom<ReplySpec> for Reply {
             content: spec.text,
             tool_calls: spec.tool_calls.unwrap_or_default(),
             content_chunks: spec.stream_chunks.map(|n| n.max(1)),
+            thinking: spec.thinking,
         }))
     }
 }

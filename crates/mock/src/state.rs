@@ -2,7 +2,7 @@
 //! replies, the log of received requests, and the stream counters, each count published on a
 //! `watch` channel so that tests wait for it without polling.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use super::prompt_cache::PromptCache;
 use super::script::Reply;
 
 /// One request the mock received.
@@ -144,6 +145,17 @@ pub(crate) struct State {
     streams_cancelled: Counter,
     streams_completed: Counter,
     serial: AtomicU64,
+    /// The Messages API's prompt cache.
+    prompt_cache: PromptCache,
+    /// The Responses API's prompt cache: the prefixes seen.
+    prefix_cache: Mutex<PrefixCache>,
+}
+
+/// The prefixes of Responses requests seen, by hash, oldest first (bounded).
+#[derive(Debug, Default)]
+struct PrefixCache {
+    known: HashSet<[u8; 32]>,
+    order: VecDeque<[u8; 32]>,
 }
 
 /// Locks a mutex; a panic while it was held does not make its data invalid here.
@@ -160,11 +172,17 @@ impl State {
             streams_cancelled: Counter::new(),
             streams_completed: Counter::new(),
             serial: AtomicU64::new(0),
+            prompt_cache: PromptCache::default(),
+            prefix_cache: Mutex::new(PrefixCache::default()),
         }
     }
 
     pub(crate) fn push_replies(&self, replies: impl IntoIterator<Item = Reply>) {
         lock(&self.replies).extend(replies);
+    }
+
+    pub(crate) fn prompt_cache(&self) -> &PromptCache {
+        &self.prompt_cache
     }
 
     pub(crate) fn pop_reply(&self) -> Option<Reply> {
@@ -226,14 +244,40 @@ impl State {
         self.streams_completed.wait_at_least(n, timeout).await
     }
 
-    /// Forgets the queued replies, the request log, the counters and the serial numbers.
+    /// Forgets the queued replies, the request log, the counters, the serial numbers and the
+    /// prompt caches.
     pub(crate) fn reset(&self) {
+        self.prompt_cache.clear();
         lock(&self.replies).clear();
         lock(&self.received).clear();
         self.received_count.set(0);
         self.streams_cancelled.set(0);
         self.streams_completed.set(0);
         self.serial.store(0, Ordering::Relaxed);
+        *lock(&self.prefix_cache) = PrefixCache::default();
+    }
+
+    /// The tokens of a request's prefix found in the prompt cache (as the API reports them,
+    /// [`crate::responses::cacheable`]), given its prefixes as (hash, tokens up to there);
+    /// every prefix is cached from now on.
+    pub(crate) fn cache_prefixes(&self, prefixes: &[([u8; 32], usize)]) -> usize {
+        let mut cache = lock(&self.prefix_cache);
+        let hit = prefixes
+            .iter()
+            .rev()
+            .find(|(hash, _)| cache.known.contains(hash))
+            .map_or(0, |(_, tokens)| *tokens);
+        for (hash, _) in prefixes {
+            if cache.known.insert(*hash) {
+                cache.order.push_back(*hash);
+            }
+        }
+        while cache.order.len() > crate::responses::MAX_CACHED_PREFIXES {
+            if let Some(old) = cache.order.pop_front() {
+                cache.known.remove(&old);
+            }
+        }
+        crate::responses::cacheable(hit)
     }
 }
 

@@ -277,7 +277,7 @@ pub fn split_arguments(arguments: &str) -> Vec<&str> {
 }
 
 /// `prefix` followed by `len` base-62 characters derived from `seed`.
-fn derived_id(prefix: &str, len: usize, seed: &[&str]) -> String {
+pub(crate) fn derived_id(prefix: &str, len: usize, seed: &[&str]) -> String {
     const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
     let mut hasher = Sha256::new();
     for part in seed {
@@ -362,6 +362,7 @@ mod tests {
                 },
             ],
             content_chunks: None,
+            thinking: None,
         }
     }
 
@@ -431,6 +432,7 @@ mod tests {
             content: Some("one two".into()),
             tool_calls: Vec::new(),
             content_chunks: None,
+            thinking: None,
         };
         let events = Answer::new(&completion, meta(1)).to_events(false);
         // role, "one", " two", finish, [DONE]

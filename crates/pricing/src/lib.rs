@@ -183,6 +183,67 @@ impl Preset {
     }
 }
 
+/// A model's list prices, in dollars per million tokens: what one call of the summarizer (or
+/// any model) costs next to the conversation's model, input and output alike.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ModelPrice {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
+/// List prices by model name prefix (the longest matching prefix wins; a vendor prefix such as
+/// `openai/` is ignored). Public price pages, 2025: OpenAI (gpt-4o, 4o-mini, 4.1 family, gpt-5
+/// family, o3, o4-mini), Anthropic (Claude Opus 4, Sonnet 4, Haiku 4.5 and 3.5), DeepSeek
+/// (V3.2, cache miss), Google (Gemini 2.5 Pro up to 200k and Flash).
+pub const MODEL_PRICES: [(&str, ModelPrice); 19] = [
+    ("gpt-4o", ModelPrice::new(2.50, 10.00)),
+    ("gpt-4o-mini", ModelPrice::new(0.15, 0.60)),
+    ("gpt-4.1", ModelPrice::new(2.00, 8.00)),
+    ("gpt-4.1-mini", ModelPrice::new(0.40, 1.60)),
+    ("gpt-4.1-nano", ModelPrice::new(0.10, 0.40)),
+    ("gpt-5", ModelPrice::new(1.25, 10.00)),
+    ("gpt-5-mini", ModelPrice::new(0.25, 2.00)),
+    ("gpt-5-nano", ModelPrice::new(0.05, 0.40)),
+    ("o3", ModelPrice::new(2.00, 8.00)),
+    ("o4-mini", ModelPrice::new(1.10, 4.40)),
+    ("claude-opus-4", ModelPrice::new(15.00, 75.00)),
+    ("claude-sonnet-4", ModelPrice::new(3.00, 15.00)),
+    ("claude-3-5-haiku", ModelPrice::new(0.80, 4.00)),
+    ("claude-haiku-4-5", ModelPrice::new(1.00, 5.00)),
+    ("deepseek-chat", ModelPrice::new(0.28, 0.42)),
+    ("deepseek-reasoner", ModelPrice::new(0.28, 0.42)),
+    ("gemini-2.5-pro", ModelPrice::new(1.25, 10.00)),
+    ("gemini-2.5-flash", ModelPrice::new(0.30, 2.50)),
+    ("gemini-2.5-flash-lite", ModelPrice::new(0.10, 0.40)),
+];
+
+impl ModelPrice {
+    pub const fn new(input_per_mtok: f64, output_per_mtok: f64) -> ModelPrice {
+        ModelPrice {
+            input_per_mtok,
+            output_per_mtok,
+        }
+    }
+
+    /// The list prices of `model` ([`MODEL_PRICES`]), when it is in the table.
+    pub fn of(model: &str) -> Option<ModelPrice> {
+        let m = model.rsplit('/').next().unwrap_or(model);
+        MODEL_PRICES
+            .iter()
+            .filter(|(prefix, _)| m.starts_with(prefix))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map(|&(_, p)| p)
+    }
+
+    /// What a call of this model with `input` and `output` tokens (its input billed in full)
+    /// costs in full-price input tokens of a model priced `unit`: the figures of the replay's
+    /// report.
+    pub fn in_units_of(&self, unit: &ModelPrice, input: usize, output: usize) -> f64 {
+        (input as f64 * self.input_per_mtok + output as f64 * self.output_per_mtok)
+            / unit.input_per_mtok
+    }
+}
+
 /// Fields of [`CachePricing`] an upstream's config sets over its preset.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CacheOverrides {
@@ -304,6 +365,31 @@ mod tests {
         assert_eq!(CachePricing::NONE.call_cost(2000, 1500), 2000.0);
         assert!((p.rebill_rate() - 1.15).abs() < 1e-12);
         assert_eq!(CachePricing::NONE.rebill_rate(), 0.0);
+    }
+
+    #[test]
+    fn model_prices_match_the_longest_prefix() {
+        assert_eq!(
+            ModelPrice::of("gpt-4o-mini-2024-07-18")
+                .unwrap()
+                .input_per_mtok,
+            0.15
+        );
+        assert_eq!(ModelPrice::of("gpt-4o").unwrap().output_per_mtok, 10.0);
+        assert_eq!(
+            ModelPrice::of("openai/gpt-5-nano").unwrap().input_per_mtok,
+            0.05
+        );
+        assert_eq!(
+            ModelPrice::of("claude-sonnet-4-5").unwrap().output_per_mtok,
+            15.0
+        );
+        assert!(ModelPrice::of("llama3.1:8b").is_none());
+        // A summarizer call on gpt-4o-mini of 10,000 tokens in and 500 out, in gpt-4o input
+        // tokens: (10,000 × 0.15 + 500 × 0.60) / 2.50 = 720.
+        let mini = ModelPrice::of("gpt-4o-mini").unwrap();
+        let big = ModelPrice::of("gpt-4o").unwrap();
+        assert!((mini.in_units_of(&big, 10_000, 500) - 720.0).abs() < 1e-9);
     }
 
     #[test]

@@ -5,9 +5,9 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use crate::{generate, write_dir, CorpusStats, TrafficConfig};
+use crate::{generate_shape, write_dir, CorpusStats, Shape, TrafficConfig};
 
-/// `context-proxy gen-traffic --out DIR [--seed N] [--sessions N] [--max-turns N]`
+/// `context-proxy gen-traffic --out DIR [--seed N] [--sessions N] [--max-turns N] [--shape S]`
 #[derive(clap::Args, Debug)]
 pub struct GenTrafficArgs {
     /// Directory to write `session-<id>.json` files and `index.json` into (created if missing).
@@ -25,6 +25,10 @@ pub struct GenTrafficArgs {
     /// Longest tool result in bytes.
     #[arg(long, default_value_t = TrafficConfig::default().max_result_bytes)]
     pub max_result_bytes: usize,
+    /// `mixed`: coding, research and support sessions taking turns; `support`: support-desk
+    /// sessions only (a long fixed policy prompt, 20 tool schemas, 5 to 30 short requests).
+    #[arg(long, value_enum, default_value_t = Shape::Mixed)]
+    pub shape: Shape,
 }
 
 impl GenTrafficArgs {
@@ -96,7 +100,7 @@ pub fn summary(stats: &CorpusStats, out: &std::path::Path, gen_ms: u128, write_m
 pub fn run(args: GenTrafficArgs) -> io::Result<()> {
     let cfg = args.config();
     let started = Instant::now();
-    let sessions = generate(&cfg);
+    let sessions = generate_shape(&cfg, args.shape);
     let generated = started.elapsed();
     let index = write_dir(&args.out, &cfg, &sessions)?;
     let written = started.elapsed() - generated;

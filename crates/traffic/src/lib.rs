@@ -125,6 +125,53 @@ pub fn generate_session(cfg: &TrafficConfig, index: usize) -> Session {
     }
 }
 
+/// Support-desk session number `index` of `cfg`'s seed: the shape where context management
+/// pays least — a long fixed policy prompt and 20 tool schemas pinned at the head of every
+/// request, then 5 to 30 requests of short turns (a sentence or two, small JSON tool
+/// results). `max_turns` and `max_result_bytes` do not apply.
+pub fn generate_support_session(cfg: &TrafficConfig, index: usize) -> Session {
+    // A stream of its own, so the mixed corpus of the same seed is unchanged.
+    let mut rng = Rng::derive(cfg.seed ^ SUPPORT_STREAM, index as u64);
+    let requests = rng.between(5, 30);
+    let model = rng.pick(support::MODELS).to_string();
+    let stream = rng.chance(70);
+    let mut t = Transcript::new(Echo::Minimal, cfg.max_result_bytes);
+    support::run_desk(&mut rng, &mut t, requests);
+    let (messages, request_ends) = t.finish();
+    Session {
+        id: format!("{index:03}-desk"),
+        kind: AgentKind::Support,
+        model,
+        tools: tools::desk(),
+        stream,
+        messages,
+        request_ends,
+    }
+}
+
+/// Separates the support desk's random streams from the mixed corpus's.
+const SUPPORT_STREAM: u64 = 0x5eed_de5c;
+
+/// Traffic shapes `gen-traffic` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Shape {
+    /// Coding, research and support sessions taking turns ([`generate`]).
+    #[default]
+    Mixed,
+    /// Support-desk sessions only ([`generate_support_session`]).
+    Support,
+}
+
+/// Every session of `shape` for `cfg`, in index order.
+pub fn generate_shape(cfg: &TrafficConfig, shape: Shape) -> Vec<Session> {
+    match shape {
+        Shape::Mixed => generate(cfg),
+        Shape::Support => (0..cfg.sessions)
+            .map(|i| generate_support_session(cfg, i))
+            .collect(),
+    }
+}
+
 /// Every session of the corpus `cfg` describes, in index order.
 pub fn generate(cfg: &TrafficConfig) -> Vec<Session> {
     (0..cfg.sessions)

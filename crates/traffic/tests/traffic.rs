@@ -183,3 +183,69 @@ fn write_then_load_gives_the_same_sessions() {
     assert_eq!(traffic::load_dir(&dir).unwrap(), sessions);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Support-desk sessions: the shape the issue of costs describes — a long fixed policy prompt
+/// and 10 to 20 tool schemas pinned at the head, then 5 to 30 requests of short turns with
+/// small JSON tool results; independent of the mixed corpus of the same seed.
+#[test]
+fn support_desk_sessions_have_the_promised_shape() {
+    use context_proxy_tokens::{CountSettings, Counter, Encoding};
+    let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+    let cfg = TrafficConfig {
+        sessions: 40,
+        ..TrafficConfig::default()
+    };
+    let sessions = traffic::generate_shape(&cfg, traffic::Shape::Support);
+    assert_eq!(sessions.len(), 40);
+    let system = &sessions[0].messages[0];
+    let policy = counter.count_message(system);
+    assert!(
+        (1_000..1_500).contains(&policy),
+        "policy of {policy} tokens"
+    );
+    let mut lengths = Vec::new();
+    for s in &sessions {
+        s.validate().unwrap();
+        assert_eq!(s.kind, AgentKind::Support);
+        // The same policy and tools in every session.
+        assert_eq!(&s.messages[0], system);
+        let tools = s.tools.as_array().unwrap();
+        assert!((10..=20).contains(&tools.len()), "{} tools", tools.len());
+        let schemas = counter
+            .count_request(
+                &serde_json::json!({"model": "gpt-4o", "messages": [], "tools": s.tools}),
+            )
+            .tools;
+        assert!(
+            (2_000..3_000).contains(&schemas),
+            "{schemas} tokens of schemas"
+        );
+        lengths.push(s.request_count());
+        for m in &s.messages[1..] {
+            let tokens = counter.count_message(m);
+            match m["role"].as_str().unwrap() {
+                "tool" => {
+                    assert!(tokens < 600, "a tool result of {tokens} tokens");
+                    let text = m["content"].as_str().unwrap();
+                    assert!(serde_json::from_str::<Value>(text).is_ok(), "{text}");
+                }
+                "user" | "assistant" => assert!(tokens < 200, "{m}"),
+                _ => {}
+            }
+        }
+    }
+    assert!(lengths.iter().all(|n| (5..=30).contains(n)), "{lengths:?}");
+    assert!(
+        lengths.iter().any(|&n| n < 10) && lengths.iter().any(|&n| n > 24),
+        "{lengths:?}"
+    );
+    // Deterministic, and the mixed corpus of the seed is untouched.
+    assert_eq!(
+        traffic::generate_shape(&cfg, traffic::Shape::Support),
+        sessions
+    );
+    assert_eq!(
+        traffic::generate_shape(&cfg, traffic::Shape::Mixed),
+        traffic::generate(&cfg)
+    );
+}

@@ -137,7 +137,7 @@ impl Adapter for Chat {
 
 /// Finding values in JSON bytes without building them: enough to locate a top-level member
 /// and the elements of an array. Anything that is not well-formed JSON gives `None`.
-mod scan {
+pub(crate) mod scan {
     use std::ops::Range;
 
     fn ws(raw: &[u8], mut i: usize) -> usize {

@@ -4,10 +4,11 @@
 //! changed: an item the engine leaves alone keeps its bytes.
 //!
 //! The engine holds each item's JSON (its payload) and asks the adapter to read and rebuild it;
-//! it never reads a field name itself. Chat completions ([`chat::Chat`]) is the first adapter;
-//! the Responses API and Anthropic Messages are the next (see `docs/conversation-model.md`).
+//! it never reads a field name itself. Chat completions ([`chat::Chat`]) is the first adapter,
+//! Anthropic Messages ([`messages::Messages`]) the second (see `docs/conversation-model.md`).
 
 pub mod chat;
+pub mod messages;
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -17,6 +18,7 @@ use serde_json::Value;
 use super::model::{Item, Kind};
 
 pub use chat::Chat;
+pub use messages::Messages;
 
 /// A wire format's view of a request's conversation.
 pub trait Adapter: Send + Sync {

@@ -18,8 +18,8 @@ use tracing::Instrument;
 use super::tool_loop::{assistant_message, Round};
 use crate::upstream::{BodyError, Incoming};
 use crate::wire::error::openai_error;
-use crate::wire::sse::data_event;
-use crate::wire::{ChatAccumulator, Filtered, SseReader, ToolCallFilter, Usage};
+use crate::wire::sse::{data_event, Event};
+use crate::wire::{ChatAccumulator, Filtered, SseReader, ToolCallDelta, ToolCallFilter, Usage};
 
 /// Events buffered between the loop and the client's connection.
 const CHANNEL_EVENTS: usize = 64;
@@ -101,21 +101,12 @@ enum RoundEnd {
 }
 
 async fn run(mut round: Round, first: Incoming, out: &mut Out) {
-    let mut header = Header::default();
-    let mut usage: Option<Usage> = None;
-    let mut usage_chunk: Option<Value> = None;
+    let mut across = Across::default();
     let mut answer = first;
     loop {
-        let end = relay_round(
-            &round,
-            answer,
-            out,
-            &mut header,
-            &mut usage,
-            &mut usage_chunk,
-        )
-        .await;
-        let RoundEnd::Continue(assistant, calls) = end else {
+        let RoundEnd::Continue(assistant, calls) =
+            relay_round(&round, answer, out, &mut across).await
+        else {
             return;
         };
         let results = tokio::select! {
@@ -154,17 +145,26 @@ async fn run(mut round: Round, first: Incoming, out: &mut Out) {
                 return;
             }
             Err(e) => {
-                let error = openai_error(
-                    &e.to_string(),
-                    "upstream_error",
-                    None,
-                    Some("upstream_unreachable"),
-                );
-                out.send(data_event(&error)).await;
+                out.send(stream_error(&e.to_string(), "upstream_unreachable"))
+                    .await;
                 return;
             }
         };
     }
+}
+
+/// What carries over from round to round: the first round's identity fields, and the usage
+/// summed so far with the usage-only chunk that will carry it at the very end.
+#[derive(Default)]
+struct Across {
+    header: Header,
+    usage: Option<Usage>,
+    usage_chunk: Option<Value>,
+}
+
+/// An error event in the OpenAI shape, as the last event the client gets.
+fn stream_error(message: &str, code: &str) -> Bytes {
+    data_event(&openai_error(message, "upstream_error", None, Some(code)))
 }
 
 /// Relays one upstream stream to the client, hiding the proxy's calls.
@@ -172,23 +172,10 @@ async fn relay_round(
     round: &Round,
     answer: Incoming,
     out: &mut Out,
-    header: &mut Header,
-    usage: &mut Option<Usage>,
-    usage_chunk: &mut Option<Value>,
+    across: &mut Across,
 ) -> RoundEnd {
-    let later_round = round.stats.rounds.load(Ordering::Relaxed) > 0;
-    // After the last round the proxy's tools are gone: a call of them is hidden, never run.
-    let withdrawn = round.tools_withdrawn();
+    let mut relay = Relay::new(round);
     let mut reader = SseReader::default();
-    let mut acc = ChatAccumulator::new();
-    let mut filter = ToolCallFilter::new();
-    let mut proxy_calls = false;
-    let mut client_calls = false;
-    // Set once the round is known to go on: from then on nothing of it reaches the client.
-    let mut continuing = false;
-    let mut saw_done = false;
-    // A finish reason was seen: the answer is whole.
-    let mut finished = false;
     let mut chunks = std::pin::pin!(answer.into_stream());
     loop {
         let next = tokio::select! {
@@ -200,13 +187,8 @@ async fn relay_round(
             Some(Ok(bytes)) => bytes,
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "upstream stream ended early during the tool loop");
-                let error = openai_error(
-                    &e.to_string(),
-                    "upstream_error",
-                    None,
-                    Some("upstream_stream_error"),
-                );
-                out.send(data_event(&error)).await;
+                out.send(stream_error(&e.to_string(), "upstream_stream_error"))
+                    .await;
                 return RoundEnd::Stop;
             }
         };
@@ -217,156 +199,228 @@ async fn relay_round(
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "unreadable upstream stream during the tool loop");
-                    let error = openai_error(
-                        &format!(
-                            "upstream {} sent an unreadable stream: {e}",
-                            round.upstream.name
-                        ),
-                        "upstream_error",
-                        None,
-                        Some("upstream_stream_error"),
+                    let message = format!(
+                        "upstream {} sent an unreadable stream: {e}",
+                        round.upstream.name
                     );
-                    out.send(data_event(&error)).await;
+                    out.send(stream_error(&message, "upstream_stream_error"))
+                        .await;
                     return RoundEnd::Stop;
                 }
             };
-            if event.is_done() {
-                saw_done = true;
-                continue;
-            }
-            let Some(data) = event.data.as_deref() else {
-                // A comment or keep-alive.
-                if !continuing && !out.send(event.raw.clone()).await {
-                    return RoundEnd::Stop;
-                }
-                continue;
+            let (bytes, go_on) = match relay.event(&event, across) {
+                Step::Skip => continue,
+                Step::Send(bytes) => (bytes, true),
+                Step::Last(bytes) => (bytes, false),
             };
-            let Ok(mut chunk) = serde_json::from_str::<Value>(data) else {
-                if !out.send(event.raw.clone()).await {
-                    return RoundEnd::Stop;
-                }
-                continue;
-            };
-            if chunk.get("error").is_some_and(|e| !e.is_null()) {
-                out.send(event.raw.clone()).await;
-                return RoundEnd::Stop;
-            }
-            let mut usage_stripped = false;
-            let mut finish_rewritten = false;
-            let deltas = acc.push(&chunk).unwrap_or_default();
-            for d in deltas.iter().filter(|d| d.new || d.named) {
-                if let Some(call) = acc.tool_call(d.choice, d.call) {
-                    if round.reload.names.tool(&call.name).is_some() {
-                        proxy_calls = true;
-                    } else if !call.name.is_empty() {
-                        client_calls = true;
-                    }
-                }
-            }
-            header.learn(&chunk);
-            // The usage chunk waits for the end, summed over the rounds.
-            let usage_only = chunk
-                .get("choices")
-                .and_then(Value::as_array)
-                .is_some_and(Vec::is_empty)
-                && chunk.get("usage").is_some_and(|u| !u.is_null());
-            if let Some(u) = chunk.get("usage").and_then(Usage::from_json) {
-                match usage {
-                    Some(sum) => sum.add(&u),
-                    None => *usage = Some(u),
-                }
-                if usage_only {
-                    *usage_chunk = Some(chunk);
-                    continue;
-                }
-                // Usage on a chunk with choices: kept for the sum, sent once at the end.
-                if let Value::Object(map) = &mut chunk {
-                    map.insert("usage".into(), Value::Null);
-                }
-                usage_stripped = true;
-            }
-            let finishing = chunk
-                .get("choices")
-                .and_then(Value::as_array)
-                .is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null()))
-                });
-            finished |= finishing;
-            if finishing && proxy_calls && !client_calls {
-                if withdrawn {
-                    if !finish_without_calls(&acc, &mut chunk) {
-                        let rounds = round.stats.rounds.load(Ordering::Relaxed) as usize;
-                        tracing::warn!(rounds, "the model called the proxy's tools after they were withdrawn: not run, and nothing else was answered");
-                        let error = crate::http::error::ProxyError::ToolLoopExhausted { rounds };
-                        out.send(data_event(&error.to_json())).await;
-                        return RoundEnd::Stop;
-                    }
-                    tracing::warn!(
-                        "the model called the proxy's tools after they were withdrawn: not run"
-                    );
-                    finish_rewritten = true;
-                } else {
-                    continuing = true;
-                }
-            }
-            if continuing {
-                continue;
-            }
-            let filtered = filter.apply(&mut chunk, &deltas, |d| {
-                acc.tool_call(d.choice, d.call)
-                    .is_some_and(|c| round.reload.names.tool(&c.name).is_some())
-            });
-            let renamed = later_round && header.apply(&mut chunk);
-            let bytes = match filtered {
-                Filtered::Emptied => continue,
-                Filtered::Unchanged if !renamed && !usage_stripped && !finish_rewritten => {
-                    event.raw.clone()
-                }
-                _ => data_event(&chunk),
-            };
-            if !out.send(bytes).await {
+            if !out.send(bytes).await || !go_on {
                 return RoundEnd::Stop;
             }
         }
     }
-    if proxy_calls && !finished {
-        // The upstream ended its stream in the middle of the proxy's own call, which the
-        // client never saw: without a word it would get an empty answer.
-        tracing::warn!("upstream stream ended during a call of the proxy's tools");
-        let error = openai_error(&format!("upstream {} ended its stream in the middle of an answer (during the proxy's context tool call); retry", round.upstream.name), "upstream_error", None, Some("upstream_stream_error"));
-        out.send(data_event(&error)).await;
-        return RoundEnd::Stop;
+    relay.end(out, across).await
+}
+
+/// What one upstream event asks of the relay.
+enum Step {
+    /// Nothing goes to the client.
+    Skip,
+    /// These bytes go to the client; the round goes on.
+    Send(Bytes),
+    /// These bytes go to the client, and they are the last.
+    Last(Bytes),
+}
+
+/// One round's relay: the answer assembled as it streams past, and what is known of its calls.
+struct Relay<'r> {
+    round: &'r Round,
+    /// A round after the first: its chunks take the first round's identity fields.
+    later_round: bool,
+    /// After the last round the proxy's tools are gone: a call of them is hidden, never run.
+    withdrawn: bool,
+    acc: ChatAccumulator,
+    filter: ToolCallFilter,
+    proxy_calls: bool,
+    client_calls: bool,
+    /// Set once the round is known to go on: from then on nothing of it reaches the client.
+    continuing: bool,
+    saw_done: bool,
+    /// A finish reason was seen: the answer is whole.
+    finished: bool,
+}
+
+impl<'r> Relay<'r> {
+    fn new(round: &'r Round) -> Self {
+        Relay {
+            round,
+            later_round: round.stats.rounds.load(Ordering::Relaxed) > 0,
+            withdrawn: round.tools_withdrawn(),
+            acc: ChatAccumulator::new(),
+            filter: ToolCallFilter::new(),
+            proxy_calls: false,
+            client_calls: false,
+            continuing: false,
+            saw_done: false,
+            finished: false,
+        }
     }
-    if continuing {
-        let completion = acc.completion();
-        let Some(choice) = completion.choices.first() else {
-            return RoundEnd::Stop;
+
+    /// One event of the upstream's stream: what the client gets of it.
+    fn event(&mut self, event: &Event, across: &mut Across) -> Step {
+        if event.is_done() {
+            self.saw_done = true;
+            return Step::Skip;
+        }
+        let Some(data) = event.data.as_deref() else {
+            // A comment or keep-alive.
+            return if self.continuing {
+                Step::Skip
+            } else {
+                Step::Send(event.raw.clone())
+            };
         };
-        let assistant = assistant_message(choice.content.as_deref(), &choice.tool_calls);
-        return RoundEnd::Continue(assistant, choice.tool_calls.clone());
-    }
-    if proxy_calls && client_calls && !withdrawn {
-        // Mixed: the client got its own calls; the proxy answers its own and keeps them.
-        let completion = acc.completion();
-        if let Some(choice) = completion.choices.first() {
-            let results = round.run_calls(&choice.tool_calls).await;
-            let message = assistant_message(choice.content.as_deref(), &choice.tool_calls);
-            round.hide(&message, results).await;
+        let Ok(mut chunk) = serde_json::from_str::<Value>(data) else {
+            return Step::Send(event.raw.clone());
+        };
+        if chunk.get("error").is_some_and(|e| !e.is_null()) {
+            return Step::Last(event.raw.clone());
+        }
+        let deltas = self.acc.push(&chunk).unwrap_or_default();
+        self.note_calls(&deltas);
+        across.header.learn(&chunk);
+        let Some(usage_stripped) = take_usage(&mut chunk, across) else {
+            return Step::Skip;
+        };
+        let finish_rewritten = match self.finish(&mut chunk) {
+            Ok(rewritten) => rewritten,
+            Err(error) => return Step::Last(error),
+        };
+        if self.continuing {
+            return Step::Skip;
+        }
+        let (acc, names) = (&self.acc, &self.round.reload.names);
+        let filtered = self.filter.apply(&mut chunk, &deltas, |d| {
+            acc.tool_call(d.choice, d.call)
+                .is_some_and(|c| names.tool(&c.name).is_some())
+        });
+        let renamed = self.later_round && across.header.apply(&mut chunk);
+        match filtered {
+            Filtered::Emptied => Step::Skip,
+            Filtered::Unchanged if !renamed && !usage_stripped && !finish_rewritten => {
+                Step::Send(event.raw.clone())
+            }
+            _ => Step::Send(data_event(&chunk)),
         }
     }
-    // The end of the answer: the usage summed over every round, then [DONE].
-    if let (Some(mut chunk), Some(sum)) = (usage_chunk.take(), usage.as_ref()) {
-        sum.write_into(&mut chunk);
-        header.apply(&mut chunk);
-        if !out.send(data_event(&chunk)).await {
+
+    /// Notes whose calls the new or newly named calls of `deltas` are.
+    fn note_calls(&mut self, deltas: &[ToolCallDelta]) {
+        for d in deltas.iter().filter(|d| d.new || d.named) {
+            if let Some(call) = self.acc.tool_call(d.choice, d.call) {
+                if self.round.reload.names.tool(&call.name).is_some() {
+                    self.proxy_calls = true;
+                } else if !call.name.is_empty() {
+                    self.client_calls = true;
+                }
+            }
+        }
+    }
+
+    /// A chunk with a finish reason, when the round called only the proxy's tools: the round
+    /// goes on, or, with the tools withdrawn, the finish reason becomes `stop` (`Ok(true)`) or,
+    /// when nothing at all reached the client, the round ends with an error event (`Err`).
+    fn finish(&mut self, chunk: &mut Value) -> Result<bool, Bytes> {
+        let finishing = chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null()))
+            });
+        self.finished |= finishing;
+        if !(finishing && self.proxy_calls && !self.client_calls) {
+            return Ok(false);
+        }
+        if !self.withdrawn {
+            self.continuing = true;
+            return Ok(false);
+        }
+        if !finish_without_calls(&self.acc, chunk) {
+            let rounds = self.round.stats.rounds.load(Ordering::Relaxed) as usize;
+            tracing::warn!(rounds, "the model called the proxy's tools after they were withdrawn: not run, and nothing else was answered");
+            let error = crate::http::error::ProxyError::ToolLoopExhausted { rounds };
+            return Err(data_event(&error.to_json()));
+        }
+        tracing::warn!("the model called the proxy's tools after they were withdrawn: not run");
+        Ok(true)
+    }
+
+    /// The upstream's stream has ended: go on with the proxy's calls, or end the answer (the
+    /// proxy's calls of a mixed answer kept hidden, the usage summed over every round, then
+    /// `[DONE]`).
+    async fn end(self, out: &mut Out, across: &mut Across) -> RoundEnd {
+        if self.proxy_calls && !self.finished {
+            // The upstream ended its stream in the middle of the proxy's own call, which the
+            // client never saw: without a word it would get an empty answer.
+            tracing::warn!("upstream stream ended during a call of the proxy's tools");
+            let message = format!("upstream {} ended its stream in the middle of an answer (during the proxy's context tool call); retry", self.round.upstream.name);
+            out.send(stream_error(&message, "upstream_stream_error"))
+                .await;
             return RoundEnd::Stop;
         }
+        if self.continuing {
+            let completion = self.acc.completion();
+            let Some(choice) = completion.choices.first() else {
+                return RoundEnd::Stop;
+            };
+            let assistant = assistant_message(choice.content.as_deref(), &choice.tool_calls);
+            return RoundEnd::Continue(assistant, choice.tool_calls.clone());
+        }
+        if self.proxy_calls && self.client_calls && !self.withdrawn {
+            // Mixed: the client got its own calls; the proxy answers its own and keeps them.
+            let completion = self.acc.completion();
+            if let Some(choice) = completion.choices.first() {
+                let results = self.round.run_calls(&choice.tool_calls).await;
+                let message = assistant_message(choice.content.as_deref(), &choice.tool_calls);
+                self.round.hide(&message, results).await;
+            }
+        }
+        if let (Some(mut chunk), Some(sum)) = (across.usage_chunk.take(), across.usage.as_ref()) {
+            sum.write_into(&mut chunk);
+            across.header.apply(&mut chunk);
+            if !out.send(data_event(&chunk)).await {
+                return RoundEnd::Stop;
+            }
+        }
+        if self.saw_done {
+            out.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        }
+        RoundEnd::Stop
     }
-    if saw_done {
-        out.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+}
+
+/// Adds a chunk's usage to the sum: the usage chunk waits for the end (`None`: send nothing
+/// now); usage on a chunk with choices is kept for the sum and nulled on it (`Some(true)`).
+fn take_usage(chunk: &mut Value, across: &mut Across) -> Option<bool> {
+    let Some(u) = chunk.get("usage").and_then(Usage::from_json) else {
+        return Some(false);
+    };
+    match &mut across.usage {
+        Some(sum) => sum.add(&u),
+        None => across.usage = Some(u),
     }
-    RoundEnd::Stop
+    let usage_only = chunk
+        .get("choices")
+        .and_then(Value::as_array)
+        .is_some_and(Vec::is_empty);
+    if usage_only {
+        across.usage_chunk = Some(chunk.take());
+        return None;
+    }
+    if let Value::Object(map) = chunk {
+        map.insert("usage".into(), Value::Null);
+    }
+    Some(true)
 }
 
 /// The finish chunk of an answer whose only calls were the proxy's withdrawn tools, which the

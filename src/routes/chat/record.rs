@@ -39,6 +39,9 @@ pub fn record(
     if managed.fail_open {
         add(&metrics.context_fail_open, 1);
     }
+    if managed.report.warn_unpaid {
+        add(&metrics.budget_unpaid_conversations, 1);
+    }
     match managed.report.skipped {
         Some(Skipped::Malformed(_)) => {
             add(&metrics.context_malformed, 1);

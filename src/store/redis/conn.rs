@@ -80,11 +80,8 @@ impl Connector {
     /// Checks the addresses; connects nothing yet.
     pub(super) fn new(cfg: &StoreConfig) -> Result<Connector, StoreError> {
         let target = if cfg.redis_cluster_nodes.is_empty() {
-            let client =
-                redis::Client::open(cfg.redis_url.as_str()).map_err(|e| StoreError::Config {
-                    key: "redis_url",
-                    message: e.to_string(),
-                })?;
+            let client = redis::Client::open(cfg.redis_url.as_str())
+                .map_err(|e| StoreError::Config(format!("store.redis_url {e}")))?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(cfg.redis_connect_timeout())
                 .set_response_timeout(cfg.redis_response_timeout())
@@ -98,10 +95,7 @@ impl Connector {
                 .min_retry_wait(CLUSTER_RETRY_MIN_WAIT_MS)
                 .max_retry_wait(CLUSTER_RETRY_MAX_WAIT_MS)
                 .build()
-                .map_err(|e| StoreError::Config {
-                    key: "redis_cluster_nodes",
-                    message: e.to_string(),
-                })?;
+                .map_err(|e| StoreError::Config(format!("store.redis_cluster_nodes {e}")))?;
             Target::Cluster(client)
         };
         Ok(Connector {

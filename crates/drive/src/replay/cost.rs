@@ -11,7 +11,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use context_proxy_pricing::{CachePricing, PRESETS};
+use context_proxy_pricing::{CachePricing, ModelPrice, PRESETS};
 use context_proxy_tokens::Counter;
 
 /// One row of the report: a name and its caching terms.
@@ -29,9 +29,66 @@ pub fn providers() -> Vec<Pricing> {
         .collect()
 }
 
+/// Why the proxy made an upstream call for a client request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallKind {
+    /// The request as forwarded (one per client request; going direct, every call).
+    Forwarded,
+    /// A round of the proxy's own tools: the conversation again, with the proxy's call of
+    /// `context_read` / `context_search` and its result at the end.
+    Reload,
+    /// The same client request sent again, smaller, after "context too long".
+    Retry,
+    /// A summary of a moved-out span, by the summarizer model.
+    Summarizer,
+}
+
+impl CallKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Forwarded => "forwarded",
+            CallKind::Reload => "reload",
+            CallKind::Retry => "retry",
+            CallKind::Summarizer => "summarizer",
+        }
+    }
+}
+
+/// The proxy's own tools, by the prefix of their names (a client tool of the same name makes
+/// the proxy's take a longer one).
+const PROXY_TOOLS: [&str; 2] = ["context_read", "context_search"];
+
+/// What kind of call `body` is, after `previous` (the session's call before it).
+fn kind_of(body: &Value, previous: Option<&Value>) -> CallKind {
+    let messages = body.get("messages").and_then(Value::as_array);
+    let last = messages.and_then(|m| m.last());
+    if let (Some(messages), Some(last)) = (messages, last) {
+        if last["role"] == "tool" {
+            let id = &last["tool_call_id"];
+            let called = messages.iter().rev().find_map(|m| {
+                m["tool_calls"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| &c["id"] == id)
+                    .and_then(|c| c["function"]["name"].as_str())
+            });
+            if called.is_some_and(|name| PROXY_TOOLS.iter().any(|t| name.starts_with(t))) {
+                return CallKind::Reload;
+            }
+        }
+    }
+    let last_of = |b: &Value| b.get("messages")?.as_array()?.last().cloned();
+    match previous {
+        Some(p) if last.is_some() && last_of(p).as_ref() == last => CallKind::Retry,
+        _ => CallKind::Forwarded,
+    }
+}
+
 /// One upstream call, counted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {
+    pub kind: CallKind,
     /// Input tokens of the call.
     pub tokens: usize,
     /// Tokens of the prefix it shares with the previous call of its session.
@@ -73,6 +130,7 @@ pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
             _ => (0, false),
         };
         calls.push(Call {
+            kind: kind_of(body, previous.as_ref().map(|(p, _)| *p)),
             tokens: count.total,
             shared_prefix_tokens: shared.min(count.total),
             extends_previous: extends,
@@ -81,6 +139,65 @@ pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
         previous = Some((body, messages));
     }
     calls
+}
+
+/// The summarizer's calls of a run: they answer no client request of their own, are billed at
+/// the summarizer model's prices, input and output, and are never cached (each reads a new
+/// span).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SummarizerCalls {
+    pub calls: usize,
+    pub input_tokens: usize,
+    /// Completion tokens, as the proxy counted them (`/metrics`); `None` when unknown.
+    pub output_tokens: Option<usize>,
+    /// Their cost in full-price input tokens of the conversations' model: each call at the
+    /// summarizer model's list prices ([`ModelPrice`]), output included; a model missing from
+    /// the table is priced as the conversations' model, its output at 4× its input.
+    pub cost: f64,
+}
+
+/// Output price over input price assumed for a model the price table does not know.
+const UNKNOWN_OUTPUT_RATIO: f64 = 4.0;
+
+impl SummarizerCalls {
+    /// The calls `bodies` (summarizer requests), with `output_tokens` in all, in units of
+    /// `unit_model`'s full input price.
+    pub fn price(
+        counter: &Counter,
+        bodies: &[Value],
+        output_tokens: Option<usize>,
+        unit_model: &str,
+    ) -> SummarizerCalls {
+        let inputs: Vec<usize> = bodies
+            .iter()
+            .map(|b| counter.count_request(b).total)
+            .collect();
+        let input_tokens: usize = inputs.iter().sum();
+        // Output shared out over the calls by their input (the proxy counts it in all).
+        let output = output_tokens.unwrap_or(0) as f64;
+        let fallback = ModelPrice::new(1.0, UNKNOWN_OUTPUT_RATIO);
+        let unit = ModelPrice::of(unit_model).unwrap_or(fallback);
+        let cost = bodies
+            .iter()
+            .zip(&inputs)
+            .map(|(body, &input)| {
+                let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+                let price = ModelPrice::of(model).unwrap_or(unit);
+                let share = if input_tokens > 0 {
+                    output * input as f64 / input_tokens as f64
+                } else {
+                    0.0
+                };
+                price.in_units_of(&unit, input, share.round() as usize)
+            })
+            .sum();
+        SummarizerCalls {
+            calls: bodies.len(),
+            input_tokens,
+            output_tokens,
+            cost,
+        }
+    }
 }
 
 /// Input cost of `calls` under `pricing`, in full-price tokens.

@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use context_proxy_pricing::CachePricing;
 use context_proxy_tokens::{CountSettings, Counter, Encoding};
-use cost::Pricing;
+use cost::{Pricing, SummarizerCalls};
 use report::{report, Report, Side};
 use send::{drive, DriveOptions};
 use source::Session;
@@ -173,13 +173,21 @@ pub fn take_sessions(sessions: Vec<Session>, count: Option<usize>) -> Vec<Sessio
         .collect()
 }
 
-/// The bodies the mock received, per session id (the `x-context-session` header without the
-/// run's prefix), in order.
+/// What the mock received in a run: the chat bodies per session id (the replay's session
+/// header without the run's prefix), in order, and the chat calls no client request carried
+/// (the proxy's own: its summarizer's).
+#[derive(Debug, Default)]
+pub struct Received {
+    pub by_session: HashMap<String, Vec<Value>>,
+    pub unattributed: Vec<Value>,
+}
+
+/// The bodies the mock received since its last reset ([`Received`]).
 pub async fn mock_received(
     client: &reqwest::Client,
     mock: &str,
     run_id: &str,
-) -> Result<HashMap<String, Vec<Value>>, ReplayError> {
+) -> Result<Received, ReplayError> {
     let url = format!("{}/_mock/received", mock.trim_end_matches('/'));
     let response = client
         .get(&url)
@@ -191,25 +199,48 @@ pub async fn mock_received(
         .json()
         .await
         .map_err(|e| ReplayError::Mock(e.to_string()))?;
-    let mut by_session: HashMap<String, Vec<Value>> = HashMap::new();
+    let mut received = Received::default();
     for r in list.as_array().into_iter().flatten() {
         if r["path"] != "/v1/chat/completions" {
             continue;
         }
-        let Some(session) = r["headers"][send::REPLAY_SESSION_HEADER]
+        let body = r["body"]
             .as_str()
-            .and_then(|s| s.strip_prefix(run_id))
-        else {
-            continue;
-        };
-        by_session.entry(session.to_string()).or_default().push(
-            r["body"]
-                .as_str()
-                .and_then(|b| serde_json::from_str(b).ok())
-                .unwrap_or(Value::Null),
-        );
+            .and_then(|b| serde_json::from_str(b).ok())
+            .unwrap_or(Value::Null);
+        match r["headers"][send::REPLAY_SESSION_HEADER].as_str() {
+            Some(header) => {
+                if let Some(session) = header.strip_prefix(run_id) {
+                    received
+                        .by_session
+                        .entry(session.to_string())
+                        .or_default()
+                        .push(body);
+                }
+            }
+            None => received.unattributed.push(body),
+        }
     }
-    Ok(by_session)
+    Ok(received)
+}
+
+/// The summarizer's completion tokens the proxy counted (`/metrics`), or `None` when its
+/// metrics cannot be read.
+async fn summary_tokens_out(client: &reqwest::Client, target: &str) -> Option<usize> {
+    let base = target.trim_end_matches('/');
+    let root = base.strip_suffix("/v1").unwrap_or(base);
+    let text = client
+        .get(format!("{root}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix("context_proxy_summary_tokens_out_total "))?;
+    value.trim().parse::<f64>().ok().map(|v| v as usize)
 }
 
 /// Refuses a mock log that dropped older requests: figures from part of the traffic would look
@@ -358,6 +389,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
     if let Some(mock) = &mock {
         reset_mock(&client, mock).await?;
     }
+    let summary_out_before = summary_tokens_out(&client, &target).await;
     let started = Instant::now();
     let outcomes = drive(
         &client,
@@ -384,9 +416,22 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
             let mut received = mock_received(&client, mock, &run_id).await?;
             let bodies: Vec<Vec<Value>> = sessions
                 .iter()
-                .map(|s| received.remove(&s.id).unwrap_or_default())
+                .map(|s| received.by_session.remove(&s.id).unwrap_or_default())
                 .collect();
-            Some(Side::measure(&counter, &bodies, &providers, &headline))
+            let output = match (
+                summary_out_before,
+                summary_tokens_out(&client, &target).await,
+            ) {
+                (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+                _ => None,
+            };
+            // Costs are in full-price input tokens of the traffic's model (its first
+            // session's, when sessions differ).
+            let model = sessions.iter().find_map(|s| s.model()).unwrap_or_default();
+            let summarizer =
+                SummarizerCalls::price(&counter, &received.unattributed, output, &model);
+            let side = Side::measure(&counter, &bodies, &providers, &headline);
+            Some(side.with_summarizer(&summarizer))
         }
         None => None,
     };
@@ -481,10 +526,8 @@ mod tests {
             .unwrap();
         assert_eq!(response.headers()[context_proxy_mock::DROPPED_HEADER], "0");
         assert!(whole_log(response.headers()).is_ok());
-        assert!(mock_received(&client, root, "run")
-            .await
-            .unwrap()
-            .is_empty());
+        let received = mock_received(&client, root, "run").await.unwrap();
+        assert!(received.by_session.is_empty() && received.unattributed.is_empty());
         let mut dropped = http::HeaderMap::new();
         dropped.insert(
             context_proxy_mock::DROPPED_HEADER,

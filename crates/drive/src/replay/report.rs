@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::cost::{count_session, effective_cost, Call, Pricing};
+use super::cost::{count_session, effective_cost, Call, CallKind, Pricing, SummarizerCalls};
 use super::send::Outcome;
 #[cfg(test)]
 use context_proxy_pricing::CachePricing;
@@ -64,6 +64,19 @@ pub struct Side {
     pub per_turn: Vec<TurnPoint>,
     /// The same figures for each session, in the order of the traffic.
     pub per_session: Vec<SessionSide>,
+    /// Calls, tokens and cost by why they were made (`forwarded`, `reload`, `retry`,
+    /// `summarizer`): every upstream call is on the bill.
+    pub by_kind: BTreeMap<String, KindBill>,
+}
+
+/// The upstream calls of one kind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct KindBill {
+    pub calls: usize,
+    pub input_tokens: usize,
+    /// Effective cost per provider, in full-price input tokens (summaries: at the summarizer
+    /// model's prices, output included, the same under every provider's caching).
+    pub cost: BTreeMap<String, f64>,
 }
 
 /// What the upstream received for one session.
@@ -149,6 +162,16 @@ impl Side {
                 *cost.entry(name.clone()).or_default() += c;
             }
         }
+        let mut by_kind: BTreeMap<String, KindBill> = BTreeMap::new();
+        for call in &flat {
+            let bill = by_kind.entry(call.kind.as_str().to_string()).or_default();
+            bill.calls += 1;
+            bill.input_tokens += call.tokens;
+            for p in providers {
+                let one = effective_cost(std::slice::from_ref(*call), &p.terms);
+                *bill.cost.entry(p.name.to_string()).or_default() += one;
+            }
+        }
         Side {
             upstream_calls: flat.len(),
             input_tokens,
@@ -157,7 +180,28 @@ impl Side {
             cost,
             per_turn,
             per_session,
+            by_kind,
         }
+    }
+
+    /// Adds the summarizer's calls to the bill: to the calls and to every provider's cost (they
+    /// belong to no one session, so the per-session figures leave them out).
+    pub fn with_summarizer(mut self, summarizer: &SummarizerCalls) -> Side {
+        if summarizer.calls == 0 {
+            return self;
+        }
+        self.upstream_calls += summarizer.calls;
+        let bill = self
+            .by_kind
+            .entry(CallKind::Summarizer.as_str().to_string())
+            .or_default();
+        bill.calls += summarizer.calls;
+        bill.input_tokens += summarizer.input_tokens;
+        for (name, cost) in &mut self.cost {
+            *cost += summarizer.cost;
+            *bill.cost.entry(name.clone()).or_default() += summarizer.cost;
+        }
+        self
     }
 }
 
@@ -376,9 +420,35 @@ impl Report {
             );
         }
         if let Some(w) = w {
+            self.kind_table(&mut out, w);
             self.session_table(&mut out, w);
         }
         out
+    }
+
+    /// With the proxy: what each kind of upstream call cost, under each provider's prices
+    /// (full-price input tokens), and its share of the bill.
+    fn kind_table(&self, out: &mut String, with: &Side) {
+        let names: Vec<&String> = with.cost.keys().collect();
+        let _ = write!(
+            out,
+            "\n{:<24}{:>8}{:>12}",
+            "calls via proxy (cost)", "calls", "tokens"
+        );
+        for name in &names {
+            let _ = write!(out, "{name:>14}");
+        }
+        out.push('\n');
+        for (kind, bill) in &with.by_kind {
+            let _ = write!(out, "{kind:<24}{:>8}{:>12}", bill.calls, bill.input_tokens);
+            for name in &names {
+                let cost = bill.cost.get(*name).copied().unwrap_or(0.0);
+                let total = with.cost.get(*name).copied().unwrap_or(0.0);
+                let share = if total > 0.0 { cost / total * 1e2 } else { 0.0 };
+                let _ = write!(out, "{:>14}", format!("{cost:.0} ({share:.0}%)"));
+            }
+            out.push('\n');
+        }
     }
 
     /// Per session: tokens and cached share with the proxy, and its effective cost relative to
@@ -423,6 +493,7 @@ mod tests {
 
     fn call(tokens: usize, shared: usize, extends: bool, has_previous: bool) -> Call {
         Call {
+            kind: CallKind::Forwarded,
             tokens,
             shared_prefix_tokens: shared,
             extends_previous: extends,
@@ -512,6 +583,96 @@ mod tests {
         assert!(table.contains("cost openai"));
         assert!(table.contains("s1"), "{table}");
         assert!(table.contains("1.00×"), "{table}");
+    }
+
+    /// A hand-computed trace of a session through the proxy with a reload round, an overflow
+    /// retry and two summarizer calls: each call's kind, each kind's cost, and the bill with
+    /// every call on it.
+    #[test]
+    fn every_call_is_on_the_bill_as_computed_by_hand() {
+        use context_proxy_tokens::{CountSettings, Encoding};
+        use serde_json::json;
+        let c = Counter::new(Encoding::O200kBase, CountSettings::default());
+        let task = json!({"role": "user", "content": "Fix the failing test in the parser."});
+        let read = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "r1", "type": "function", "function": {"name": "context_read", "arguments": "{\"ref\":\"ctx_1\"}"}}]});
+        let text =
+            json!({"role": "tool", "tool_call_id": "r1", "content": "fn parse() { todo!() }"});
+        let answer =
+            json!({"role": "assistant", "content": "Done: the parser handles empty input."});
+        let next = json!({"role": "user", "content": "Now run the whole suite."});
+        let marker =
+            json!({"role": "user", "content": "[context-proxy: 2 earlier messages moved out]"});
+        let body = |ms: Vec<&Value>| json!({"model": "gpt-4o", "messages": ms});
+        let bodies = vec![
+            body(vec![&task]),                               // forwarded
+            body(vec![&task, &read, &text]),                 // the proxy's reload round
+            body(vec![&task, &read, &text, &answer, &next]), // forwarded
+            body(vec![&marker, &next]),                      // retried smaller after "too long"
+        ];
+        let calls = count_session(&c, &bodies);
+        let kinds: Vec<CallKind> = calls.iter().map(|c| c.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                CallKind::Forwarded,
+                CallKind::Reload,
+                CallKind::Forwarded,
+                CallKind::Retry
+            ]
+        );
+        let t: Vec<usize> = bodies.iter().map(|b| c.count_request(b).total).collect();
+        let m = |v: &Value| c.count_message(v);
+        // Shared prefixes: the reload round and the next request extend the call before them;
+        // the retry shares nothing.
+        let shared = [0, m(&task), m(&task) + m(&read) + m(&text), 0];
+        for (call, s) in calls.iter().zip(shared) {
+            assert_eq!(call.shared_prefix_tokens, s);
+        }
+        let half = Pricing {
+            name: "half",
+            terms: CachePricing {
+                cached_read_rate: 0.5,
+                cache_write_premium: 0.0,
+                min_cacheable_prefix: 0,
+                cache_ttl_secs: 300,
+            },
+        };
+        let by_hand = |i: usize| t[i] as f64 - 0.5 * shared[i] as f64;
+        // Two summaries by gpt-4o-mini, 1,000 and 3,000 tokens in, 400 out in all: shared out
+        // by input (100 and 300), at $0.15 and $0.60 per 1M against gpt-4o's $2.50 input.
+        let summary = |n: usize| json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "word ".repeat(n)}]});
+        let (s1, s2) = (summary(1_000), summary(3_000));
+        let summarizer = SummarizerCalls::price(&c, &[s1.clone(), s2.clone()], Some(400), "gpt-4o");
+        let (i1, i2) = (c.count_request(&s1).total, c.count_request(&s2).total);
+        let out1 = (400.0 * i1 as f64 / (i1 + i2) as f64).round();
+        let out2 = (400.0 * i2 as f64 / (i1 + i2) as f64).round();
+        let summaries = ((i1 + i2) as f64 * 0.15 + (out1 + out2) * 0.60) / 2.50;
+        assert_eq!(summarizer.calls, 2);
+        assert_eq!(summarizer.input_tokens, i1 + i2);
+        assert!(
+            (summarizer.cost - summaries).abs() < 1e-9,
+            "{} != {summaries}",
+            summarizer.cost
+        );
+
+        let side = Side::from_calls(&[calls], &[half], &half).with_summarizer(&summarizer);
+        assert_eq!(side.upstream_calls, 6);
+        let kind = |k: &str| &side.by_kind[k];
+        assert_eq!((kind("forwarded").calls, kind("reload").calls), (2, 1));
+        assert_eq!((kind("retry").calls, kind("summarizer").calls), (1, 2));
+        assert!((kind("forwarded").cost["half"] - (by_hand(0) + by_hand(2))).abs() < 1e-9);
+        assert!((kind("reload").cost["half"] - by_hand(1)).abs() < 1e-9);
+        assert!((kind("retry").cost["half"] - by_hand(3)).abs() < 1e-9);
+        assert!((kind("summarizer").cost["half"] - summaries).abs() < 1e-9);
+        let total: f64 = (0..4).map(by_hand).sum::<f64>() + summaries;
+        assert!((side.cost["half"] - total).abs() < 1e-9);
+        assert_eq!(kind("summarizer").input_tokens, i1 + i2);
+        // The table names every kind with its cost.
+        let r = report(&[], 1.0, side.clone(), Some(side), "half");
+        let table = r.table();
+        for k in ["forwarded", "reload", "retry", "summarizer"] {
+            assert!(table.contains(k), "{table}");
+        }
     }
 
     #[test]

@@ -31,6 +31,15 @@ pub struct Session {
     pub requests: Vec<Request>,
 }
 
+impl Session {
+    /// The model its first request names.
+    pub fn model(&self) -> Option<String> {
+        let first = self.requests.first()?;
+        let body: Value = serde_json::from_slice(&first.body).ok()?;
+        Some(body.get("model")?.as_str()?.to_string())
+    }
+}
+
 fn request(body: &Value, offset_ms: Option<u64>) -> Request {
     Request {
         body: Bytes::from(body.to_string()),

@@ -1,6 +1,7 @@
 //! The names the store files things under: [`Tenant`] (a hash of the API key), [`SessionId`],
 //! [`ContentRef`] (the opaque, content-addressed reference the model sees), [`StateKey`] and
-//! [`ContentKind`].
+//! [`ContentKind`]. A leaf: the store files things under them, the domain names tenants and
+//! sessions with them, and neither needs the other to do so.
 //!
 //! Each name is checked once, when it is made, so that a value of these types is always safe as
 //! a file name and as part of a Redis key (what `as_str` and `Display` give): only ASCII
@@ -23,7 +24,14 @@ use std::str::FromStr;
 
 use sha2::{Digest, Sha256};
 
-use super::StoreError;
+/// A name that breaks the rule above, quoted (at most 64 characters of it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {value:?}: expected {expected}")]
+pub struct InvalidId {
+    pub what: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
 
 /// Hex characters of a tenant id (80 bits of SHA-256).
 const TENANT_HEX_LEN: usize = 20;
@@ -94,7 +102,7 @@ impl SessionId {
     /// Checks a session name given by a client (or a person, to inspect it): 1 to 96 bytes of
     /// printable text, kept as given and escaped for storage (see the module doc). For a value
     /// that breaks the rule, use [`SessionId::derive`] on its bytes.
-    pub fn parse(value: &str) -> Result<SessionId, StoreError> {
+    pub fn parse(value: &str) -> Result<SessionId, InvalidId> {
         let printable = !value.is_empty()
             && value.len() <= MAX_NAME_LEN
             && !value.chars().any(char::is_control);
@@ -140,7 +148,7 @@ pub struct StateKey(String);
 
 impl StateKey {
     /// Checks a state key; same rule as session ids (see the module doc).
-    pub fn parse(value: &str) -> Result<StateKey, StoreError> {
+    pub fn parse(value: &str) -> Result<StateKey, InvalidId> {
         check_name("state key", value)?;
         Ok(StateKey(value.to_owned()))
     }
@@ -182,7 +190,7 @@ impl ContentRef {
 
     /// Checks a reference that came from outside (a model's `context_read` call, a file).
     /// Anything but `ctx_` and 24 characters of `a-z2-7` is rejected.
-    pub fn parse(value: &str) -> Result<ContentRef, StoreError> {
+    pub fn parse(value: &str) -> Result<ContentRef, InvalidId> {
         let valid = value.len() == REF_PREFIX.len() + REF_HASH_LEN
             && value.starts_with(REF_PREFIX)
             && value.as_bytes()[REF_PREFIX.len()..]
@@ -252,7 +260,7 @@ macro_rules! string_like {
 string_like!(Tenant, SessionId, StateKey, ContentRef);
 
 impl FromStr for ContentRef {
-    type Err = StoreError;
+    type Err = InvalidId;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         ContentRef::parse(s)
     }
@@ -314,7 +322,7 @@ fn unescape(stored: &str) -> Option<Cow<'_, str>> {
     String::from_utf8(out).ok().map(Cow::Owned)
 }
 
-fn check_name(what: &'static str, value: &str) -> Result<(), StoreError> {
+fn check_name(what: &'static str, value: &str) -> Result<(), InvalidId> {
     let bytes = value.as_bytes();
     let valid = !bytes.is_empty()
         && bytes.len() <= MAX_NAME_LEN
@@ -329,13 +337,13 @@ fn check_name(what: &'static str, value: &str) -> Result<(), StoreError> {
     }
 }
 
-fn invalid(what: &'static str, value: &str, expected: &'static str) -> StoreError {
+fn invalid(what: &'static str, value: &str, expected: &'static str) -> InvalidId {
     // The value may come from a client or a model: quote at most 64 characters of it.
     let mut shown: String = value.chars().take(64).collect();
     if shown.len() < value.len() {
         shown.push('…');
     }
-    StoreError::Invalid {
+    InvalidId {
         what,
         value: shown,
         expected,
@@ -405,7 +413,7 @@ mod tests {
             assert!(
                 matches!(
                     err,
-                    StoreError::Invalid {
+                    InvalidId {
                         what: "content reference",
                         ..
                     }
