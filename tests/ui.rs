@@ -398,3 +398,33 @@ async fn a_100k_line_tool_result_opens_paged() {
     assert!(stored.len() < bound, "stored: {} bytes", stored.len());
     assert!(stored.contains("log line 100000: ok") && !stored.contains("log line 99899: ok"));
 }
+
+#[tokio::test]
+async fn the_list_filters_by_model_and_time() {
+    let h = started().await;
+    for (session, model) in [("s-4o", "gpt-4o"), ("s-mini", "gpt-4o-mini")] {
+        let mut body = conversation();
+        body["model"] = json!(model);
+        h.mock.push(Reply::text("ok"));
+        send_chat(&h, "sk-alice", session, &body).await;
+        wait_turns(&h, "sk-alice", session, 1).await;
+    }
+    let listed = |html: &str| {
+        ["s-4o", "s-mini"]
+            .into_iter()
+            .filter(|s| html.contains(&format!(">{s}</a>")))
+            .collect::<Vec<_>>()
+    };
+    let (_, _, all) = get(&h, "/ui/", Some("sk-alice")).await;
+    assert_eq!(listed(&all).len(), 2, "{all}");
+    // Newest first.
+    assert!(all.find(">s-mini</a>").unwrap() < all.find(">s-4o</a>").unwrap());
+    let (_, _, mini) = get(&h, "/ui/?model=gpt-4o-mini", Some("sk-alice")).await;
+    assert_eq!(listed(&mini), ["s-mini"]);
+    assert!(
+        mini.contains("<option value=\"gpt-4o-mini\" selected>"),
+        "{mini}"
+    );
+    let (_, _, recent) = get(&h, "/ui/?since=1", Some("sk-alice")).await;
+    assert_eq!(listed(&recent).len(), 2);
+}

@@ -171,6 +171,14 @@ def main():
                 "() => performance.getEntriesByType('navigation')[0].responseEnd"
             )
             result["big_fcp_ms"] = fcp
+            # A page of the timeline at a time: the newest 100, then older ones.
+            assert page.locator("tr.turn").count() == 100, page.locator("tr.turn").count()
+            assert page.locator("#turn-400").count() == 0
+            with page.expect_navigation():
+                page.click("a.older")
+            assert page.locator("#turn-400").count() == 1 and page.locator("#turn-500").count() == 0
+            assert page.locator("tr.turn").count() == 100
+            page.goto(base + "/ui/session?s=" + cfg["big_session"])
             if shots:
                 page.locator("#turn-500 td.reloads").scroll_into_view_if_needed()
                 page.evaluate("() => window.scrollTo(0, 0)")
