@@ -304,8 +304,15 @@ async fn erasure_and_login_need_the_same_origin() {
         let (status, _, _) = get(&h, "/ui/session?s=s-alice", Some("sk-alice")).await;
         assert_eq!(status, 200, "still there after {origin:?}");
     }
+    // The messages kept for the side-by-side view go with the session.
+    let kept = ContentRef::of(&conversation()["messages"].to_string());
+    let kept = format!("/ui/ref?r={}", kept.as_str());
+    let (status, _, _) = get(&h, &kept, Some("sk-alice")).await;
+    assert_eq!(status, 200, "the client's messages are kept");
     let resp = erase(Some(format!("http://{host}"))).await.unwrap();
     assert_eq!(resp.status(), 303);
+    let (status, _, _) = get(&h, &kept, Some("sk-alice")).await;
+    assert_eq!(status, 404, "erased with the session");
     let (status, _, _) = get(&h, "/ui/session?s=s-alice", Some("sk-alice")).await;
     assert_eq!(status, 404, "erased");
     let (_, _, list) = get(&h, "/ui/", Some("sk-alice")).await;
@@ -427,4 +434,33 @@ async fn the_list_filters_by_model_and_time() {
     );
     let (_, _, recent) = get(&h, "/ui/?since=1", Some("sk-alice")).await;
     assert_eq!(listed(&recent).len(), 2);
+}
+
+/// The page reads what every backend holds: the same session through a Redis store.
+#[tokio::test]
+async fn the_page_reads_a_redis_store() {
+    let redis = tokio::task::spawn_blocking(common::redis::TestRedis::start)
+        .await
+        .unwrap();
+    let (url, prefix) = (redis.url.clone(), redis.prefix.clone());
+    let mut h = Harness::start_with(MockConfig::default(), move |c| {
+        setup(c);
+        c.store.backend = context_proxy::store::Backend::Redis;
+        c.store.redis_url = url;
+        c.store.redis_key_prefix = prefix;
+    })
+    .await;
+    h.client = no_client();
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-redis", &conversation()).await;
+    let session = wait_turns(&h, "sk-alice", "s-redis", 1).await;
+    assert!(session.contains("class=\"tag compacted\""), "{session}");
+    let (_, _, list) = get(&h, "/ui/", Some("sk-alice")).await;
+    assert!(list.contains(">s-redis</a>"), "{list}");
+    let (_, _, other) = get(&h, "/ui/", Some("sk-bob")).await;
+    assert!(!other.contains("s-redis"));
+    let ref_a = ContentRef::of(&file_a()).as_str().to_string();
+    let (status, _, stored) = get(&h, &format!("/ui/ref?r={ref_a}"), Some("sk-alice")).await;
+    assert_eq!(status, 200);
+    assert!(stored.contains("a.rs line 7: let value_7"));
 }
