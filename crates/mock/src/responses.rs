@@ -116,7 +116,7 @@ pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
         }
         return json_response(StatusCode::BAD_REQUEST, &context_length_exceeded());
     }
-    let cached_tokens = ctx.state.cache_prefixes(&prefix);
+    let cached_tokens = cacheable(ctx.state.cache_prefixes(&prefix, MAX_CACHED_PREFIXES));
     let reply = ctx
         .state
         .pop_reply()

@@ -257,10 +257,10 @@ impl State {
         *lock(&self.prefix_cache) = PrefixCache::default();
     }
 
-    /// The tokens of a request's prefix found in the prompt cache (as the API reports them,
-    /// [`crate::responses::cacheable`]), given its prefixes as (hash, tokens up to there);
-    /// every prefix is cached from now on.
-    pub(crate) fn cache_prefixes(&self, prefixes: &[([u8; 32], usize)]) -> usize {
+    /// The tokens of the longest of a request's prefixes found in the prompt cache, given its
+    /// prefixes as (hash, tokens up to there); every prefix is cached from now on, the oldest
+    /// forgotten past `max` (what the API reports of the hit is the caller's rule).
+    pub(crate) fn cache_prefixes(&self, prefixes: &[([u8; 32], usize)], max: usize) -> usize {
         let mut cache = lock(&self.prefix_cache);
         let hit = prefixes
             .iter()
@@ -272,12 +272,12 @@ impl State {
                 cache.order.push_back(*hash);
             }
         }
-        while cache.order.len() > crate::responses::MAX_CACHED_PREFIXES {
+        while cache.order.len() > max {
             if let Some(old) = cache.order.pop_front() {
                 cache.known.remove(&old);
             }
         }
-        crate::responses::cacheable(hit)
+        hit
     }
 }
 
