@@ -304,8 +304,15 @@ async fn erasure_and_login_need_the_same_origin() {
         let (status, _, _) = get(&h, "/ui/session?s=s-alice", Some("sk-alice")).await;
         assert_eq!(status, 200, "still there after {origin:?}");
     }
+    // The messages kept for the side-by-side view go with the session.
+    let kept = ContentRef::of(&conversation()["messages"].to_string());
+    let kept = format!("/ui/ref?r={}", kept.as_str());
+    let (status, _, _) = get(&h, &kept, Some("sk-alice")).await;
+    assert_eq!(status, 200, "the client's messages are kept");
     let resp = erase(Some(format!("http://{host}"))).await.unwrap();
     assert_eq!(resp.status(), 303);
+    let (status, _, _) = get(&h, &kept, Some("sk-alice")).await;
+    assert_eq!(status, 404, "erased with the session");
     let (status, _, _) = get(&h, "/ui/session?s=s-alice", Some("sk-alice")).await;
     assert_eq!(status, 404, "erased");
     let (_, _, list) = get(&h, "/ui/", Some("sk-alice")).await;
@@ -354,4 +361,106 @@ async fn the_page_is_off_unless_enabled() {
     h.client = no_client();
     let (status, _, _) = get(&h, "/ui/", Some("sk-x")).await;
     assert_eq!(status, 404);
+}
+
+/// A 100 000-line tool result opens paged, never whole: on the side-by-side view, in the
+/// message's own view, and as stored content.
+#[tokio::test]
+async fn a_100k_line_tool_result_opens_paged() {
+    let h = started().await;
+    let huge: String = (1..=100_000)
+        .map(|i| format!("log line {i}: ok\n"))
+        .collect();
+    let mut body = conversation();
+    body["messages"][3]["content"] = json!(huge);
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-huge", &body).await;
+    let session = wait_turns(&h, "sk-alice", "s-huge", 1).await;
+    let bound = 200_000;
+    let request = session
+        .split("/ui/request?")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    let (status, _, side) = get(&h, &format!("/ui/request?{request}"), Some("sk-alice")).await;
+    assert_eq!(status, 200);
+    assert!(side.len() < bound, "side by side: {} bytes", side.len());
+    assert!(side.contains("log line 60: ok") && !side.contains("log line 61: ok"));
+    let more = side
+        .split("class=\"more\" href=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    let (status, _, message) = get(&h, &more, Some("sk-alice")).await;
+    assert_eq!(status, 200, "{more}");
+    assert!(message.len() < bound, "message: {} bytes", message.len());
+    assert!(message.contains("log line 61: ok") && message.contains("log line 560: ok"));
+    assert!(!message.contains("log line 561: ok") && message.contains("of 100000"));
+    let r = ContentRef::of(&huge).as_str().to_string();
+    let (status, _, stored) =
+        get(&h, &format!("/ui/ref?r={r}&offset=99900"), Some("sk-alice")).await;
+    assert_eq!(status, 200);
+    assert!(stored.len() < bound, "stored: {} bytes", stored.len());
+    assert!(stored.contains("log line 100000: ok") && !stored.contains("log line 99899: ok"));
+}
+
+#[tokio::test]
+async fn the_list_filters_by_model_and_time() {
+    let h = started().await;
+    for (session, model) in [("s-4o", "gpt-4o"), ("s-mini", "gpt-4o-mini")] {
+        let mut body = conversation();
+        body["model"] = json!(model);
+        h.mock.push(Reply::text("ok"));
+        send_chat(&h, "sk-alice", session, &body).await;
+        wait_turns(&h, "sk-alice", session, 1).await;
+    }
+    let listed = |html: &str| {
+        ["s-4o", "s-mini"]
+            .into_iter()
+            .filter(|s| html.contains(&format!(">{s}</a>")))
+            .collect::<Vec<_>>()
+    };
+    let (_, _, all) = get(&h, "/ui/", Some("sk-alice")).await;
+    assert_eq!(listed(&all).len(), 2, "{all}");
+    // Newest first.
+    assert!(all.find(">s-mini</a>").unwrap() < all.find(">s-4o</a>").unwrap());
+    let (_, _, mini) = get(&h, "/ui/?model=gpt-4o-mini", Some("sk-alice")).await;
+    assert_eq!(listed(&mini), ["s-mini"]);
+    assert!(
+        mini.contains("<option value=\"gpt-4o-mini\" selected>"),
+        "{mini}"
+    );
+    let (_, _, recent) = get(&h, "/ui/?since=1", Some("sk-alice")).await;
+    assert_eq!(listed(&recent).len(), 2);
+}
+
+/// The page reads what every backend holds: the same session through a Redis store.
+#[tokio::test]
+async fn the_page_reads_a_redis_store() {
+    let redis = tokio::task::spawn_blocking(common::redis::TestRedis::start)
+        .await
+        .unwrap();
+    let (url, prefix) = (redis.url.clone(), redis.prefix.clone());
+    let mut h = Harness::start_with(MockConfig::default(), move |c| {
+        setup(c);
+        c.store.backend = context_proxy::store::Backend::Redis;
+        c.store.redis_url = url;
+        c.store.redis_key_prefix = prefix;
+    })
+    .await;
+    h.client = no_client();
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-redis", &conversation()).await;
+    let session = wait_turns(&h, "sk-alice", "s-redis", 1).await;
+    assert!(session.contains("class=\"tag compacted\""), "{session}");
+    let (_, _, list) = get(&h, "/ui/", Some("sk-alice")).await;
+    assert!(list.contains(">s-redis</a>"), "{list}");
+    let (_, _, other) = get(&h, "/ui/", Some("sk-bob")).await;
+    assert!(!other.contains("s-redis"));
+    let ref_a = ContentRef::of(&file_a()).as_str().to_string();
+    let (status, _, stored) = get(&h, &format!("/ui/ref?r={ref_a}"), Some("sk-alice")).await;
+    assert_eq!(status, 200);
+    assert!(stored.contains("a.rs line 7: let value_7"));
 }

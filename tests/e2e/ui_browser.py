@@ -88,11 +88,15 @@ def main():
         row = page.locator("tr.session", has_text=cfg["session"])
         assert row.count() == 1, page.content()
         assert row.locator("td.turns").inner_text() == str(cfg["turns"]), row.inner_text()
-        assert row.locator("td.sent").inner_text() == str(cfg["tokens_sent"]), row.inner_text()
-        assert row.locator("td.forwarded").inner_text() == str(cfg["tokens_forwarded"]), row.inner_text()
+        assert row.locator("td.sent").inner_text() == f"{cfg['tokens_sent']:,}", row.inner_text()
+        assert row.locator("td.forwarded").inner_text() == f"{cfg['tokens_forwarded']:,}", row.inner_text()
         assert row.locator("td.reloads").inner_text() == "1", row.inner_text()
         if shots:
-            page.screenshot(path=os.path.join(shots, "ui-sessions.png"))
+            bottom = page.evaluate("() => document.querySelector('main').getBoundingClientRect().bottom")
+            page.screenshot(
+                path=os.path.join(shots, "ui-sessions.png"),
+                clip={"x": 0, "y": 0, "width": 1400, "height": min(900, bottom + 16)},
+            )
 
         # The session: its timeline with a reload round, and the chart.
         row.locator("a").first.click()
@@ -102,8 +106,6 @@ def main():
         reload_cell.locator("summary").click()
         assert "context_read" in reload_cell.inner_text(), reload_cell.inner_text()
         assert cfg["reload_text"] in reload_cell.inner_text(), reload_cell.inner_text()
-        if shots:
-            page.screenshot(path=os.path.join(shots, "ui-session.png"), full_page=True)
 
         # A new request appears live, without a reload of the page.
         turns_before = page.locator("tr.turn").count()
@@ -169,6 +171,18 @@ def main():
                 "() => performance.getEntriesByType('navigation')[0].responseEnd"
             )
             result["big_fcp_ms"] = fcp
+            # A page of the timeline at a time: the newest 100, then older ones.
+            assert page.locator("tr.turn").count() == 100, page.locator("tr.turn").count()
+            assert page.locator("#turn-400").count() == 0
+            with page.expect_navigation():
+                page.click("a.older")
+            assert page.locator("#turn-400").count() == 1 and page.locator("#turn-500").count() == 0
+            assert page.locator("tr.turn").count() == 100
+            page.goto(base + "/ui/session?s=" + cfg["big_session"])
+            if shots:
+                page.locator("#turn-500 td.reloads").scroll_into_view_if_needed()
+                page.evaluate("() => window.scrollTo(0, 0)")
+                page.screenshot(path=os.path.join(shots, "ui-session.png"))
             result["big_response_end_ms"] = nav
 
         # Erasure from the page removes the session.

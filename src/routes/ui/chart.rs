@@ -38,7 +38,7 @@ pub fn session_chart(turns: &[Turn]) -> Markup {
     html! {
         div.charts {
             (panel("Tokens per turn", "tokens", &tokens(false), &tokens(true)))
-            (panel("Input cost per turn (full-price tokens, under prompt caching)", "cost", &costs(false), &costs(true)))
+            (panel("Input cost per turn (full-price tokens)", "cost", &costs(false), &costs(true)))
         }
     }
 }

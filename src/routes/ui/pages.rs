@@ -104,6 +104,27 @@ fn percent(share: Option<f64>) -> String {
     share.map_or("–".into(), |s| format!("{:.0}%", s * 100.0))
 }
 
+/// `63104` as `63,104`.
+pub fn num(n: impl Into<u64>) -> String {
+    let digits = n.into().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// An RFC 3339 time (`2026-11-26T01:19:43.016Z`) as `2026-11-26 01:19:43`.
+fn when(ts: &str) -> String {
+    match (ts.get(..10), ts.get(11..19)) {
+        (Some(day), Some(time)) if ts.as_bytes().get(10) == Some(&b'T') => format!("{day} {time}"),
+        _ => ts.to_string(),
+    }
+}
+
 fn ms(v: Option<f64>) -> String {
     v.map_or("–".into(), |v| format!("{v:.0} ms"))
 }
@@ -163,15 +184,15 @@ pub fn session_list(
                                 @if viewer.admin { td { (r.tenant.as_deref().unwrap_or("")) } }
                                 td { (r.totals.model.as_deref().unwrap_or("–")) }
                                 td.num.turns { (r.totals.turns) }
-                                td.num.sent { (r.totals.tokens_before) }
-                                td.num.forwarded { (r.totals.tokens_after) }
+                                td.num.sent { (num(r.totals.tokens_before)) }
+                                td.num.forwarded { (num(r.totals.tokens_after)) }
                                 td.num { (percent(r.totals.saved_share())) }
                                 td.num { (percent(r.totals.cached_share())) }
                                 td.num { (compact(r.totals.cost_without)) }
                                 td.num { (compact(r.totals.cost_with)) }
                                 td.num.reloads { (r.totals.reload_rounds) }
                                 td.num { (r.totals.summaries) }
-                                td { (r.totals.last_at.as_deref().unwrap_or("–")) }
+                                td { (r.totals.last_at.as_deref().map_or("–".into(), when)) }
                             }
                         }
                     }
@@ -246,8 +267,8 @@ fn figures(t: &Totals) -> Markup {
     html! {
         dl.figures {
             div { dt { "Turns" } dd #fig-turns { (t.turns) } }
-            div { dt { "Tokens sent" } dd { (t.tokens_before) } }
-            div { dt { "Forwarded" } dd { (t.tokens_after) } }
+            div { dt { "Tokens sent" } dd { (num(t.tokens_before)) } }
+            div { dt { "Forwarded" } dd { (num(t.tokens_after)) } }
             div { dt { "Saved" } dd { (percent(t.saved_share())) } }
             div { dt { "Cached" } dd { (percent(t.cached_share())) } }
             div { dt { "Cost without / with" } dd { (compact(t.cost_without)) " / " (compact(t.cost_with)) } }
@@ -272,7 +293,7 @@ fn timeline(s: &SessionView) -> Markup {
                         (turn_row(s.query, turn))
                     } @else {
                         tr.event {
-                            td {} td { (record.get("ts").and_then(Value::as_str).unwrap_or("")) }
+                            td {} td { (when(record.get("ts").and_then(Value::as_str).unwrap_or(""))) }
                             td colspan="8" { (event_text(record)) }
                         }
                     }
@@ -310,13 +331,13 @@ fn turn_row(query: &str, turn: &Turn) -> Markup {
     html! {
         tr.turn id=(format!("turn-{}", turn.number)) data-index=(turn.index) {
             td { (turn.number) }
-            td { (l.ts) }
+            td.when { (when(&l.ts)) }
             td.actions {
                 @for a in action_tags(&l.actions) { span.tag.(a.0) { (a.1) } " " }
                 @if let Some(s) = &l.summary { span.tag.summarized { "summary: " (s) } }
             }
-            td.num { (l.tokens_before) " → " (l.tokens_after) }
-            td.num { (l.kept_prefix_tokens) }
+            td.num { (num(l.tokens_before as u64)) " → " (num(l.tokens_after as u64)) }
+            td.num { (num(l.kept_prefix_tokens as u64)) }
             td.num { (compact(turn.cost_without)) " / " (compact(turn.cost_with)) }
             td.num { (ms(l.latency_ms)) }
             td.num { (ms(l.ttfb_ms)) }
@@ -414,8 +435,8 @@ pub fn request_page(viewer: &Viewer, r: &RequestView) -> Markup {
             dl.figures {
                 div { dt { "Model" } dd { (l.model.as_deref().unwrap_or("–")) } }
                 div { dt { "Actions" } dd { (l.actions) } }
-                div { dt { "Tokens" } dd { (l.tokens_before) " → " (l.tokens_after) } }
-                div { dt { "Prefix kept" } dd { (l.kept_prefix_tokens) } }
+                div { dt { "Tokens" } dd { (num(l.tokens_before as u64)) " → " (num(l.tokens_after as u64)) } }
+                div { dt { "Prefix kept" } dd { (num(l.kept_prefix_tokens as u64)) } }
                 div { dt { "Latency / TTFB" } dd { (ms(l.latency_ms)) " / " (ms(l.ttfb_ms)) } }
                 div { dt { "Upstream calls" } dd { (l.upstream_calls) } }
             }
@@ -604,7 +625,7 @@ pub fn text_page(viewer: &Viewer, p: &TextPage) -> Markup {
                 @if let Some((href, label)) = &p.back { " / " a href=(href) { (label) } }
             }
             h1 { (p.title) }
-            p.range { "Lines " (p.offset) "–" (last) " of " (p.total) " (" (p.bytes) " bytes)" }
+            p.range { "Lines " (p.offset) "–" (last) " of " (p.total) " (" (num(p.bytes as u64)) " bytes)" }
             nav.pager {
                 @if let Some(prev) = &p.prev { a.prev href=(prev) { "← previous lines" } }
                 @if let Some(next) = &p.next { a.next href=(next) { "next lines →" } }
@@ -631,6 +652,16 @@ mod tests {
         let html = text_line("t=a&s=b", &line, &refs).into_string();
         assert!(html.contains("<mark class=\"marker\">"), "{html}");
         assert!(html.contains("href=\"/ui/ref?t=a&amp;r=ctx_abc"), "{html}");
+    }
+
+    #[test]
+    fn numbers_and_times_read_easily() {
+        assert_eq!(num(0u64), "0");
+        assert_eq!(num(999u64), "999");
+        assert_eq!(num(63_104u64), "63,104");
+        assert_eq!(num(113_725_000u64), "113,725,000");
+        assert_eq!(when("2026-11-26T01:19:43.016Z"), "2026-11-26 01:19:43");
+        assert_eq!(when("t1"), "t1");
     }
 
     #[test]
