@@ -778,13 +778,8 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     };
     // The first input message this request shows differently from the previous one.
     let mut first_rewritten = n;
-    let threshold = settings.tool_result_max_tokens;
     if settings.mode.compacts() {
-        for i in 0..decision.compact_before {
-            if work.compactable(i, threshold) {
-                work.compact(i, settings);
-            }
-        }
+        compact_before(&mut work, decision.compact_before, &(0..0), settings);
     }
     // Over budget as the prior decision leaves it, the prefix must change; under it, every
     // move is optional, and priced.
@@ -797,18 +792,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         movable.map_or((0, 0), |m| m.run_to(&work, &units, decision.offload_before));
     // What the prior decision moves out: compacting in there changes nothing sent.
     let prior_span = movable.map_or(0..0, |m| m.start..moved_end);
-    let forced = work.total() - moved_tokens > settings.budget;
-    let answers = answers(&input.items);
-    let price = Price {
-        forced,
-        free: !input.cache_warm
-            || before < settings.cache.min_cacheable_prefix
-            || settings.cache.rebill_rate() <= 0.0,
-        answered_end: input.answered_end(),
-        horizon: horizon(&input.items, settings, work.total() - moved_tokens, before),
-        answers,
-        raw: before,
-    };
+    let price = Price::of(input, settings, work.total() - moved_tokens, before);
     if settings.mode.compacts() {
         let from = decision.compact_before;
         if let Some((moved, first)) =
@@ -839,29 +823,17 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
             first_rewritten = first_rewritten.min(span.start);
         }
     }
-
-    // Last resort while still over budget: the compaction boundary moves up to what the model
-    // has not seen yet, recent window included.
-    let moved_tokens = match (movable, &span) {
-        (Some(m), Some(_)) => m.run_to(&work, &units, decision.offload_before).1,
-        _ => 0,
-    };
     if settings.mode.compacts() {
-        if work.total() - moved_tokens > settings.budget && unseen > decision.compact_before {
-            decision.compact_before = unseen;
-        }
-        let span = span.clone().unwrap_or(0..0);
-        if let Some(first) = compact_before(&mut work, decision.compact_before, &span, settings) {
-            first_rewritten = first_rewritten.min(first);
-        }
+        let left = match (movable, &span) {
+            (Some(m), Some(_)) => m.run_to(&work, &units, decision.offload_before).1,
+            _ => 0,
+        };
+        let last = compact_to_unseen(&mut work, &mut decision, left, unseen, &span, settings);
+        first_rewritten = first_rewritten.min(last.unwrap_or(n));
     }
 
     // An item the adapter cannot let go of in the span to move out: the request goes as it came.
-    if let Some(why) = span.as_ref().and_then(|span| {
-        input.messages[span.clone()]
-            .iter()
-            .find_map(|m| input.adapter.immovable(m))
-    }) {
+    if let Some(why) = span.as_ref().and_then(|span| immovable_in(input, span)) {
         report.skipped = Some(Skipped::Immovable(why));
         return unchanged(report);
     }
@@ -873,6 +845,32 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     report.rewrote_prefix = first_rewritten < price.answered_end;
     report.forced = price.forced;
     assemble(work, span, decision, report, kept_end, &settings.readback)
+}
+
+/// The last resort while still over budget (`moved` tokens moved out of the work's total):
+/// the compaction boundary moves up to what the model has not seen yet, recent window
+/// included; then every compactable result before the boundary outside the moved-out `span`
+/// is compacted. Returns the first message it rewrites.
+fn compact_to_unseen(
+    work: &mut Work<'_>,
+    decision: &mut Decision,
+    moved: usize,
+    unseen: usize,
+    span: &Option<Range<usize>>,
+    settings: &Settings,
+) -> Option<usize> {
+    if work.total() - moved > settings.budget && unseen > decision.compact_before {
+        decision.compact_before = unseen;
+    }
+    let span = span.clone().unwrap_or(0..0);
+    compact_before(work, decision.compact_before, &span, settings)
+}
+
+/// Why an item of `span` must stay (the adapter's reason), when one must.
+fn immovable_in(input: &Input<'_>, span: &Range<usize>) -> Option<String> {
+    input.messages[span.clone()]
+        .iter()
+        .find_map(|m| input.adapter.immovable(m))
 }
 
 /// Stage 2's batch: the compactable results in `range` (outside the prior moved-out span)
@@ -946,6 +944,23 @@ struct Price {
     answers: usize,
     /// The request as the client sent it (what going direct costs).
     raw: usize,
+}
+
+impl Price {
+    /// This request's price of a rewrite: `left` tokens as the prior decision leaves it,
+    /// `before` as the client sent it.
+    fn of(input: &Input<'_>, settings: &Settings, left: usize, before: usize) -> Price {
+        Price {
+            forced: left > settings.budget,
+            free: !input.cache_warm
+                || before < settings.cache.min_cacheable_prefix
+                || settings.cache.rebill_rate() <= 0.0,
+            answered_end: input.answered_end(),
+            horizon: horizon(&input.items, settings, left, before),
+            answers: answers(&input.items),
+            raw: before,
+        }
+    }
 }
 
 /// The further requests over which a rewrite now must pay: as many as the conversation has
