@@ -520,12 +520,7 @@ impl Planner {
             references: &self.references,
             transformed: &self.transformed,
         };
-        // Over the summarizer's soft watermark, a summary may be started ahead of time.
-        let summary_ahead = route.summarize
-            && mode.offloads()
-            && self.config.summarizer.enabled
-            && count.total as f64 > self.config.summarizer.soft_ratio * settings.budget as f64;
-        if !summary_ahead
+        if !self.summary_ahead(route, mode, count.total, &settings)
             && engine::nothing_to_do(
                 adapter,
                 count.total,
@@ -586,17 +581,7 @@ impl Planner {
                 fixed,
             )
         };
-        let mut outcome = engine::run(&input, &settings, prior, &env);
-        // A request that refers to stored content goes out with the proxy's tools: when they
-        // would not fit beside it, decide again with their room kept free.
-        if route.reserved_tokens > 0
-            && refers_to_stored_content(&outcome)
-            && outcome.report.tokens_after + route.reserved_tokens > settings.budget
-        {
-            settings.budget = settings.budget.saturating_sub(route.reserved_tokens).max(1);
-            settings.target = settings.target.saturating_sub(route.reserved_tokens);
-            outcome = engine::run(&input, &settings, prior, &env);
-        }
+        let mut outcome = decide(&input, &mut settings, prior, &env, route.reserved_tokens);
         let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
             self.plan_summary(
                 &input,
@@ -614,16 +599,7 @@ impl Planner {
         if let Some(unpaid) = outcome.report.costlier_than_direct {
             outcome.report.warn_unpaid = self.warn_unpaid(identity, &settings, unpaid);
         }
-        tracing::debug!(
-            before = outcome.report.tokens_before,
-            after = outcome.report.tokens_after,
-            actions = %outcome.report.actions(),
-            compact_before = outcome.decision.compact_before,
-            offload_before = outcome.decision.offload_before,
-            budget = settings.budget,
-            micros = started.elapsed().as_micros() as u64,
-            "context plan"
-        );
+        trace(&outcome, &settings, started);
         Plan {
             report: outcome.report.clone(),
             counted: true,
@@ -638,6 +614,22 @@ impl Planner {
             }),
             summary,
         }
+    }
+
+    /// Over the summarizer's soft watermark, a summary may be started ahead of time: the
+    /// request needs planning even when the engine would change nothing.
+    fn summary_ahead(
+        &self,
+        route: &Route<'_>,
+        mode: Mode,
+        tokens: usize,
+        settings: &Settings,
+    ) -> bool {
+        let cfg = &self.config.summarizer;
+        route.summarize
+            && mode.offloads()
+            && cfg.enabled
+            && tokens as f64 > cfg.soft_ratio * settings.budget as f64
     }
 
     /// After the engine ran: places the summary of the moved-out span when it is ready (else
@@ -778,4 +770,40 @@ fn place_into(
     let after = counter.count_message(m);
     outcome.report.tokens_after = (outcome.report.tokens_after + after).saturating_sub(before);
     true
+}
+
+/// The engine's outcome for `input`. A request that refers to stored content goes out with the
+/// proxy's tools (`reserved` tokens): when they would not fit beside it, the engine decides
+/// again with their room kept free (`settings` then holds the smaller budget).
+fn decide(
+    input: &Input<'_>,
+    settings: &mut Settings,
+    prior: Decision,
+    env: &CachedEnv<'_>,
+    reserved: usize,
+) -> engine::Outcome {
+    let outcome = engine::run(input, settings, prior, env);
+    if reserved == 0
+        || !refers_to_stored_content(&outcome)
+        || outcome.report.tokens_after + reserved <= settings.budget
+    {
+        return outcome;
+    }
+    settings.budget = settings.budget.saturating_sub(reserved).max(1);
+    settings.target = settings.target.saturating_sub(reserved);
+    engine::run(input, settings, prior, env)
+}
+
+/// One debug line per plan: what it did and how long it took.
+fn trace(outcome: &engine::Outcome, settings: &Settings, started: Instant) {
+    tracing::debug!(
+        before = outcome.report.tokens_before,
+        after = outcome.report.tokens_after,
+        actions = %outcome.report.actions(),
+        compact_before = outcome.decision.compact_before,
+        offload_before = outcome.decision.offload_before,
+        budget = settings.budget,
+        micros = started.elapsed().as_micros() as u64,
+        "context plan"
+    );
 }
