@@ -127,4 +127,44 @@ async fn scrape_after_known_traffic() {
     // Nothing identifies a session or a key.
     assert!(!text.contains("session"));
     assert!(!text.contains("sk-test-client"));
+
+    // The Responses and Messages routes are managed, each under a label of its own (not
+    // `passthrough`, which stays at the one `/v1/models` above).
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .json(&json!({"model": "gpt-4o", "input": "hello there"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    let resp = h
+        .client
+        .post(h.url("/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .json(&json!({"model": "claude-sonnet-4-5", "max_tokens": 16,
+                      "messages": [{"role": "user", "content": "hello there"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    let text = h
+        .client
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (route, n) in [("responses", 1.0), ("messages", 1.0), ("passthrough", 1.0)] {
+        let labels = format!("{{route=\"{route}\",status_class=\"2xx\",upstream=\"default\"}}");
+        assert_eq!(
+            sample(&text, &format!("context_proxy_requests_total{labels}")),
+            n,
+            "{route}"
+        );
+    }
 }

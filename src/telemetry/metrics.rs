@@ -153,7 +153,7 @@ impl Default for Metrics {
         let requests = registered(
             &mut registry,
             "context_proxy_requests",
-            "Requests answered, by route (chat, passthrough, context, health, metrics, other), status class and upstream (none when no upstream was called).",
+            "Requests answered, by route (chat, responses, messages, passthrough, context, ui, health, metrics, other), status class and upstream (none when no upstream was called).",
             Family::<RequestLabels, Counter>::default(),
         );
         let request_seconds: HistogramFamily<RouteLabels> = registered(
@@ -330,9 +330,13 @@ pub struct UpstreamName(pub String);
 pub fn route_of(path: &str) -> &'static str {
     match path {
         "/v1/chat/completions" => "chat",
+        "/v1/responses" => "responses",
+        "/v1/messages" | "/v1/messages/count_tokens" => "messages",
         "/healthz" | "/readyz" => "health",
         "/metrics" => "metrics",
         _ if path.starts_with("/v1/context/") => "context",
+        "/ui" => "ui",
+        _ if path.starts_with("/ui/") => "ui",
         _ if path.starts_with("/v1/") => "passthrough",
         _ => "other",
     }
