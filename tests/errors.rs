@@ -161,3 +161,44 @@ async fn unknown_paths_and_methods_get_openai_shaped_errors() {
     assert_eq!(resp.status(), 405);
     assert_openai_error(&resp.bytes().await.unwrap());
 }
+
+#[tokio::test]
+async fn a_messages_stream_that_falls_silent_ends_with_anthropics_error_event() {
+    let h = Harness::start_with(
+        MockConfig {
+            chunk_interval: Duration::from_secs(5),
+            ..MockConfig::default()
+        },
+        |c| c.upstreams[0].read_timeout_ms = 200,
+    )
+    .await;
+    let resp = h
+        .client
+        .post(h.url("/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .json(
+            &json!({"model": "claude-sonnet-4-5", "max_tokens": 16, "stream": true,
+                      "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let request_id = resp.headers()["x-context-request-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let text = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(text.starts_with("event: message_start"), "{text}");
+    // The last event is Anthropic's `error` event, as the SDKs read it, not OpenAI's shape.
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let data = last.strip_prefix("event: error\ndata: ").expect(last);
+    let event: serde_json::Value = serde_json::from_str(data).unwrap();
+    assert_eq!(event["type"], "error");
+    assert_eq!(event["error"]["type"], "api_error");
+    assert!(event["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("upstream default sent nothing for 200 ms"));
+    assert_eq!(event["request_id"], request_id.as_str());
+}

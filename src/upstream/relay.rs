@@ -2,8 +2,9 @@
 //! unchanged, body chunks forwarded one by one with no buffering.
 //!
 //! When an event stream (`text/event-stream`) fails or falls silent mid-way at an event
-//! boundary, the client gets one final `data: {"error":…}` event (how OpenAI reports an error
-//! mid-stream) instead of a bare cut; anywhere else the connection is aborted so the client
+//! boundary, the client gets one final error event in its API's shape ([`StreamErrors`]: a
+//! `data: {"error":…}` event as OpenAI reports an error mid-stream, or Anthropic's
+//! `event: error`) instead of a bare cut; anywhere else the connection is aborted so the client
 //! sees an incomplete body rather than a truncated one passed off as whole.
 
 use std::pin::Pin;
@@ -17,7 +18,19 @@ use http_body_util::{BodyExt, StreamBody};
 
 use crate::http::body::{BoxError, ProxyBody};
 use crate::upstream::{BodyError, Incoming};
+use crate::wire::anthropic;
 use crate::wire::error::openai_error;
+
+/// The shape of the final error event of a stream that fails mid-way: the client's API's.
+#[derive(Debug, Clone, Default)]
+pub enum StreamErrors {
+    /// `data: {"error":{…}}`, as OpenAI's APIs report an error mid-stream.
+    #[default]
+    OpenAi,
+    /// `event: error` with `{"type":"error","error":{"type","message"},"request_id"}`, as
+    /// Anthropic's Messages API does.
+    Anthropic { request_id: String },
+}
 
 /// How a relayed body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,19 +61,39 @@ pub fn relay(incoming: Incoming) -> http::Response<ProxyBody> {
 
 /// [`relay`], showing every chunk and the end of the body to `observer`. The observer is told
 /// the end exactly once, also when the client goes away and the body is dropped.
-pub fn relay_observed(
+pub fn relay_observed(incoming: Incoming, observer: impl Observer) -> http::Response<ProxyBody> {
+    relay_with(incoming, observer, StreamErrors::OpenAi)
+}
+
+fn relay_with(
     mut incoming: Incoming,
     observer: impl Observer,
+    errors: StreamErrors,
 ) -> http::Response<ProxyBody> {
     let status = incoming.status;
     let headers = std::mem::take(&mut incoming.headers);
     let is_event_stream = is_event_stream(&headers);
     let length = content_length(&headers);
-    let body = relay_body(incoming.into_stream(), is_event_stream, length, observer);
+    let body = relay_body(
+        incoming.into_stream(),
+        is_event_stream,
+        length,
+        observer,
+        errors,
+    );
     let mut response = http::Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
+}
+
+/// [`relay`] for an Anthropic client: a stream that fails mid-way ends with Anthropic's
+/// `error` event, carrying `request_id`.
+pub fn relay_anthropic(incoming: Incoming, request_id: &str) -> http::Response<ProxyBody> {
+    let errors = StreamErrors::Anthropic {
+        request_id: request_id.to_string(),
+    };
+    relay_with(incoming, (), errors)
 }
 
 /// Whether `headers` say the body is an event stream (`text/event-stream`).
@@ -96,7 +129,14 @@ pub fn respond_observed(
 ) -> http::Response<ProxyBody> {
     let is_event_stream = is_event_stream(&headers);
     let length = content_length(&headers);
-    let mut response = http::Response::new(relay_body(chunks, is_event_stream, length, observer));
+    let body = relay_body(
+        chunks,
+        is_event_stream,
+        length,
+        observer,
+        StreamErrors::OpenAi,
+    );
+    let mut response = http::Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
@@ -160,6 +200,7 @@ fn relay_body(
     is_event_stream: bool,
     length: Option<u64>,
     observer: impl Observer,
+    errors: StreamErrors,
 ) -> ProxyBody {
     let mut at_event_boundary = true;
     let observed = Observed {
@@ -178,7 +219,7 @@ fn relay_body(
         Err(err) => {
             tracing::warn!(error = %err, "upstream body ended early");
             if is_event_stream && at_event_boundary {
-                Ok(Frame::data(error_event(&err)))
+                Ok(Frame::data(error_event(&err, &errors)))
             } else {
                 Err(BoxError::from(err))
             }
@@ -201,14 +242,21 @@ impl<O: Observer> Observer for Unpinned<O> {
 
 impl<O> Unpin for Unpinned<O> {}
 
-/// One SSE event carrying `err` in the OpenAI error shape.
-fn error_event(err: &BodyError) -> Bytes {
-    let code = match err {
-        BodyError::Idle { .. } => "upstream_timeout",
-        BodyError::Failed { .. } => "upstream_stream_error",
+/// One SSE event carrying `err` in the client's API's error shape.
+fn error_event(err: &BodyError, errors: &StreamErrors) -> Bytes {
+    let (code, status) = match err {
+        BodyError::Idle { .. } => ("upstream_timeout", 504),
+        BodyError::Failed { .. } => ("upstream_stream_error", 502),
     };
-    let value = openai_error(&err.to_string(), "upstream_error", None, Some(code));
-    Bytes::from(format!("data: {value}\n\n"))
+    match errors {
+        StreamErrors::OpenAi => {
+            let value = openai_error(&err.to_string(), "upstream_error", None, Some(code));
+            Bytes::from(format!("data: {value}\n\n"))
+        }
+        StreamErrors::Anthropic { request_id } => {
+            anthropic::error_event(status, &err.to_string(), request_id)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -239,7 +287,14 @@ mod tests {
 
     #[tokio::test]
     async fn event_stream_failure_at_boundary_ends_with_error_event() {
-        let (bytes, aborted) = collect(relay_body(failing("data: {}\n\n"), true, None, ())).await;
+        let (bytes, aborted) = collect(relay_body(
+            failing("data: {}\n\n"),
+            true,
+            None,
+            (),
+            StreamErrors::OpenAi,
+        ))
+        .await;
         assert!(!aborted);
         let text = String::from_utf8(bytes).unwrap();
         let last = text.trim_end().rsplit("\n\n").next().unwrap();
@@ -249,10 +304,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_anthropic_stream_ends_with_anthropics_error_event() {
+        let errors = StreamErrors::Anthropic {
+            request_id: "req_1".into(),
+        };
+        let stream = failing("event: ping\ndata: {\"type\":\"ping\"}\n\n");
+        let (bytes, aborted) = collect(relay_body(stream, true, None, (), errors)).await;
+        assert!(!aborted);
+        let text = String::from_utf8(bytes).unwrap();
+        let last = text.trim_end().rsplit("\n\n").next().unwrap();
+        let data = last.strip_prefix("event: error\ndata: ").expect(last);
+        let event: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(event["type"], "error");
+        assert_eq!(event["error"]["type"], "api_error");
+        assert_eq!(event["request_id"], "req_1");
+        assert!(event.get("code").is_none());
+    }
+
+    #[tokio::test]
     async fn failure_mid_event_or_in_json_aborts() {
-        let (_, aborted) = collect(relay_body(failing("data: {\"id\""), true, None, ())).await;
+        let (_, aborted) = collect(relay_body(
+            failing("data: {\"id\""),
+            true,
+            None,
+            (),
+            StreamErrors::OpenAi,
+        ))
+        .await;
         assert!(aborted);
-        let (_, aborted) = collect(relay_body(failing("{\"id\":"), false, None, ())).await;
+        let (_, aborted) = collect(relay_body(
+            failing("{\"id\":"),
+            false,
+            None,
+            (),
+            StreamErrors::OpenAi,
+        ))
+        .await;
         assert!(aborted);
     }
 
@@ -276,7 +363,14 @@ mod tests {
             Ok(Bytes::from_static(b"data: 2\n\n")),
         ]);
         let seen = Seen::default();
-        let (bytes, aborted) = collect(relay_body(chunks, true, None, seen.clone())).await;
+        let (bytes, aborted) = collect(relay_body(
+            chunks,
+            true,
+            None,
+            seen.clone(),
+            StreamErrors::OpenAi,
+        ))
+        .await;
         assert!(!aborted);
         let (observed, ends) = seen.0.lock().unwrap().clone();
         assert_eq!(observed, bytes);
@@ -288,6 +382,7 @@ mod tests {
             true,
             None,
             seen.clone(),
+            StreamErrors::OpenAi,
         ))
         .await;
         assert_eq!(seen.0.lock().unwrap().1, vec![End::Failed]);
@@ -299,7 +394,7 @@ mod tests {
         let chunks = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"{\"id\":1}"))])
             .chain(futures_util::stream::pending());
         let seen = Seen::default();
-        let mut body = relay_body(chunks, false, Some(8), seen.clone());
+        let mut body = relay_body(chunks, false, Some(8), seen.clone(), StreamErrors::OpenAi);
         body.frame().await.unwrap().unwrap();
         drop(body);
         assert_eq!(seen.0.lock().unwrap().1, vec![End::Complete]);
@@ -307,7 +402,7 @@ mod tests {
         let chunks = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"{\"id\""))])
             .chain(futures_util::stream::pending());
         let seen = Seen::default();
-        let mut body = relay_body(chunks, false, Some(8), seen.clone());
+        let mut body = relay_body(chunks, false, Some(8), seen.clone(), StreamErrors::OpenAi);
         body.frame().await.unwrap().unwrap();
         drop(body);
         assert_eq!(seen.0.lock().unwrap().1, vec![End::Cancelled]);
@@ -318,7 +413,7 @@ mod tests {
         let chunks = futures_util::stream::iter(vec![Ok(Bytes::from_static(b"data: 1\n\n"))])
             .chain(futures_util::stream::pending());
         let seen = Seen::default();
-        let mut body = relay_body(chunks, true, None, seen.clone());
+        let mut body = relay_body(chunks, true, None, seen.clone(), StreamErrors::OpenAi);
         let first = body.frame().await.unwrap().unwrap();
         assert_eq!(first.data_ref().unwrap().as_ref(), b"data: 1\n\n");
         assert!(seen.0.lock().unwrap().1.is_empty());

@@ -39,7 +39,7 @@ use crate::http::error::ProxyError;
 use crate::http::request_body::{check_json_shape, hold_parsed, read_limited};
 use crate::routes::chat::ChatRequest;
 use crate::routes::shared::Shared;
-use crate::upstream::relay::relay;
+use crate::upstream::relay::relay_anthropic;
 
 /// The beta that lets a request ask the API to drop thinking blocks an edit invalidated.
 pub const BINDING_BETA: &str = "thinking-binding-controls-2026-08-01";
@@ -176,7 +176,7 @@ pub async fn handle(
     }
 
     // respond
-    let mut response = relay(answer);
+    let mut response = relay_anthropic(answer, request_id.to_str().unwrap_or_default());
     for (name, value) in context_headers(&managed) {
         response.headers_mut().insert(name, value);
     }
