@@ -163,6 +163,11 @@ def main():
         if cfg.get("big_session"):
             page.goto(base + "/ui/session?s=" + cfg["big_session"])
             page.wait_for_selector("#turn-500")
+            # The paint entry is recorded after the element is in the DOM: wait for it.
+            page.wait_for_function(
+                "() => performance.getEntriesByType('paint')"
+                ".some(e => e.name === 'first-contentful-paint')"
+            )
             fcp = page.evaluate(
                 "() => performance.getEntriesByType('paint')"
                 ".filter(e => e.name === 'first-contentful-paint').map(e => e.startTime)[0]"
