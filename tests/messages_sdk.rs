@@ -7,12 +7,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use common::Harness;
 use context_proxy::mock::Reply;
-use serde_json::{json, Value};
+use serde_json::json;
 
 #[tokio::test]
 async fn official_anthropic_sdk_works_through_the_proxy() {
@@ -36,20 +33,7 @@ async fn official_anthropic_sdk_works_through_the_proxy() {
         429,
         json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Rate limited"}, "request_id": "req_x"}),
     ));
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/anthropic_client.py");
-    let base = h.url("");
-    let output =
-        tokio::task::spawn_blocking(move || Command::new(python).arg(script).arg(base).output())
-            .await
-            .unwrap()
-            .unwrap();
-    assert!(
-        output.status.success(),
-        "SDK client failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let out = common::run_sdk_script(python, "anthropic_client.py", h.url("")).await;
     assert_eq!(out["text"], "Hello from the mock.");
     assert!(out["usage_input"].as_u64().unwrap() > 0);
     assert_eq!(out["stream_text"], "Streamed hello.");

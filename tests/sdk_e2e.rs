@@ -7,12 +7,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use common::Harness;
 use context_proxy::mock::Reply;
-use serde_json::{json, Value};
+use serde_json::json;
 
 #[tokio::test]
 async fn official_python_sdk_works_through_the_proxy() {
@@ -32,20 +29,7 @@ async fn official_python_sdk_works_through_the_proxy() {
         429,
         json!({"error": {"message": "Rate limit reached", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}),
     ));
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/sdk_client.py");
-    let base = h.url("/v1");
-    let output =
-        tokio::task::spawn_blocking(move || Command::new(python).arg(script).arg(base).output())
-            .await
-            .unwrap()
-            .unwrap();
-    assert!(
-        output.status.success(),
-        "SDK client failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let out = common::run_sdk_script(python, "sdk_client.py", h.url("/v1")).await;
     assert_eq!(out["text"], "Hello from the mock.");
     assert!(out["usage_prompt"].as_u64().unwrap() > 0);
     assert_eq!(out["stream_text"], "Streamed hello.");

@@ -9,13 +9,10 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use common::Harness;
 use context_proxy::mock::{MockConfig, Reply};
 use context_proxy::store::ContentRef;
-use serde_json::{json, Value};
+use serde_json::json;
 
 fn lines(prefix: &str, n: usize) -> String {
     (1..=n)
@@ -59,20 +56,7 @@ async fn real_client_libraries_never_see_the_proxys_tools() {
     h.mock
         .push(Reply::text("Line 7 computes value_7; 12 tests pass."));
 
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/sdk_reload.py");
-    let base = h.url("/v1");
-    let output =
-        tokio::task::spawn_blocking(move || Command::new(python).arg(script).arg(base).output())
-            .await
-            .unwrap()
-            .unwrap();
-    assert!(
-        output.status.success(),
-        "SDK client failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let seen = common::run_sdk_script(python, "sdk_reload.py", h.url("/v1")).await;
     assert_eq!(
         seen["stream_calls"],
         json!([["read_file", {"path": "c.rs"}]])

@@ -5,13 +5,10 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use common::Harness;
 use context_proxy::context::settings::WindowEntry;
 use context_proxy::mock::{MockConfig, Reply};
-use serde_json::{json, Value};
+use serde_json::json;
 
 #[tokio::test]
 async fn the_python_sdk_speaks_responses_through_the_proxy() {
@@ -29,20 +26,7 @@ async fn the_python_sdk_speaks_responses_through_the_proxy() {
     )]));
     h.mock.push(Reply::text("The README names it."));
     h.mock.push(Reply::text("Streamed: the tests pass."));
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/sdk_responses.py");
-    let base = h.url("/v1");
-    let output =
-        tokio::task::spawn_blocking(move || Command::new(python).arg(script).arg(base).output())
-            .await
-            .unwrap()
-            .unwrap();
-    assert!(
-        output.status.success(),
-        "SDK client failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let out = common::run_sdk_script(python, "sdk_responses.py", h.url("/v1")).await;
     let actions = out["actions"].as_str().unwrap();
     assert!(
         actions.contains("compacted") || actions.contains("offloaded"),

@@ -142,3 +142,32 @@ pub fn python_with(modules: &[&str], packages: &[&str]) -> std::path::PathBuf {
     assert!(has(&python), "{} cannot {import}", python.display());
     python
 }
+
+/// Runs `tests/e2e/<script>` with `python` and the proxy's `base` URL, off the runtime's
+/// threads, and reads the JSON object it prints; fails with its output when it fails.
+#[allow(dead_code)]
+pub async fn run_sdk_script(
+    python: std::path::PathBuf,
+    script: &str,
+    base: String,
+) -> serde_json::Value {
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/e2e")
+        .join(script);
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .arg(base)
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "SDK client failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
