@@ -464,3 +464,21 @@ async fn the_page_reads_a_redis_store() {
     assert_eq!(status, 200);
     assert!(stored.contains("a.rs line 7: let value_7"));
 }
+
+/// The journal writer gathers lines (here for a minute) and the page has it write what waits
+/// before it reads: an answered request shows within `WAIT` (10 s), not a minute later.
+#[tokio::test]
+async fn opening_the_page_writes_the_lines_that_wait() {
+    let mut h = Harness::start_with(MockConfig::default(), |c| {
+        setup(c);
+        c.ui.journal_flush_ms = 60_000;
+    })
+    .await;
+    h.client = no_client();
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-wait", &conversation()).await;
+    wait_turns(&h, "sk-alice", "s-wait", 1).await;
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-wait", &conversation()).await;
+    wait_turns(&h, "sk-alice", "s-wait", 2).await;
+}
