@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::chart::{compact, session_chart};
 use super::journal::{ReloadCall, RequestLine};
-use super::view::{Totals, Turn};
+use super::view::{Dollars, Totals, Turn};
 
 /// Who is looking, as the header says it.
 pub struct Viewer<'a> {
@@ -104,6 +104,25 @@ fn percent(share: Option<f64>) -> String {
     share.map_or("–".into(), |s| format!("{:.0}%", s * 100.0))
 }
 
+/// `$1.26`, `$0.00421`: dollars to three significant figures under a dollar.
+pub fn usd(v: f64) -> String {
+    if v >= 1.0 || v == 0.0 {
+        format!("${v:.2}")
+    } else {
+        let decimals = (2 - v.log10().floor() as i32).clamp(2, 9) as usize;
+        format!("${v:.decimals$}")
+    }
+}
+
+/// A cost without the proxy (`with`: false) or with it: in dollars when the model has list
+/// prices, else in full-price input tokens.
+fn cost(units: f64, dollars: Option<Dollars>, with: bool) -> String {
+    match dollars {
+        Some(d) => usd(if with { d.with } else { d.without }),
+        None => format!("{} tok", compact(units)),
+    }
+}
+
 /// `63104` as `63,104`.
 pub fn num(n: impl Into<u64>) -> String {
     let digits = n.into().to_string();
@@ -188,8 +207,8 @@ pub fn session_list(
                                 td.num.forwarded { (num(r.totals.tokens_after)) }
                                 td.num { (percent(r.totals.saved_share())) }
                                 td.num { (percent(r.totals.cached_share())) }
-                                td.num { (compact(r.totals.cost_without)) }
-                                td.num { (compact(r.totals.cost_with)) }
+                                td.num.cost-without { (cost(r.totals.cost_without, r.totals.dollars, false)) }
+                                td.num.cost-with { (cost(r.totals.cost_with, r.totals.dollars, true)) }
                                 td.num.reloads { (r.totals.reload_rounds) }
                                 td.num { (r.totals.summaries) }
                                 td { (r.totals.last_at.as_deref().map_or("–".into(), when)) }
@@ -271,7 +290,7 @@ fn figures(t: &Totals) -> Markup {
             div { dt { "Forwarded" } dd { (num(t.tokens_after)) } }
             div { dt { "Saved" } dd { (percent(t.saved_share())) } }
             div { dt { "Cached" } dd { (percent(t.cached_share())) } }
-            div { dt { "Cost without / with" } dd { (compact(t.cost_without)) " / " (compact(t.cost_with)) } }
+            div { dt { "Cost without / with" } dd #fig-cost { (cost(t.cost_without, t.dollars, false)) " / " (cost(t.cost_with, t.dollars, true)) } }
             div { dt { "Reload rounds" } dd { (t.reload_rounds) } }
             div { dt { "Summaries" } dd { (t.summaries) } }
         }
@@ -338,7 +357,7 @@ fn turn_row(query: &str, turn: &Turn) -> Markup {
             }
             td.num { (num(l.tokens_before as u64)) " → " (num(l.tokens_after as u64)) }
             td.num { (num(l.kept_prefix_tokens as u64)) }
-            td.num { (compact(turn.cost_without)) " / " (compact(turn.cost_with)) }
+            td.num.cost { (cost(turn.cost_without, turn.dollars, false)) " / " (cost(turn.cost_with, turn.dollars, true)) }
             td.num { (ms(l.latency_ms)) }
             td.num { (ms(l.ttfb_ms)) }
             td.reloads {
@@ -660,6 +679,10 @@ mod tests {
         assert_eq!(num(999u64), "999");
         assert_eq!(num(63_104u64), "63,104");
         assert_eq!(num(113_725_000u64), "113,725,000");
+        assert_eq!(usd(1.256), "$1.26");
+        assert_eq!(usd(0.0042149), "$0.00421");
+        assert_eq!(usd(0.5), "$0.500");
+        assert_eq!(usd(0.0), "$0.00");
         assert_eq!(when("2026-11-26T01:19:43.016Z"), "2026-11-26 01:19:43");
         assert_eq!(when("t1"), "t1");
     }
