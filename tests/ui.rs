@@ -482,3 +482,67 @@ async fn opening_the_page_writes_the_lines_that_wait() {
     send_chat(&h, "sk-alice", "s-wait", &conversation()).await;
     wait_turns(&h, "sk-alice", "s-wait", 2).await;
 }
+
+/// A Responses API request is on the page as the chat route's are: its route named, its items
+/// side by side (the instructions first, the tool call and its output), the marker where the
+/// output was and its reference a link; the hostile output escaped. Its cost is in dollars.
+#[tokio::test]
+async fn a_responses_request_is_shown_item_by_item() {
+    let h = started().await;
+    let ref_a = ContentRef::of(&file_a()).as_str().to_string();
+    let body = json!({
+        "model": "gpt-4o",
+        "instructions": "You are a coding agent.",
+        "store": false,
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Read the file."}]},
+            {"type": "function_call", "call_id": "call_a", "name": "read_file", "arguments": "{\"path\":\"a.rs\"}"},
+            {"type": "function_call_output", "call_id": "call_a", "output": file_a()},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Read."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is on line 7?"}]}
+        ]
+    });
+    h.mock.push(Reply::text("Line 7."));
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .header("authorization", "Bearer sk-alice")
+        .header("x-context-session", "s-responses")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let actions = resp.headers()["x-context-actions"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(actions.contains("compacted"), "{actions}");
+    resp.bytes().await.unwrap();
+
+    let session = wait_turns(&h, "sk-alice", "s-responses", 1).await;
+    assert!(session.contains("class=\"tag compacted\""), "{session}");
+    assert!(session.contains('$'), "cost in dollars: {session}");
+    let index = session
+        .split("/ui/request?")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    let (status, _, side) = get(&h, &format!("/ui/request?{index}"), Some("sk-alice")).await;
+    assert_eq!(status, 200, "{side}");
+    assert!(side.contains("/v1/responses"), "{side}");
+    assert!(
+        side.contains("You are a coding agent."),
+        "the instructions: {side}"
+    );
+    assert!(side.contains("<code>read_file</code>"), "the call: {side}");
+    assert!(
+        side.contains("<code>call_a</code>"),
+        "the output's call: {side}"
+    );
+    assert!(side.contains("<mark class=\"marker\">"), "{side}");
+    assert!(side.contains(&format!("r={ref_a}\"")), "{side}");
+    assert!(side.contains("&lt;script&gt;alert('xss')&lt;/script&gt;"));
+    assert!(!side.contains("<script>alert"), "{side}");
+}

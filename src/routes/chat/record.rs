@@ -173,7 +173,7 @@ fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: 
         ts: crate::context::writer::rfc3339(std::time::SystemTime::now()),
         request_id: ctx.request_id().to_string(),
         event: "request".into(),
-        route: "chat".into(),
+        route: journal::route_name(ctx.format.wire).into(),
         model: ctx.model.clone(),
         upstream: ctx.upstream.name.clone(),
         status: status.as_u16(),
@@ -217,6 +217,7 @@ fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: 
     let pending = journal::Pending {
         tenant: identity.tenant.clone(),
         session: identity.session.clone(),
+        wire: ctx.format.wire,
         line,
         client_body: keep.then(|| ctx.request.raw.clone()),
         forwarded_body: if keep { forwarded } else { None },

@@ -1,5 +1,6 @@
 //! The `request` line of a session's journal: what the proxy did for one request, left by the
-//! chat route's record phase when `[ui] enabled`, read back by the page. Older journals (only `decision` and `stored` lines) stay readable:
+//! record phase of the chat and Responses routes (one phase for both) when `[ui] enabled`,
+//! read back by the page. Older journals (only `decision` and `stored` lines) stay readable:
 //! every field has a default, and a journal without `request` lines shows its other lines.
 //!
 //! The record phase only builds the line and hands it to the [`JournalWriter`] (a
@@ -10,7 +11,8 @@
 //! ([`JournalWriter::flush`]); at shutdown it writes what is queued. A full queue drops the
 //! line and counts it (`context_proxy_journal_dropped_total`): the page never slows a request.
 //!
-//! With `[ui] keep_messages`, the messages the client sent and those the model received are
+//! With `[ui] keep_messages`, the messages the client sent and those the model received (in
+//! the wire's shape: chat's and Anthropic's `messages`, the Responses API's `input`) are
 //! stored as content (kind `messages`, addressed by their hash, so a turn sent twice is kept
 //! once) and named in the line's `bodies`; erasing the session erases them
 //! ([`crate::sessions::erase`] reads `bodies`).
@@ -26,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::context::adapter::Wire;
 use crate::service::Service;
 use crate::store::{ContentKind, SessionId, Store, Tenant};
 
@@ -59,7 +62,8 @@ pub struct RequestLine {
     pub ts: String,
     pub request_id: String,
     pub event: String,
-    /// The route: `chat` for `/v1/chat/completions`.
+    /// The route: `chat` for `/v1/chat/completions`, `responses` for `/v1/responses`,
+    /// `messages` for `/v1/messages` ([`route_name`]).
     pub route: String,
     pub model: Option<String>,
     pub upstream: String,
@@ -117,17 +121,45 @@ impl RequestLine {
     }
 }
 
-/// The `messages` array of a request body, as JSON text, when it has one.
-fn messages_of(body: &[u8]) -> Option<String> {
+/// The name of a wire's route in the journal (`route`).
+pub fn route_name(wire: Wire) -> &'static str {
+    match wire {
+        Wire::Chat => "chat",
+        Wire::Responses => "responses",
+        Wire::Messages => "messages",
+    }
+}
+
+/// The conversation of a request body as the page keeps it, as JSON text: the list of its
+/// messages or items in the wire's own shape (chat's and Anthropic's `messages`, the Responses
+/// API's `input`), with the instructions first as a `system` message when the wire keeps
+/// them apart (Anthropic's `system`, the Responses API's `instructions`), so both sides of
+/// the side-by-side view are one list.
+fn messages_of(body: &[u8], wire: Wire) -> Option<String> {
     let value: Value = serde_json::from_slice(body).ok()?;
-    let messages = value.get("messages")?;
-    messages.is_array().then(|| messages.to_string())
+    let (list, instructions) = match wire {
+        Wire::Chat => (value.get("messages")?, None),
+        Wire::Responses => (value.get("input")?, value.get("instructions")),
+        Wire::Messages => (value.get("messages")?, value.get("system")),
+    };
+    let mut items = match list {
+        Value::Array(items) => items.clone(),
+        // The Responses API's `input` may be one string: the user's message.
+        Value::String(text) => vec![serde_json::json!({"role": "user", "content": text})],
+        _ => return None,
+    };
+    if let Some(system) = instructions.filter(|v| !v.is_null()) {
+        items.insert(0, serde_json::json!({"role": "system", "content": system}));
+    }
+    Some(Value::Array(items).to_string())
 }
 
 /// What a finished request leaves for the journal: the line and, when kept, the bodies.
 pub struct Pending {
     pub tenant: Tenant,
     pub session: SessionId,
+    /// The request's wire: which list of its bodies the page keeps.
+    pub wire: Wire,
     pub line: RequestLine,
     /// The client's body, and the forwarded one when it differs, to keep (`keep_messages`).
     pub client_body: Option<bytes::Bytes>,
@@ -138,9 +170,9 @@ pub struct Pending {
 async fn prepare(store: &dyn Store, mut pending: Pending) -> Option<Value> {
     if let Some(client_body) = &pending.client_body {
         let (tenant, session) = (&pending.tenant, &pending.session);
-        let client = keep(store, tenant, session, client_body).await;
+        let client = keep(store, tenant, session, client_body, pending.wire).await;
         let forwarded = match &pending.forwarded_body {
-            Some(body) => keep(store, tenant, session, body).await,
+            Some(body) => keep(store, tenant, session, body, pending.wire).await,
             None => client.clone(),
         };
         pending.line.bodies = Some(Bodies { client, forwarded });
@@ -345,8 +377,9 @@ async fn keep(
     tenant: &Tenant,
     session: &SessionId,
     body: &bytes::Bytes,
+    wire: Wire,
 ) -> Option<String> {
-    let text = messages_of(body)?;
+    let text = messages_of(body, wire)?;
     match store
         .put_content(tenant, session, ContentKind::Messages, &text)
         .await
@@ -368,6 +401,7 @@ mod tests {
         Pending {
             tenant: tenant.clone(),
             session: session.clone(),
+            wire: Wire::Chat,
             line: RequestLine {
                 request_id: id.into(),
                 event: "request".into(),
@@ -430,6 +464,34 @@ mod tests {
         writer.flush().await;
         assert_eq!(dropped.load(Ordering::Relaxed), 1);
         assert_eq!(store.read_log(&t, &b).await.unwrap().len(), 2);
+    }
+
+    /// Each wire's conversation is kept as one list, its instructions first.
+    #[test]
+    fn each_wire_keeps_one_list_with_its_instructions_first() {
+        let chat =
+            br#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}"#;
+        assert_eq!(
+            messages_of(chat, Wire::Chat).unwrap(),
+            r#"[{"role":"system","content":"s"},{"role":"user","content":"u"}]"#
+        );
+        let responses = br#"{"instructions":"be brief","input":[{"type":"function_call_output","call_id":"c","output":"x"}]}"#;
+        assert_eq!(
+            messages_of(responses, Wire::Responses).unwrap(),
+            r#"[{"role":"system","content":"be brief"},{"type":"function_call_output","call_id":"c","output":"x"}]"#
+        );
+        let one = br#"{"input":"hi"}"#;
+        assert_eq!(
+            messages_of(one, Wire::Responses).unwrap(),
+            r#"[{"role":"user","content":"hi"}]"#
+        );
+        let messages = br#"{"system":[{"type":"text","text":"sys"}],"messages":[{"role":"user","content":"u"}]}"#;
+        assert_eq!(
+            messages_of(messages, Wire::Messages).unwrap(),
+            r#"[{"role":"system","content":[{"type":"text","text":"sys"}]},{"role":"user","content":"u"}]"#
+        );
+        assert_eq!(messages_of(br#"{"input":"hi"}"#, Wire::Chat), None);
+        assert_eq!(messages_of(b"not json", Wire::Messages), None);
     }
 
     /// A batch as large as `batch` is written without waiting for the interval.

@@ -452,6 +452,7 @@ pub fn request_page(viewer: &Viewer, r: &RequestView) -> Markup {
             }
             h1 { "Request " code { (l.request_id) } }
             dl.figures {
+                div { dt { "Route" } dd #route { (route_path(&l.route)) } }
                 div { dt { "Model" } dd { (l.model.as_deref().unwrap_or("–")) } }
                 div { dt { "Actions" } dd { (l.actions) } }
                 div { dt { "Tokens" } dd { (num(l.tokens_before as u64)) " → " (num(l.tokens_after as u64)) } }
@@ -481,6 +482,16 @@ pub fn request_page(viewer: &Viewer, r: &RequestView) -> Markup {
     }
 }
 
+/// The path a journal's `route` names.
+fn route_path(route: &str) -> &str {
+    match route {
+        "chat" | "" => "/v1/chat/completions",
+        "responses" => "/v1/responses",
+        "messages" => "/v1/messages",
+        other => other,
+    }
+}
+
 fn side_row(r: &RequestView, row: &Row) -> Markup {
     let none = HashSet::new();
     match row {
@@ -505,39 +516,142 @@ fn side_row(r: &RequestView, row: &Row) -> Markup {
     }
 }
 
-/// A message's text: its `content` (a string, or the text of its parts).
-pub fn message_text(m: &Value) -> String {
-    match m.get("content") {
+/// One message or item of any of the three wires, as the page shows it. The shapes do not
+/// collide, so one reading serves them all: chat's messages (`role`, `content`, `tool_calls`,
+/// `tool_call_id`), the Responses API's items (`message`, `function_call`,
+/// `function_call_output`, `reasoning`) and Anthropic's messages (content blocks `text`,
+/// `tool_use`, `tool_result`, `thinking`).
+#[derive(Debug, Default, PartialEq)]
+pub struct Shown {
+    pub role: String,
+    /// The tool call it answers (chat's `tool_call_id`, the Responses API's `call_id`,
+    /// Anthropic's `tool_use_id`), or the call it makes.
+    pub id: Option<String>,
+    /// Tool calls it makes: name and arguments.
+    pub calls: Vec<(String, String)>,
+    pub text: String,
+}
+
+/// The text of a `content`: a string, or the text of its parts (a `tool_result` block's own
+/// content included).
+fn content_text(content: Option<&Value>) -> String {
+    match content {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
             .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .filter_map(|p| match p.get("type").and_then(Value::as_str) {
+                Some("tool_result") => Some(content_text(p.get("content"))),
+                Some("thinking") => p
+                    .get("thinking")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                _ => p.get("text").and_then(Value::as_str).map(str::to_string),
+            })
             .collect::<Vec<_>>()
             .join("\n"),
         _ => String::new(),
     }
 }
 
+fn str_of(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// How the page shows `m` (see [`Shown`]).
+pub fn shown(m: &Value) -> Shown {
+    match m.get("type").and_then(Value::as_str) {
+        Some("function_call") => {
+            return Shown {
+                role: "assistant".into(),
+                id: str_of(m, "call_id"),
+                calls: vec![(
+                    str_of(m, "name").unwrap_or_else(|| "?".into()),
+                    str_of(m, "arguments").unwrap_or_default(),
+                )],
+                text: String::new(),
+            }
+        }
+        Some("function_call_output") => {
+            return Shown {
+                role: "tool".into(),
+                id: str_of(m, "call_id"),
+                calls: Vec::new(),
+                text: content_text(m.get("output")),
+            }
+        }
+        Some("reasoning") => {
+            return Shown {
+                role: "reasoning".into(),
+                text: content_text(m.get("summary")),
+                ..Shown::default()
+            }
+        }
+        _ => {}
+    }
+    let content = m.get("content");
+    let blocks = content.and_then(Value::as_array);
+    let of_type = |t: &str| {
+        blocks.map_or(Vec::new(), |b| {
+            b.iter()
+                .filter(|p| p.get("type").and_then(Value::as_str) == Some(t))
+                .collect::<Vec<_>>()
+        })
+    };
+    let results = of_type("tool_result");
+    let all_results = blocks.is_some_and(|b| !b.is_empty() && results.len() == b.len());
+    let mut calls: Vec<(String, String)> = of_type("tool_use")
+        .into_iter()
+        .map(|c| {
+            let input = c.get("input").map(Value::to_string).unwrap_or_default();
+            (str_of(c, "name").unwrap_or_else(|| "?".into()), input)
+        })
+        .collect();
+    if let Some(list) = m.get("tool_calls").and_then(Value::as_array) {
+        calls.extend(list.iter().map(|c| {
+            let at = |p: &str| c.pointer(p).and_then(Value::as_str).unwrap_or("");
+            (
+                at("/function/name").to_string(),
+                at("/function/arguments").to_string(),
+            )
+        }));
+    }
+    let role = str_of(m, "role").unwrap_or_else(|| "?".into());
+    Shown {
+        // Anthropic's tool results come in a user message: shown as the tool's.
+        role: if all_results { "tool".into() } else { role },
+        id: str_of(m, "tool_call_id")
+            .or_else(|| results.first().and_then(|r| str_of(r, "tool_use_id"))),
+        calls,
+        text: content_text(content),
+    }
+}
+
+/// A message's text, as [`shown`] reads it.
+pub fn message_text(m: &Value) -> String {
+    shown(m).text
+}
+
 /// One message: role, tool calls, and its text (the first [`INLINE_LINES`] lines; the rest
 /// opens paged). On the model's side, a line naming a reference of `refs` is a marker: it
 /// is highlighted and the reference is a link to the stored original.
 fn message(r: &RequestView, side: &str, index: usize, m: &Value, refs: &HashSet<String>) -> Markup {
-    let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
-    let text = message_text(m);
+    let Shown {
+        role,
+        id,
+        calls,
+        text,
+    } = shown(m);
     let total = text.lines().count();
     html! {
-        div.message.(role_class(role)) {
+        div.message.(role_class(&role)) {
             div.meta {
                 span.role { (role) }
-                @if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) { " " code { (id) } }
+                @if let Some(id) = &id { " " code { (id) } }
             }
-            @if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+            @if !calls.is_empty() {
                 ul.tool-calls {
-                    @for c in calls {
-                        li {
-                            code { (c.pointer("/function/name").and_then(Value::as_str).unwrap_or("?")) }
-                            " " code.args { (c.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("")) }
-                        }
+                    @for (name, args) in &calls {
+                        li { code { (name) } " " code.args { (args) } }
                     }
                 }
             }
@@ -671,6 +785,54 @@ mod tests {
         let html = text_line("t=a&s=b", &line, &refs).into_string();
         assert!(html.contains("<mark class=\"marker\">"), "{html}");
         assert!(html.contains("href=\"/ui/ref?t=a&amp;r=ctx_abc"), "{html}");
+    }
+
+    /// The three wires' messages and items read as one: role, the call they answer or make,
+    /// their calls and their text.
+    #[test]
+    fn every_wire_is_shown_by_one_reading() {
+        use serde_json::json;
+        let chat_call = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]});
+        assert_eq!(shown(&chat_call).calls, [("read".into(), "{}".into())]);
+        let chat_result = json!({"role": "tool", "tool_call_id": "c1", "content": "a\nb"});
+        let s = shown(&chat_result);
+        assert_eq!(
+            (s.role.as_str(), s.id.as_deref(), s.text.as_str()),
+            ("tool", Some("c1"), "a\nb")
+        );
+        let call = json!({"type": "function_call", "call_id": "c2", "name": "grep", "arguments": "{\"p\":1}"});
+        let s = shown(&call);
+        assert_eq!(
+            (s.role.as_str(), s.id.as_deref()),
+            ("assistant", Some("c2"))
+        );
+        assert_eq!(s.calls, [("grep".into(), "{\"p\":1}".into())]);
+        let output =
+            json!({"type": "function_call_output", "call_id": "c2", "output": "[stored as ctx_x]"});
+        assert_eq!(shown(&output).role, "tool");
+        assert_eq!(shown(&output).text, "[stored as ctx_x]");
+        let message = json!({"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "one"}, {"type": "input_text", "text": "two"}]});
+        assert_eq!(shown(&message).text, "one\ntwo");
+        let reasoning =
+            json!({"type": "reasoning", "summary": [{"type": "summary_text", "text": "thought"}]});
+        assert_eq!(shown(&reasoning).role, "reasoning");
+        assert_eq!(shown(&reasoning).text, "thought");
+        let tool_use = json!({"role": "assistant", "content": [
+            {"type": "text", "text": "reading"},
+            {"type": "tool_use", "id": "tu1", "name": "read", "input": {"path": "a"}}]});
+        let s = shown(&tool_use);
+        assert_eq!((s.role.as_str(), s.text.as_str()), ("assistant", "reading"));
+        assert_eq!(s.calls, [("read".into(), r#"{"path":"a"}"#.into())]);
+        let tool_result = json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "tu1", "content": [{"type": "text", "text": "body"}]}]});
+        let s = shown(&tool_result);
+        assert_eq!(
+            (s.role.as_str(), s.id.as_deref(), s.text.as_str()),
+            ("tool", Some("tu1"), "body")
+        );
+        assert_eq!(message_text(&tool_result), "body");
     }
 
     #[test]
