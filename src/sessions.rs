@@ -3,7 +3,10 @@
 //! itself), erasing one, and the references a journal names. Shared by the `/v1/context/…`
 //! routes and the `inspect` subcommand; the context manager finds a session's stored content
 //! with [`journal_refs`]. It decides nothing about context. The `[ui]` section ([`UiConfig`])
-//! says what the page that shows them (`routes::ui`) keeps and how it is served.
+//! says what the page that shows them (`routes::ui`) keeps and how it is served; [`journal`]
+//! the page's `request` lines and their writer.
+
+pub mod journal;
 
 use http::StatusCode;
 use serde::{Deserialize, Serialize};

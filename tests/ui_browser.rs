@@ -91,7 +91,7 @@ async fn chat(h: &Harness, messages: &[Value]) -> (usize, usize, u64) {
 /// the answer's tokens; in dollars.
 fn first_turn_costs(sent: usize, forwarded: usize, completion: u64) -> (String, String) {
     use context_proxy::pricing::{openai_for_model, ModelPrice};
-    use context_proxy::routes::ui::pages::usd;
+    use context_proxy::routes::ui::chart::usd;
     let terms = openai_for_model("gpt-4o");
     let list = ModelPrice::of("gpt-4o").unwrap();
     let dollars = |tokens: usize| usd(list.dollars(terms.call_cost(tokens, 0), completion));

@@ -84,7 +84,7 @@ pub async fn build(config: &ValidConfig) -> Result<Shared, StateError> {
         None
     };
     let journal = config.ui.enabled.then(|| {
-        use crate::routes::ui::journal::{JournalWriter, WriterConfig};
+        use crate::sessions::journal::{JournalWriter, WriterConfig};
         JournalWriter::start(
             store.clone(),
             WriterConfig::of(&config.ui),

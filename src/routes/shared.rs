@@ -53,13 +53,13 @@ pub struct Shared {
 pub struct UiState {
     pub config: crate::sessions::UiConfig,
     pub logins: crate::auth::Logins,
-    pub journal: Arc<crate::routes::ui::journal::JournalWriter>,
+    pub journal: Arc<crate::sessions::journal::JournalWriter>,
 }
 
 impl UiState {
     pub fn new(
         config: crate::sessions::UiConfig,
-        journal: Arc<crate::routes::ui::journal::JournalWriter>,
+        journal: Arc<crate::sessions::journal::JournalWriter>,
     ) -> UiState {
         let logins = crate::auth::Logins::new(
             config.max_logins,

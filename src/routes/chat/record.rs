@@ -217,7 +217,7 @@ fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: 
     let pending = journal::Pending {
         tenant: identity.tenant.clone(),
         session: identity.session.clone(),
-        wire: ctx.format.wire,
+        conversation: journal::conversation(ctx.format.wire),
         line,
         client_body: keep.then(|| ctx.request.raw.clone()),
         forwarded_body: if keep { forwarded } else { None },

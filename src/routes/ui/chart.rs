@@ -44,10 +44,7 @@ pub fn session_chart(turns: &[Turn]) -> Markup {
             .collect()
     };
     let (cost_title, cost_label): (&str, fn(f64) -> String) = if in_dollars {
-        (
-            "Cost per turn (dollars, input and output)",
-            super::pages::usd,
-        )
+        ("Cost per turn (dollars, input and output)", usd)
     } else {
         ("Input cost per turn (full-price tokens)", compact)
     };
@@ -117,5 +114,15 @@ pub fn compact(v: f64) -> String {
         format!("{:.1}k", v / 1e3)
     } else {
         format!("{v:.0}")
+    }
+}
+
+/// `$1.26`, `$0.00421`: dollars to three significant figures under a dollar.
+pub fn usd(v: f64) -> String {
+    if v >= 1.0 || v == 0.0 {
+        format!("${v:.2}")
+    } else {
+        let decimals = (2 - v.log10().floor() as i32).clamp(2, 9) as usize;
+        format!("${v:.decimals$}")
     }
 }

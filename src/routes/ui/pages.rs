@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use maud::{html, Markup, DOCTYPE};
 use serde_json::Value;
 
-use super::chart::{compact, session_chart};
+use super::chart::{compact, session_chart, usd};
 use super::journal::{ReloadCall, RequestLine};
 use super::view::{Dollars, Totals, Turn};
 
@@ -102,16 +102,6 @@ pub struct Filter<'a> {
 
 fn percent(share: Option<f64>) -> String {
     share.map_or("–".into(), |s| format!("{:.0}%", s * 100.0))
-}
-
-/// `$1.26`, `$0.00421`: dollars to three significant figures under a dollar.
-pub fn usd(v: f64) -> String {
-    if v >= 1.0 || v == 0.0 {
-        format!("${v:.2}")
-    } else {
-        let decimals = (2 - v.log10().floor() as i32).clamp(2, 9) as usize;
-        format!("${v:.decimals$}")
-    }
 }
 
 /// A cost without the proxy (`with`: false) or with it: in dollars when the model has list
