@@ -546,3 +546,42 @@ async fn a_responses_request_is_shown_item_by_item() {
     assert!(side.contains("&lt;script&gt;alert('xss')&lt;/script&gt;"));
     assert!(!side.contains("<script>alert"), "{side}");
 }
+
+/// The `/v1/context/` routes have the journal writer write what waits before they read or
+/// erase: the request line shows in the session's journal (else it would wait a minute here),
+/// and `DELETE` then erases it with the rest: the page has nothing of the session.
+#[tokio::test]
+async fn the_context_routes_see_and_erase_the_lines_that_wait() {
+    let mut h = Harness::start_with(MockConfig::default(), |c| {
+        setup(c);
+        c.ui.journal_flush_ms = 60_000;
+    })
+    .await;
+    h.client = no_client();
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-del", &conversation()).await;
+    let admin = |method: reqwest::Method| {
+        h.client
+            .request(method, h.url("/v1/context/sessions/s-del?tenant=alice"))
+            .header("authorization", "Bearer admin-secret")
+    };
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let detail: Value = admin(reqwest::Method::GET)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if detail.to_string().contains("\"event\":\"request\"") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no request line: {detail}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resp = admin(reqwest::Method::DELETE).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let (status, _, body) = get(&h, "/ui/session?s=s-del", Some("sk-alice")).await;
+    assert_eq!(status, 404, "{body}");
+}
