@@ -113,3 +113,87 @@ impl LoopWire for ResponsesLoop {
         loop_stream::spawn(round, first)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// An output item: 0 reasoning, 1 a message, 2 a call of the proxy's tool, 3 the client's.
+    fn item(kind: u8, n: usize) -> Value {
+        match kind {
+            0 => {
+                json!({"type": "reasoning", "id": format!("rs_{n}"), "summary": [], "encrypted_content": format!("gAAAAB{n}")})
+            }
+            1 => {
+                json!({"type": "message", "id": format!("msg_{n}"), "role": "assistant", "content": [{"type": "output_text", "text": format!("text {n}")}]})
+            }
+            2 => {
+                json!({"type": "function_call", "id": format!("fc_{n}"), "call_id": format!("call_p{n}"), "name": "context_read", "arguments": "{}"})
+            }
+            _ => {
+                json!({"type": "function_call", "id": format!("fc_{n}"), "call_id": format!("call_c{n}"), "name": "shell", "arguments": "{}"})
+            }
+        }
+    }
+
+    proptest! {
+        /// A mixed answer split for the client and put back next turn: the client's items
+        /// keep their order, every reasoning item hidden reasons for a proxy call, and the
+        /// model's view comes back whole, byte for byte, with every call answered.
+        #[test]
+        fn a_split_answer_comes_back_whole(kinds in proptest::collection::vec(0u8..4, 1..12)) {
+            let mut kinds = kinds;
+            kinds.push(3); // mixed: at least one call of the client's
+            kinds.insert(0, 2);
+            let output: Vec<Value> = kinds.iter().enumerate().map(|(n, k)| item(*k, n)).collect();
+            let input = vec![json!({"role": "user", "content": "go"})];
+            let is_proxy = |name: &str| name == "context_read";
+            let mut answer = json!({ "output": output.clone() });
+            let split = ResponsesLoop.split(&mut answer, &is_proxy);
+            let visible = answer["output"].as_array().unwrap().clone();
+            // What the client sees: no call of the proxy's, its items in order.
+            prop_assert!(visible.iter().all(|i| i["name"] != "context_read"));
+            let expected: Vec<&Value> = output.iter().filter(|i| !split.hidden.iter().any(|(_, h)| h == *i)).collect();
+            prop_assert_eq!(visible.iter().collect::<Vec<_>>(), expected);
+            // A hidden reasoning item reasons for a proxy call; a shown one never does.
+            for (n, i) in output.iter().enumerate() {
+                if i["type"] != "reasoning" {
+                    continue;
+                }
+                let next = output[n..].iter().find(|j| j["type"] != "reasoning");
+                let for_proxy = next.is_some_and(|j| j["name"] == "context_read");
+                prop_assert_eq!(split.hidden.iter().any(|(_, h)| h == i), for_proxy);
+            }
+            // Next turn: the client's history with its own outputs; the proxy's come back.
+            let results: Vec<Value> = calls(&output)
+                .iter()
+                .filter(|c| is_proxy(&c.name))
+                .map(|c| ResponsesLoop.result(c, format!("read {}", c.id)))
+                .collect();
+            let exchange = hidden::Exchange {
+                key: hidden::key_of(
+                    ResponsesLoop.transcript(&json!({ "input": input.clone() })),
+                    split.client_ids.iter().map(String::as_str),
+                ),
+                calls: split.hidden,
+                results: results.clone(),
+            };
+            let client_outputs: Vec<Value> = split
+                .client_ids
+                .iter()
+                .map(|id| json!({"type": "function_call_output", "call_id": id, "output": "ok"}))
+                .collect();
+            let mut next: Vec<Value> = input.clone();
+            next.extend(visible);
+            next.extend(client_outputs.clone());
+            prop_assert_eq!(hidden::restore_items(std::slice::from_ref(&exchange), &mut next), 1);
+            let mut whole = input;
+            whole.extend(output);
+            whole.extend(results);
+            whole.extend(client_outputs);
+            let bytes = |items: &[Value]| items.iter().map(Value::to_string).collect::<Vec<_>>();
+            prop_assert_eq!(bytes(&next), bytes(&whole));
+        }
+    }
+}
