@@ -71,6 +71,11 @@ struct ScopeLabels {
     scope: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Latency buckets from 100 µs to about 105 s (×2 each).
@@ -132,6 +137,7 @@ pub struct Metrics {
     store_errors: Family<BackendLabels, Counter>,
     quota_exceeded: Family<ScopeLabels, Counter>,
     rejected_erased: Counter,
+    compactions: Family<OutcomeLabels, Counter>,
     models: Mutex<HashSet<String>>,
 }
 
@@ -271,6 +277,12 @@ impl Default for Metrics {
             "Store items erased because the upstream refused (401/403) the key of a tenant it had not accepted before.",
             Counter::default(),
         );
+        let compactions = registered(
+            &mut registry,
+            "context_proxy_responses_compactions",
+            "Responses API compactions (/v1/responses/compact, compaction_trigger) and the proxy's sealed compaction items, by outcome: computed, hit (the summary was cached), native (forwarded to an upstream that compacts natively), forwarded (no summary could be made), expanded (a sealed item put back as its summary).",
+            Family::<OutcomeLabels, Counter>::default(),
+        );
         registry.register(
             "context_proxy_build",
             "The proxy's version.",
@@ -316,6 +328,7 @@ impl Default for Metrics {
             store_errors,
             quota_exceeded,
             rejected_erased,
+            compactions,
             models: Mutex::new(HashSet::new()),
         }
     }
@@ -528,6 +541,14 @@ impl Metrics {
     /// Items erased after the upstream refused a new tenant's key.
     pub fn record_rejected_erased(&self, items: usize) {
         self.rejected_erased.inc_by(items as u64);
+    }
+
+    /// A Responses API compaction, by outcome (`computed`, `hit`, `native`, `forwarded`,
+    /// `expanded`).
+    pub fn record_compaction(&self, outcome: &'static str) {
+        self.compactions
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
     }
 
     /// The OpenMetrics text exposition ([`CONTENT_TYPE`]).

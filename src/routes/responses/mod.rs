@@ -25,10 +25,21 @@ use crate::context::adapter::Wire;
 use crate::http::body::{full, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::routes::chat::{self, Format};
+
+mod compaction;
+
 use crate::routes::shared::Shared;
+use compaction::{Ask, Next};
 
 /// Headers Codex names its conversation with, in the order they are read.
 const SESSION_HEADERS: [&str; 3] = ["session-id", "thread-id", "session_id"];
+
+/// `POST /v1/responses/compact`: answered by the proxy, or forwarded as it came (never
+/// managed: the upstream compacts what it is sent).
+const COMPACT: Format = Format {
+    path: "/responses/compact",
+    ..RESPONSES
+};
 
 /// The Responses API's format of the managed phases.
 pub const RESPONSES: Format = Format {
@@ -46,7 +57,31 @@ pub async fn handle(
     req: Request<Incoming>,
     request_id: HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    chat::run(state, req, request_id, &RESPONSES).await
+    run(state, req, request_id, &RESPONSES, Ask::Turn).await
+}
+
+/// Runs `POST /v1/responses/compact`: answered by the proxy's summarizer, or forwarded as it
+/// came (`compaction.rs`).
+pub async fn compact(
+    state: Arc<Shared>,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    run(state, req, request_id, &COMPACT, Ask::Compact).await
+}
+
+async fn run(
+    state: Arc<Shared>,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+    format: &'static Format,
+    ask: Ask,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let ctx = chat::start(&state, req, request_id, format).await?;
+    match compaction::prepare(&state, ctx, ask).await? {
+        Next::Answered(response) => Ok(response),
+        Next::Forward(ctx) => chat::finish(state, *ctx).await,
+    }
 }
 
 /// Whether a request on `/v1/responses` asks to become a WebSocket.
