@@ -131,7 +131,7 @@ async fn parse(
     format: &'static Format,
 ) -> Result<ChatCtx, ProxyError> {
     let received = Instant::now();
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let mode = state
         .context
         .mode(
@@ -143,6 +143,15 @@ async fn parse(
         .map_err(ProxyError::InvalidRequest)?;
     let limits = &state.body_limits;
     let raw = read_limited(body, &parts.headers, limits, &state.body_budget).await?;
+    // A zstd body is decoded (its decoded size under the same limits) and goes on decoded:
+    // the proxy may rewrite it, and every upstream reads a plain body.
+    let raw = if crate::http::request_body::is_zstd(&parts.headers) {
+        let decoded = crate::http::request_body::decode_zstd(&raw, limits, &state.body_budget)?;
+        parts.headers.remove(header::CONTENT_ENCODING);
+        decoded
+    } else {
+        raw
+    };
     // A body the format cannot read as it came (compressed) goes out as it came.
     let mut unmanaged = (format.unmanaged_head)(&parts.headers);
     let peeked = match (mode, &unmanaged) {
