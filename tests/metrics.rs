@@ -80,7 +80,7 @@ async fn scrape_after_known_traffic() {
         ),
         3.0
     );
-    let upstream = "{upstream=\"default\"}";
+    let upstream = "{route=\"chat\",upstream=\"default\"}";
     for name in [
         "context_proxy_chat_upstream_seconds_count",
         "context_proxy_chat_first_byte_seconds_count",
@@ -88,7 +88,13 @@ async fn scrape_after_known_traffic() {
     ] {
         assert_eq!(sample(&text, &format!("{name}{upstream}")), 3.0, "{name}");
     }
-    assert_eq!(sample(&text, "context_proxy_chat_proxy_seconds_count"), 3.0);
+    assert_eq!(
+        sample(
+            &text,
+            "context_proxy_chat_proxy_seconds_count{route=\"chat\"}"
+        ),
+        3.0
+    );
     // The proxy's count and the upstream's usage, by model.
     let model = "{model=\"gpt-4o\"}";
     let before = sample(
@@ -167,4 +173,48 @@ async fn scrape_after_known_traffic() {
             "{route}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_responses_request_is_counted_under_its_own_route() {
+    let h = Harness::start().await;
+    let body = json!({"model": "gpt-4o", "input": [{"role": "user", "content": "hello there"}]});
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    let text = h
+        .client
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let route = "{route=\"responses\",upstream=\"default\"}";
+    assert_eq!(
+        sample(
+            &text,
+            &format!("context_proxy_chat_response_seconds_count{route}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "context_proxy_chat_proxy_seconds_count{route=\"responses\"}"
+        ),
+        1.0
+    );
+    assert!(
+        !text.contains("route=\"chat\",upstream"),
+        "no chat sample: {text}"
+    );
+    assert_eq!(sample(&text, "context_proxy_chat_requests_total"), 0.0);
 }

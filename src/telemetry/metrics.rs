@@ -48,6 +48,7 @@ struct RouteLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamLabels {
+    route: &'static str,
     upstream: String,
 }
 
@@ -121,8 +122,8 @@ pub struct Metrics {
     request_seconds: HistogramFamily<RouteLabels>,
     in_flight_requests: Gauge,
     open_responses: Gauge,
-    proxy_seconds: Histogram,
-    upstream_calls: Histogram,
+    proxy_seconds: HistogramFamily<RouteLabels>,
+    upstream_calls: HistogramFamily<RouteLabels>,
     upstream_seconds: HistogramFamily<UpstreamLabels>,
     first_byte_seconds: HistogramFamily<UpstreamLabels>,
     response_seconds: HistogramFamily<UpstreamLabels>,
@@ -183,31 +184,33 @@ impl Default for Metrics {
         let proxy_seconds = registered(
             &mut registry,
             "context_proxy_chat_proxy_seconds",
-            "The proxy's own time before forwarding a chat request (parse, identify, plan, apply).",
-            latency_histogram(),
+            "The proxy's own time before forwarding a managed request (parse, identify, plan, apply), by route (chat, responses).",
+            Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram),
         );
         let upstream_calls = registered(
             &mut registry,
             "context_proxy_chat_upstream_calls",
-            "Upstream calls made for one chat request: 1, plus each round of the proxy's own tools and an overflow retry (at most [context.reload] max_rounds + 3).",
-            Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 24.0, 36.0]),
+            "Upstream calls made for one managed request: 1, plus each round of the proxy's own tools and an overflow retry (at most [context.reload] max_rounds + 3), by route (chat, responses).",
+            Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+                Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 24.0, 36.0])
+            }),
         );
         let upstream_seconds: HistogramFamily<UpstreamLabels> = registered(
             &mut registry,
             "context_proxy_chat_upstream_seconds",
-            "Time from forwarding a chat request to the upstream's response headers (first call).",
+            "Time from forwarding a managed request to the upstream's response headers (first call), by route (chat, responses) and upstream.",
             Family::new_with_constructor(latency_histogram),
         );
         let first_byte_seconds: HistogramFamily<UpstreamLabels> = registered(
             &mut registry,
             "context_proxy_chat_first_byte_seconds",
-            "Time from a chat request's arrival to the first body byte sent to the client (time to first token for streams).",
+            "Time from a managed request's arrival to the first body byte sent to the client (time to first token for streams), by route (chat, responses) and upstream.",
             Family::new_with_constructor(latency_histogram),
         );
         let response_seconds: HistogramFamily<UpstreamLabels> = registered(
             &mut registry,
             "context_proxy_chat_response_seconds",
-            "Time from a chat request's arrival to the end of its response body.",
+            "Time from a managed request's arrival to the end of its response body, by route (chat, responses) and upstream.",
             Family::new_with_constructor(latency_histogram),
         );
         let model_counter = |registry: &mut Registry, name: &str, help: &str| {
@@ -376,6 +379,8 @@ impl Drop for InFlight<'_> {
 
 /// One chat request, once its response has ended: what the record phase knows.
 pub struct ChatSample<'a> {
+    /// The managed route (`chat`, `responses`): the label of the histograms.
+    pub route: &'static str,
     pub model: Option<&'a str>,
     pub upstream: &'a str,
     pub tokens_before: usize,
@@ -453,13 +458,19 @@ impl Metrics {
     pub fn record_chat(&self, s: &ChatSample<'_>) {
         self.open_responses.dec();
         let upstream = UpstreamLabels {
+            route: s.route,
             upstream: s.upstream.to_string(),
         };
+        let route = RouteLabels { route: s.route };
         if let Some(d) = s.proxy {
-            self.proxy_seconds.observe(d.as_secs_f64());
+            self.proxy_seconds
+                .get_or_create(&route)
+                .observe(d.as_secs_f64());
         }
         if s.upstream_calls > 0 {
-            self.upstream_calls.observe(f64::from(s.upstream_calls));
+            self.upstream_calls
+                .get_or_create(&route)
+                .observe(f64::from(s.upstream_calls));
         }
         for (family, d) in [
             (&self.upstream_seconds, s.upstream_wait),
@@ -686,6 +697,7 @@ mod tests {
             let model = format!("model-{i}");
             m.chat_response_started();
             m.record_chat(&ChatSample {
+                route: "chat",
                 model: Some(&model),
                 upstream: "u",
                 tokens_before: 10,
@@ -715,7 +727,7 @@ mod tests {
             MAX_MODEL_LABELS + 10
         )));
         assert!(text.contains(&format!(
-            "context_proxy_chat_proxy_seconds_count {}\n",
+            "context_proxy_chat_proxy_seconds_count{{route=\"chat\"}} {}\n",
             MAX_MODEL_LABELS + 10
         )));
         assert!(text.contains("context_proxy_in_flight_chat_responses 0\n"));
