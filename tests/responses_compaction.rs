@@ -177,6 +177,10 @@ async fn a_compaction_trigger_gets_one_sealed_item_streamed_then_expanded_next_t
         "{asked}"
     );
     assert!(asked.contains("test result: FAILED"), "{asked}");
+    assert!(
+        !asked.contains("workspace-write"),
+        "instructions are not summarized: {asked}"
+    );
 
     // The same request again, as JSON: the same item, no second summary.
     let resp = post(

@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::context::adapter::{Adapter, Responses};
 use crate::context::compaction::{self, ExpandError, Span};
+use crate::context::model::Kind;
 use crate::context::session::Prefixes;
 use crate::context::summary_store::hash_hex;
 use crate::context::{Mode, SummaryJob, ACTIONS_HEADER};
@@ -160,6 +161,13 @@ async fn summarize(state: &Shared, ctx: &ChatCtx, span: &Span) -> Result<Done, S
         .max_input_tokens
         .saturating_sub(config.max_summary_tokens + 1_000)
         .saturating_sub(span.previous.as_deref().map_or(0, count));
+    // The summarizer reads the conversation, not the instructions: the client sends its
+    // system and developer messages again after a compaction (Codex does).
+    let said: Vec<Value> = covered
+        .iter()
+        .filter(|item| Responses.kind(item) != Kind::Instructions)
+        .cloned()
+        .collect();
     let prefixes = Prefixes::of(&span.items);
     let prefix_hash = prefixes
         .get(span.items.len())
@@ -173,7 +181,7 @@ async fn summarize(state: &Shared, ctx: &ChatCtx, span: &Span) -> Result<Done, S
             previous: span.previous.clone(),
             span: crate::context::summary::render_span(
                 &Responses,
-                covered,
+                &said,
                 state.context.tool_result_max_tokens(),
                 room.max(1_000),
                 &count,
