@@ -30,7 +30,10 @@ pub fn record(
     let metrics = &state.metrics;
     let add = |c: &AtomicU64, n: usize| c.fetch_add(n as u64, Ordering::Relaxed);
     let managed = &ctx.managed;
-    add(&metrics.chat_requests, 1);
+    let route = ctx.format.wire.adapter().name();
+    if ctx.format.wire == crate::context::adapter::Wire::Chat {
+        add(&metrics.chat_requests, 1);
+    }
     add(&metrics.tokens_before, managed.report.tokens_before);
     add(&metrics.tokens_after, managed.report.tokens_after);
     if managed.body.is_some() {
@@ -60,6 +63,7 @@ pub fn record(
     };
     let report = &managed.report;
     metrics.record_chat(&crate::telemetry::metrics::ChatSample {
+        route,
         model: ctx.model.as_deref(),
         upstream: &ctx.upstream.name,
         tokens_before: report.tokens_before,
