@@ -287,28 +287,16 @@ impl ContextManager {
         self.apply_to(identity, plan, body, None, request_id).await
     }
 
-    /// [`ContextManager::apply`] for an Anthropic Messages request, whose decision is written
-    /// into its bytes `raw` ([`adapter::messages::write_bytes`]): untouched messages keep their
-    /// bytes, and a decision that would break a rule of the API leaves the request unmanaged.
-    pub async fn apply_messages(
+    /// [`ContextManager::apply`], writing the decision into the request's bytes when
+    /// `written_into` gives them (an Anthropic Messages request, whose decision is written by
+    /// [`adapter::messages::write_bytes`]): untouched messages keep their bytes, and a decision
+    /// that would break a rule of the API leaves the request unmanaged.
+    pub async fn apply_to(
         &self,
         identity: Option<&Identity>,
         plan: Plan,
         body: &mut Value,
-        raw: &[u8],
-        rules: adapter::messages::WriteRules,
-        request_id: &str,
-    ) -> Managed {
-        self.apply_to(identity, plan, body, Some((raw, rules)), request_id)
-            .await
-    }
-
-    async fn apply_to(
-        &self,
-        identity: Option<&Identity>,
-        plan: Plan,
-        body: &mut Value,
-        bytes_of: Option<(&[u8], adapter::messages::WriteRules)>,
+        written_into: Option<(&[u8], adapter::messages::WriteRules)>,
         request_id: &str,
     ) -> Managed {
         let Plan {
@@ -333,7 +321,7 @@ impl ContextManager {
         };
         // Written into the original bytes before anything is stored: a decision that cannot
         // be written stores nothing.
-        let written = match (&bytes_of, &decided.outcome.messages) {
+        let written = match (&written_into, &decided.outcome.messages) {
             (Some((raw, rules)), Some(items)) => {
                 match adapter::messages::write_bytes(raw, body, &messages, items, *rules) {
                     Ok(written) => Some(written),

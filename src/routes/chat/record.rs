@@ -176,7 +176,7 @@ fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: 
         ts: crate::context::writer::rfc3339(std::time::SystemTime::now()),
         request_id: ctx.request_id().to_string(),
         event: "request".into(),
-        route: "chat".into(),
+        route: ctx.format.name.into(),
         model: ctx.model.clone(),
         upstream: ctx.upstream.name.clone(),
         status: status.as_u16(),

@@ -32,12 +32,15 @@ const SESSION_HEADERS: [&str; 3] = ["session-id", "thread-id", "session_id"];
 
 /// The Responses API's format of the managed phases.
 pub const RESPONSES: Format = Format {
+    name: "responses",
     wire: Wire::Responses,
     path: "/responses",
     session_hint,
     unmanaged_head,
     unmanaged_body,
     implied_limit,
+    write_rules: chat::format::serialized,
+    anthropic_errors: false,
 };
 
 /// Runs the managed phases for one `POST /v1/responses`.
