@@ -152,6 +152,20 @@ impl ContextManager {
         self
     }
 
+    /// An answer's usage reported `actual` prompt tokens for a request counted as `estimated`:
+    /// corrects the conversation's estimate on a wire without a public tokenizer
+    /// ([`Planner::observe_usage`]); the factor now in use, for such a wire.
+    pub fn observe_usage(
+        &self,
+        identity: &Identity,
+        wire: adapter::Wire,
+        estimated: usize,
+        actual: usize,
+    ) -> Option<f64> {
+        self.planner
+            .observe_usage(identity, wire, estimated, actual)
+    }
+
     /// Notes that the upstream accepted `tenant`'s key (a 2xx answer).
     pub fn accepted(&self, tenant: &Tenant) {
         self.vetting.accepted(tenant);

@@ -14,6 +14,7 @@ use xxhash_rust::xxh3::xxh3_128;
 
 use super::adapter;
 use super::engine::{self, Decision, Env, Input, Report, Skipped};
+use super::estimate::{self, Calibration};
 use super::session::{Decisions, Identity, Prefixes};
 use super::settings::{self, ContextConfig, Mode, RequestLimits, Settings};
 use super::{caches, limits, markers, summary, summary_store, transforms};
@@ -101,6 +102,10 @@ pub(super) struct MarkerSlot {
     index: usize,
     marker: String,
     encoding: Encoding,
+    /// The wire (its adapter writes and counts the marker item) and the session's correction
+    /// of its counts.
+    wire: adapter::Wire,
+    scale: f64,
 }
 
 /// What the engine decided for a request, with what the writer needs to record it.
@@ -197,6 +202,9 @@ pub struct Planner {
     last_seen: Cache<Identity, Instant>,
     /// Sessions already warned that their budget costs more than going direct.
     warned: Cache<Identity, ()>,
+    /// Each Messages conversation's counting factor, learned from its answers' usage (there
+    /// is no public Claude tokenizer: [`estimate`]).
+    calibrations: Cache<Identity, Calibration>,
     /// Whether other processes serve the same sessions (a shared store): then this process
     /// sees only some of a session's requests, and never judges its cache expired.
     shared: bool,
@@ -209,11 +217,15 @@ struct CachedEnv<'a> {
     adapter: &'a dyn adapter::Adapter,
     references: &'a caches::PerMessage<ContentRef>,
     transformed: &'a caches::PerMessage<Option<Arc<transforms::Lossless>>>,
+    /// The session's correction of the adapter's counts (1 but for a calibrated estimate).
+    scale: f64,
+    /// The wire `adapter` reads.
+    wire: adapter::Wire,
 }
 
 impl Env for CachedEnv<'_> {
     fn count_message(&self, message: &Value) -> usize {
-        self.adapter.count_item(self.counter, message)
+        rescaled_item(self.adapter.count_item(self.counter, message), self.scale)
     }
 
     fn reference(&self, text: &str) -> ContentRef {
@@ -250,7 +262,8 @@ impl Planner {
             transformed: caches::transformed(),
             learned: limits::LearnedLimits::new(),
             last_seen: caches::last_seen(),
-            warned: caches::warned(),
+            warned: caches::per_session(),
+            calibrations: caches::per_session(),
             shared: false,
         }
     }
@@ -283,6 +296,45 @@ impl Planner {
         let previous = self.last_seen.get(id);
         self.last_seen.insert(id.clone(), Instant::now());
         previous
+    }
+
+    /// How much `identity`'s answers correct the counts of `wire`'s adapter: the learned
+    /// factor over the default one for an estimated wire (Messages), else 1.
+    fn scale(&self, wire: adapter::Wire, identity: Option<&Identity>) -> f64 {
+        match (wire, identity.and_then(|id| self.calibrations.get(id))) {
+            (adapter::Wire::Messages, Some(c)) if c.learned => c.factor / estimate::DEFAULT_FACTOR,
+            _ => 1.0,
+        }
+    }
+
+    /// An answer to `identity`'s request reported `actual` prompt tokens (Anthropic's input,
+    /// cache writes and cache reads together) for a request the proxy counted as `estimated`:
+    /// the conversation's counting factor follows ([`Calibration::observe`]). Only an estimated
+    /// wire (Messages) is corrected; returns the factor now in use.
+    pub fn observe_usage(
+        &self,
+        identity: &Identity,
+        wire: adapter::Wire,
+        estimated: usize,
+        actual: usize,
+    ) -> Option<f64> {
+        if wire != adapter::Wire::Messages {
+            return None;
+        }
+        let before = self.calibrations.get(identity).unwrap_or_default();
+        // The BPE tokens behind the estimate: it was made with the factor in use.
+        let raw = (estimated as f64 / before.factor).round() as usize;
+        let after = before.observe(raw, actual);
+        if after != before {
+            self.calibrations.insert(identity.clone(), after);
+        }
+        tracing::debug!(
+            estimated,
+            actual,
+            factor = after.factor,
+            "the Messages estimate corrected from the answer's usage"
+        );
+        Some(after.factor)
     }
 
     /// Says once per session, in a warning, that its budget forces cuts that cost more than
@@ -499,7 +551,8 @@ impl Planner {
             .counter
             .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)));
         let adapter = route.wire.adapter();
-        let mut count = adapter.count(&counter, body);
+        let scale = self.scale(route.wire, identity);
+        let mut count = rescaled(adapter.count(&counter, body), scale);
         let mut report = Report {
             tokens_before: count.total,
             tokens_after: count.total,
@@ -519,6 +572,8 @@ impl Planner {
             adapter,
             references: &self.references,
             transformed: &self.transformed,
+            scale,
+            wire: route.wire,
         };
         if !self.summary_ahead(route, mode, count.total, &settings)
             && engine::nothing_to_do(
@@ -546,7 +601,7 @@ impl Planner {
             0
         };
         if restored > 0 {
-            count = adapter.count(&counter, body);
+            count = rescaled(adapter.count(&counter, body), scale);
             report.tokens_before = count.total;
             report.tokens_after = count.total;
         }
@@ -661,7 +716,10 @@ impl Planner {
                     prefix_hash,
                     previous: previous.map(|p| p.summary.clone()),
                     span: summary::render_span(
-                        &input.messages[from..end],
+                        &input.messages[from..end]
+                            .iter()
+                            .map(|m| env.adapter.for_summary(m).into_owned())
+                            .collect::<Vec<_>>(),
                         settings.tool_result_max_tokens,
                         room.max(1_000),
                         &count,
@@ -674,10 +732,10 @@ impl Planner {
             let Some(messages) = outcome.messages.as_mut() else {
                 return (SummaryPlan::None, None);
             };
-            let Some(Value::String(marker)) = messages
+            let Some(marker) = messages
                 .get(moved.start)
-                .and_then(|m| m.get("content"))
-                .cloned()
+                .and_then(|m| env.adapter.text(m))
+                .map(|t| t.into_owned())
             else {
                 return (SummaryPlan::None, None);
             };
@@ -685,6 +743,8 @@ impl Planner {
                 index: moved.start,
                 marker,
                 encoding: counter.encoding(),
+                wire: env.wire,
+                scale: env.scale,
             };
             let exact = ready.iter().find(|r| r.prefix_len == moved.end);
             let previous = ready
@@ -763,13 +823,39 @@ fn place_into(
     let Some(m) = messages.get_mut(slot.index) else {
         return false;
     };
-    let before = counter.count_message(m);
-    if let Some(c) = m.get_mut("content") {
-        *c = Value::String(summary::message_text(&slot.marker, &summary));
-    }
-    let after = counter.count_message(m);
+    // The marker item in the wire's shape (a user text block on Messages), counted as the
+    // engine counted it.
+    let adapter = slot.wire.adapter();
+    let count = |m: &Value| rescaled_item(adapter.count_item(counter, m), slot.scale);
+    let before = count(m);
+    *m = adapter.with_text(m, summary::message_text(&slot.marker, &summary));
+    let after = count(m);
     outcome.report.tokens_after = (outcome.report.tokens_after + after).saturating_sub(before);
     true
+}
+
+/// `count` corrected by `scale` (each item and the part outside them rounded up).
+fn rescaled(mut count: crate::tokens::RequestCount, scale: f64) -> crate::tokens::RequestCount {
+    if scale == 1.0 {
+        return count;
+    }
+    let items: usize = count.per_message.iter().sum();
+    let fixed = rescaled_item(count.total - items, scale);
+    for n in &mut count.per_message {
+        *n = rescaled_item(*n, scale);
+    }
+    count.tools = rescaled_item(count.tools, scale);
+    count.total = count.per_message.iter().sum::<usize>() + fixed;
+    count
+}
+
+/// One count corrected by `scale`, rounded up.
+fn rescaled_item(tokens: usize, scale: f64) -> usize {
+    if scale == 1.0 {
+        tokens
+    } else {
+        estimate::scaled(tokens, scale)
+    }
 }
 
 /// The engine's outcome for `input`. A request that refers to stored content goes out with the

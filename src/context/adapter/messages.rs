@@ -337,6 +337,34 @@ impl Adapter for Messages {
         without_origin(item).to_string()
     }
 
+    /// Text, tool calls (`call id name(input)`) and tool results (`(result of id)`) as plain
+    /// text; thinking is left out (the model's own reasoning is not the conversation).
+    fn for_summary<'v>(&self, item: &'v Value) -> Cow<'v, Value> {
+        let mut lines = Vec::new();
+        for block in blocks(field(item, "content")).iter() {
+            match block_type(block) {
+                "text" => lines.push(str_field(block, "text").unwrap_or("").to_string()),
+                "tool_use" | "server_tool_use" | "mcp_tool_use" => lines.push(format!(
+                    "call {} {}({})",
+                    str_field(block, "id").unwrap_or(""),
+                    str_field(block, "name").unwrap_or(""),
+                    field(block, "input")
+                        .map(Value::to_string)
+                        .unwrap_or_default()
+                )),
+                "tool_result" => lines.push(format!(
+                    "(result of {})\n{}",
+                    str_field(block, "tool_use_id").unwrap_or(""),
+                    content_text(field(block, "content")).unwrap_or_default()
+                )),
+                "thinking" | "redacted_thinking" => {}
+                other => lines.push(format!("[{other} block]")),
+            }
+        }
+        let role = str_field(item, "role").unwrap_or("user");
+        Cow::Owned(json!({"role": role, "content": lines.join("\n")}))
+    }
+
     fn spans(&self, raw: &[u8]) -> Option<Spans> {
         let list = scan::member(raw, b"messages")?;
         let items = scan::elements(raw, list.clone())?;

@@ -106,6 +106,12 @@ pub trait Adapter: Send + Sync {
         item.to_string()
     }
 
+    /// One item as the summarizer reads it: a chat-shaped message (`role`, `content` text,
+    /// `tool_calls`, `tool_call_id`), which chat's items already are.
+    fn for_summary<'v>(&self, item: &'v Value) -> Cow<'v, Value> {
+        Cow::Borrowed(item)
+    }
+
     /// Where the conversation and each item sit in `raw`, the body `payloads` was read from;
     /// `None` when they cannot be found (the bytes are not a body of this format).
     fn spans(&self, raw: &[u8]) -> Option<Spans>;

@@ -53,6 +53,15 @@ pub fn record(
     // Only one upstream call's usage is comparable with the proxy's count of the request.
     if let (true, 1, Some(billed)) = (managed.counted, upstream_calls, billed) {
         metrics.record_usage(managed.report.tokens_after, billed);
+        // Without a public tokenizer, the answer's usage corrects the conversation's estimate.
+        if let Some(identity) = &ctx.identity {
+            state.context.observe_usage(
+                identity,
+                ctx.format.wire,
+                managed.report.tokens_after,
+                billed as usize,
+            );
+        }
     }
     let t = &ctx.timings;
     let between = |from: Option<std::time::Instant>, to: Option<std::time::Instant>| {
