@@ -147,6 +147,7 @@ fn pending(
         session,
         tenant: ctx.identity.as_ref().map(|i| i.tenant.as_str().to_string()),
         mode: ctx.mode.as_str(),
+        route: ctx.format.name,
         request: ctx.request.raw.clone(),
         forwarded,
         response,
