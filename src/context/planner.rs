@@ -102,10 +102,8 @@ pub(super) struct MarkerSlot {
     index: usize,
     marker: String,
     encoding: Encoding,
-    /// The wire (its adapter writes and counts the marker item) and the session's correction
-    /// of its counts.
+    /// The wire (its adapter writes and counts the marker item).
     wire: adapter::Wire,
-    scale: f64,
 }
 
 /// What the engine decided for a request, with what the writer needs to record it.
@@ -217,15 +215,13 @@ struct CachedEnv<'a> {
     adapter: &'a dyn adapter::Adapter,
     references: &'a caches::PerMessage<ContentRef>,
     transformed: &'a caches::PerMessage<Option<Arc<transforms::Lossless>>>,
-    /// The session's correction of the adapter's counts (1 but for a calibrated estimate).
-    scale: f64,
     /// The wire `adapter` reads.
     wire: adapter::Wire,
 }
 
 impl Env for CachedEnv<'_> {
     fn count_message(&self, message: &Value) -> usize {
-        rescaled_item(self.adapter.count_item(self.counter, message), self.scale)
+        self.adapter.count_item(self.counter, message)
     }
 
     fn reference(&self, text: &str) -> ContentRef {
@@ -300,8 +296,8 @@ impl Planner {
 
     /// How much `identity`'s answers correct the counts of `wire`'s adapter: the learned
     /// factor over the default one for an estimated wire (Messages), else 1.
-    fn scale(&self, wire: adapter::Wire, identity: Option<&Identity>) -> f64 {
-        match (wire, identity.and_then(|id| self.calibrations.get(id))) {
+    fn scale(&self, wire: adapter::Wire, identity: &Identity) -> f64 {
+        match (wire, self.calibrations.get(identity)) {
             (adapter::Wire::Messages, Some(c)) if c.learned => c.factor / estimate::DEFAULT_FACTOR,
             _ => 1.0,
         }
@@ -322,8 +318,8 @@ impl Planner {
             return None;
         }
         let before = self.calibrations.get(identity).unwrap_or_default();
-        // The BPE tokens behind the estimate: it was made with the factor in use.
-        let raw = (estimated as f64 / before.factor).round() as usize;
+        // The BPE tokens behind the estimate: counts are in the default estimate's units.
+        let raw = (estimated as f64 / estimate::DEFAULT_FACTOR).round() as usize;
         let after = before.observe(raw, actual);
         if after != before {
             self.calibrations.insert(identity.clone(), after);
@@ -551,8 +547,7 @@ impl Planner {
             .counter
             .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)));
         let adapter = route.wire.adapter();
-        let scale = self.scale(route.wire, identity);
-        let mut count = rescaled(adapter.count(&counter, body), scale);
+        let mut count = adapter.count(&counter, body);
         let mut report = Report {
             tokens_before: count.total,
             tokens_after: count.total,
@@ -567,12 +562,19 @@ impl Planner {
         };
         let (mut settings, cache_warm) =
             self.settings_for(identity, route, model, mode, body).await;
+        // A calibrated estimate: the counts stay in the default estimate's units (a marker
+        // stating a size stays byte-stable from one request to the next) and the budget is
+        // brought to them.
+        let scale = self.scale(route.wire, identity);
+        if scale != 1.0 {
+            settings.budget = ((settings.budget as f64 / scale) as usize).max(1);
+            settings.target = (settings.target as f64 / scale) as usize;
+        }
         let env = CachedEnv {
             counter: &counter,
             adapter,
             references: &self.references,
             transformed: &self.transformed,
-            scale,
             wire: route.wire,
         };
         if !self.summary_ahead(route, mode, count.total, &settings)
@@ -601,7 +603,7 @@ impl Planner {
             0
         };
         if restored > 0 {
-            count = rescaled(adapter.count(&counter, body), scale);
+            count = adapter.count(&counter, body);
             report.tokens_before = count.total;
             report.tokens_after = count.total;
         }
@@ -744,7 +746,6 @@ impl Planner {
                 marker,
                 encoding: counter.encoding(),
                 wire: env.wire,
-                scale: env.scale,
             };
             let exact = ready.iter().find(|r| r.prefix_len == moved.end);
             let previous = ready
@@ -826,36 +827,12 @@ fn place_into(
     // The marker item in the wire's shape (a user text block on Messages), counted as the
     // engine counted it.
     let adapter = slot.wire.adapter();
-    let count = |m: &Value| rescaled_item(adapter.count_item(counter, m), slot.scale);
+    let count = |m: &Value| adapter.count_item(counter, m);
     let before = count(m);
     *m = adapter.with_text(m, summary::message_text(&slot.marker, &summary));
     let after = count(m);
     outcome.report.tokens_after = (outcome.report.tokens_after + after).saturating_sub(before);
     true
-}
-
-/// `count` corrected by `scale` (each item and the part outside them rounded up).
-fn rescaled(mut count: crate::tokens::RequestCount, scale: f64) -> crate::tokens::RequestCount {
-    if scale == 1.0 {
-        return count;
-    }
-    let items: usize = count.per_message.iter().sum();
-    let fixed = rescaled_item(count.total - items, scale);
-    for n in &mut count.per_message {
-        *n = rescaled_item(*n, scale);
-    }
-    count.tools = rescaled_item(count.tools, scale);
-    count.total = count.per_message.iter().sum::<usize>() + fixed;
-    count
-}
-
-/// One count corrected by `scale`, rounded up.
-fn rescaled_item(tokens: usize, scale: f64) -> usize {
-    if scale == 1.0 {
-        tokens
-    } else {
-        estimate::scaled(tokens, scale)
-    }
 }
 
 /// The engine's outcome for `input`. A request that refers to stored content goes out with the
