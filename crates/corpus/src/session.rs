@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::AgentKind;
+use crate::{AgentKind, Wire};
 
 /// One agent conversation, stored compactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,6 +22,44 @@ pub struct Session {
     pub messages: Vec<Value>,
     /// End (exclusive) of each request's history in `messages`, strictly increasing.
     pub request_ends: Vec<usize>,
+    /// The API of its requests; on the Responses API `messages` are input items and
+    /// `request_ends[k]` is where the model's output items for request `k` begin.
+    #[serde(default, skip_serializing_if = "Wire::is_chat")]
+    pub wire: Wire,
+    /// Responses sessions: the `instructions` every request carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+}
+
+/// A Responses request body borrowing the session, shaped as Codex sends it.
+#[derive(Serialize)]
+struct ResponsesView<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instructions: Option<&'a str>,
+    input: &'a [Value],
+    tools: &'a Value,
+    tool_choice: &'static str,
+    parallel_tool_calls: bool,
+    reasoning: Reasoning,
+    store: bool,
+    stream: bool,
+    include: [&'static str; 1],
+    prompt_cache_key: &'a str,
+}
+
+#[derive(Serialize)]
+struct Reasoning {
+    effort: &'static str,
+    summary: &'static str,
+}
+
+/// A request of either API.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum View<'a> {
+    Chat(RequestView<'a>),
+    Responses(ResponsesView<'a>),
 }
 
 #[derive(Serialize)]
@@ -47,14 +85,32 @@ impl Session {
         self.request_ends.len()
     }
 
-    fn view(&self, end: usize) -> RequestView<'_> {
-        RequestView {
-            model: &self.model,
-            messages: &self.messages[..end],
-            tools: &self.tools,
-            stream: self.stream.then_some(true),
-            stream_options: self.stream.then_some(StreamOptions {
-                include_usage: true,
+    fn view(&self, end: usize) -> View<'_> {
+        match self.wire {
+            Wire::Chat => View::Chat(RequestView {
+                model: &self.model,
+                messages: &self.messages[..end],
+                tools: &self.tools,
+                stream: self.stream.then_some(true),
+                stream_options: self.stream.then_some(StreamOptions {
+                    include_usage: true,
+                }),
+            }),
+            Wire::Responses => View::Responses(ResponsesView {
+                model: &self.model,
+                instructions: self.instructions.as_deref(),
+                input: &self.messages[..end],
+                tools: &self.tools,
+                tool_choice: "auto",
+                parallel_tool_calls: true,
+                reasoning: Reasoning {
+                    effort: "medium",
+                    summary: "auto",
+                },
+                store: false,
+                stream: self.stream,
+                include: ["reasoning.encrypted_content"],
+                prompt_cache_key: &self.id,
             }),
         }
     }
@@ -90,12 +146,19 @@ impl Session {
             .and_then(|&end| self.messages.get(end))
     }
 
-    /// The content of every tool message.
+    /// The content of every tool message (on the Responses API: every output item's text).
     pub fn tool_results(&self) -> impl Iterator<Item = &str> + '_ {
-        self.messages
-            .iter()
-            .filter(|m| m["role"] == "tool")
-            .filter_map(|m| m["content"].as_str())
+        let responses = self.wire == Wire::Responses;
+        self.messages.iter().filter_map(move |m| {
+            if responses {
+                let output = m["type"].as_str().is_some_and(|t| t.ends_with("_output"));
+                output.then(|| m["output"].as_str()).flatten()
+            } else {
+                (m["role"] == "tool")
+                    .then(|| m["content"].as_str())
+                    .flatten()
+            }
+        })
     }
 
     /// Size in bytes of the body of every request, in order, computed from the size of each
@@ -121,6 +184,9 @@ impl Session {
     /// order, by exactly one tool message with its id; no tool message stands alone; every
     /// call names a declared tool and carries a JSON object as `arguments`.
     pub fn validate(&self) -> Result<(), String> {
+        if self.wire == Wire::Responses {
+            return crate::responses::validate(self);
+        }
         let id = &self.id;
         if self.request_ends.is_empty() {
             return Err(format!("session {id}: no requests"));
@@ -229,6 +295,8 @@ mod tests {
 
     fn sample() -> Session {
         Session {
+            wire: Wire::Chat,
+            instructions: None,
             id: "t".into(),
             kind: AgentKind::Support,
             model: "gpt-4o".into(),

@@ -26,7 +26,10 @@ pub struct GenTrafficArgs {
     #[arg(long, default_value_t = TrafficConfig::default().max_result_bytes)]
     pub max_result_bytes: usize,
     /// `mixed`: coding, research and support sessions taking turns; `support`: support-desk
-    /// sessions only (a long fixed policy prompt, 20 tool schemas, 5 to 30 short requests).
+    /// sessions only (a long fixed policy prompt, 20 tool schemas, 5 to 30 short requests);
+    /// `codex`: coding sessions on the Responses API as Codex CLI sends them (`store: false`,
+    /// the whole input every turn, encrypted reasoning, `shell` calls, `apply_patch` custom
+    /// calls, 40 requests and more).
     #[arg(long, value_enum, default_value_t = Shape::Mixed)]
     pub shape: Shape,
 }

@@ -22,6 +22,7 @@
 mod chat;
 pub mod cli;
 mod code;
+mod codex;
 mod coding;
 mod prose;
 mod records;
@@ -115,6 +116,8 @@ pub fn generate_session(cfg: &TrafficConfig, index: usize) -> Session {
     }
     let (messages, request_ends) = t.finish();
     Session {
+        wire: corpus::Wire::Chat,
+        instructions: None,
         id: format!("{index:03}-{kind}"),
         kind,
         model,
@@ -139,6 +142,8 @@ pub fn generate_support_session(cfg: &TrafficConfig, index: usize) -> Session {
     support::run_desk(&mut rng, &mut t, requests);
     let (messages, request_ends) = t.finish();
     Session {
+        wire: corpus::Wire::Chat,
+        instructions: None,
         id: format!("{index:03}-desk"),
         kind: AgentKind::Support,
         model,
@@ -147,6 +152,12 @@ pub fn generate_support_session(cfg: &TrafficConfig, index: usize) -> Session {
         messages,
         request_ends,
     }
+}
+
+/// Codex session number `index` of `cfg`'s seed: a coding session written the way Codex CLI
+/// sends it on the Responses API (`codex.rs`), between 40 requests and `max_turns`.
+pub fn generate_codex_session(cfg: &TrafficConfig, index: usize) -> Session {
+    codex::session(cfg.seed, index, cfg.max_turns, cfg.max_result_bytes)
 }
 
 /// Separates the support desk's random streams from the mixed corpus's.
@@ -160,6 +171,9 @@ pub enum Shape {
     Mixed,
     /// Support-desk sessions only ([`generate_support_session`]).
     Support,
+    /// Codex-shaped coding sessions on the Responses API, 40 requests and more each
+    /// ([`generate_codex_session`]).
+    Codex,
 }
 
 /// Every session of `shape` for `cfg`, in index order.
@@ -168,6 +182,9 @@ pub fn generate_shape(cfg: &TrafficConfig, shape: Shape) -> Vec<Session> {
         Shape::Mixed => generate(cfg),
         Shape::Support => (0..cfg.sessions)
             .map(|i| generate_support_session(cfg, i))
+            .collect(),
+        Shape::Codex => (0..cfg.sessions)
+            .map(|i| generate_codex_session(cfg, i))
             .collect(),
     }
 }
