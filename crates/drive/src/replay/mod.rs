@@ -201,7 +201,7 @@ pub async fn mock_received(
         .map_err(|e| ReplayError::Mock(e.to_string()))?;
     let mut received = Received::default();
     for r in list.as_array().into_iter().flatten() {
-        if r["path"] != "/v1/chat/completions" {
+        if r["path"] != "/v1/chat/completions" && r["path"] != "/v1/responses" {
             continue;
         }
         let body = r["body"]

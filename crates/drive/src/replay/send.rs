@@ -125,8 +125,15 @@ pub async fn drive(
                         _ => now,
                     };
                     tokio::time::sleep_until(slot.into()).await;
-                    let mut outcome =
-                        send(&client, &options, &session.id, &request.body, slot).await;
+                    let mut outcome = send(
+                        &client,
+                        &options,
+                        &session.id,
+                        &request.body,
+                        request.responses,
+                        slot,
+                    )
+                    .await;
                     outcome.session = s;
                     outcome.index = index;
                     outcome.stream = request.stream;
@@ -178,12 +185,18 @@ async fn send(
     options: &DriveOptions,
     session: &str,
     body: &bytes::Bytes,
+    responses: bool,
     slot: Instant,
 ) -> Outcome {
     let sent = Instant::now();
     let ms = |from: Instant| from.elapsed().as_secs_f64() * 1e3;
+    // A Responses API body goes to `…/responses` beside the chat URL.
+    let url = match options.url.strip_suffix("/chat/completions") {
+        Some(base) if responses => format!("{base}/responses"),
+        _ => options.url.clone(),
+    };
     let response = client
-        .post(&options.url)
+        .post(&url)
         .header("content-type", "application/json")
         .header("authorization", format!("Bearer {}", options.api_key))
         .header(

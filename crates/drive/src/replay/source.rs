@@ -22,6 +22,8 @@ pub struct Request {
     /// When it was sent, in ms after the session's first request (recordings only).
     pub offset_ms: Option<u64>,
     pub stream: bool,
+    /// A Responses API request (`input` items), sent to `…/responses`.
+    pub responses: bool,
 }
 
 /// Requests that must go in order, each after the previous one's answer.
@@ -45,6 +47,7 @@ fn request(body: &Value, offset_ms: Option<u64>) -> Request {
         body: Bytes::from(body.to_string()),
         offset_ms,
         stream: body.get("stream") == Some(&Value::Bool(true)),
+        responses: body.get("messages").is_none() && body.get("input").is_some(),
     }
 }
 
@@ -76,6 +79,7 @@ pub fn load(path: &Path) -> io::Result<Vec<Session>> {
                         body: Bytes::from(s.request_body(k)),
                         offset_ms: None,
                         stream: s.stream,
+                        responses: s.wire == context_proxy_corpus::Wire::Responses,
                     })
                     .collect(),
             })
