@@ -110,10 +110,18 @@ async fn a_long_codex_session_is_managed_and_stays_valid() {
     let sent = received[0].json();
     let sent_input = sent["input"].as_array().unwrap();
     assert!(sent_input.len() <= input.len());
-    // instructions, tools and every other member are as the client sent them.
+    // instructions, the client's tools and every other member are as the client sent them;
+    // the proxy's read-back tools follow the client's (the markers name references).
+    let tools = sent["tools"].as_array().unwrap();
+    let client_tools = codex_body(input.clone(), false)["tools"].clone();
+    assert_eq!(Value::from(tools[..2].to_vec()), client_tools);
+    let offered: Vec<&str> = tools[2..]
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered, ["context_read", "context_search"]);
     for key in [
         "instructions",
-        "tools",
         "reasoning",
         "include",
         "prompt_cache_key",

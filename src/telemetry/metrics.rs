@@ -114,6 +114,9 @@ pub struct Metrics {
     pub record_dropped: AtomicU64,
     /// Exchanges the traffic recorder could not write (a full disk, …), shared with it.
     pub recorder_write_errors: std::sync::Arc<AtomicU64>,
+    /// The page's journal lines dropped because its writer's queue was full, or could not be
+    /// written (the store failed), shared with the writer.
+    pub journal_dropped: std::sync::Arc<AtomicU64>,
     /// The summarizer's counters (`context_proxy_summary_*`).
     pub summarizer: std::sync::Arc<crate::telemetry::summarizer_stats::Stats>,
 
@@ -309,6 +312,7 @@ impl Default for Metrics {
             reload_search_failed: AtomicU64::new(0),
             record_dropped: AtomicU64::new(0),
             recorder_write_errors: std::sync::Arc::default(),
+            journal_dropped: std::sync::Arc::default(),
             summarizer: std::sync::Arc::default(),
             registry,
             requests,
@@ -645,6 +649,11 @@ impl Metrics {
                 "context_proxy_recorder_write_errors",
                 "Exchanges the traffic recorder could not write (a full disk, the file size limit); none is left half written.",
                 &self.recorder_write_errors,
+            ),
+            (
+                "context_proxy_journal_dropped",
+                "The page's journal lines dropped: its writer's queue was full, or the store failed.",
+                &self.journal_dropped,
             ),
         ] {
             legacy.register(name, help, ConstCounter::new(value.load(Ordering::Relaxed)));

@@ -584,6 +584,21 @@ fn check_items(items: &[Value]) -> Result<(), Value> {
                 );
                 return Err(invalid(&message, "input", None));
             }
+            "reasoning" => {
+                let content = map.get("encrypted_content").and_then(Value::as_str);
+                if content.is_some_and(|c| !super::responses_wire::verified(c)) {
+                    let id = map.get("id").and_then(Value::as_str).unwrap_or("");
+                    let message = format!(
+                        "The encrypted content for item {id} could not be verified. Reason: \
+                         Encrypted content could not be decrypted or parsed."
+                    );
+                    return Err(invalid(
+                        &message,
+                        &format!("input[{i}].encrypted_content"),
+                        Some("invalid_encrypted_content"),
+                    ));
+                }
+            }
             "compaction_trigger" if i + 1 != items.len() => {
                 let message = format!(
                     "Invalid 'input[{i}]': a 'compaction_trigger' item must be the final input \
@@ -689,6 +704,29 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("without its required following item"));
+    }
+
+    #[test]
+    fn reasoning_the_mock_wrote_must_come_back_unchanged() {
+        let sealed = encrypted_content(&["mock", "7"]);
+        let input = |content: &str| {
+            json!({"model": "m", "input": [
+                {"role": "user", "content": "x"},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": content},
+                {"role": "assistant", "content": "y"}]})
+        };
+        assert!(parse(input(&sealed).to_string().as_bytes()).is_ok());
+        let mut changed = sealed.clone();
+        changed.replace_range(20..21, if &sealed[20..21] == "A" { "B" } else { "A" });
+        let error = error_of(input(&changed));
+        assert_eq!(error["code"], "invalid_encrypted_content");
+        assert_eq!(error["param"], "input[1].encrypted_content");
+        assert!(error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("The encrypted content for item rs_1 could not be verified."));
+        let cut = error_of(input(&sealed[..100]));
+        assert_eq!(cut["code"], "invalid_encrypted_content");
     }
 
     #[test]

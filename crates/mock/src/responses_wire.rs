@@ -90,10 +90,30 @@ pub fn item_id(prefix: &str, seed: &[&str]) -> String {
     format!("{prefix}{hex}")
 }
 
+/// How the mock's own `encrypted_content` starts (Fernet-looking, as the API's: `gAAAAB…`).
+const SEALED: &str = "gAAAABmk";
+/// Its body's and its check's lengths (126 characters in all, as the API's usually are).
+const SEALED_BODY: usize = 102;
+const SEALED_CHECK: usize = 16;
+
 /// An `encrypted_content` the way the API shows it: Fernet-looking base64 (`gAAAAB…`),
-/// deterministic per seed.
+/// deterministic per seed, and sealed: its last characters check the rest, so the mock knows
+/// when one it wrote comes back changed ([`verified`]).
 pub fn encrypted_content(seed: &[&str]) -> String {
-    format!("gAAAAB{}", derived_id("", 120, seed))
+    let body = derived_id("", SEALED_BODY, seed);
+    let check = derived_id("", SEALED_CHECK, &[&body]);
+    format!("{SEALED}{body}{check}")
+}
+
+/// Whether `content` is one the mock wrote, unchanged. Content the mock did not write (another
+/// server's, a test's) has no seal and is taken as it is.
+pub fn verified(content: &str) -> bool {
+    let Some(rest) = content.strip_prefix(SEALED) else {
+        return true;
+    };
+    rest.len() == SEALED_BODY + SEALED_CHECK
+        && rest.is_char_boundary(SEALED_BODY)
+        && derived_id("", SEALED_CHECK, &[&rest[..SEALED_BODY]]) == rest[SEALED_BODY..]
 }
 
 impl OutItem {

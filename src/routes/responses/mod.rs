@@ -15,6 +15,10 @@
 //!
 //! Every other `/v1/responses/…` route is forwarded verbatim by `routes::passthrough`.
 
+mod items;
+mod loop_stream;
+mod loop_wire;
+
 use std::sync::Arc;
 
 use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
@@ -49,6 +53,7 @@ pub const RESPONSES: Format = Format {
     unmanaged_head,
     unmanaged_body,
     implied_limit,
+    tool_loop: Some(&loop_wire::ResponsesLoop),
 };
 
 /// Runs the managed phases for one `POST /v1/responses`.
