@@ -48,9 +48,9 @@ use crate::routes::tool_loop;
 use crate::upstream;
 use serde_json::Value;
 
+pub use crate::routes::tool_loop::Final;
 pub use ctx::{ChatCtx, Timings};
 pub use format::Format;
-pub use crate::routes::tool_loop::Final;
 pub use request::ChatRequest;
 pub use respond::{context_headers, respond};
 
