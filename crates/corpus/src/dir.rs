@@ -259,6 +259,9 @@ mod tests {
             stream: false,
             messages,
             request_ends: ends,
+            api: None,
+            fields: None,
+            mark_newest: false,
         }
     }
 

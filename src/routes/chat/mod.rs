@@ -329,13 +329,17 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         _ => None,
     };
     let request_id = ctx.request_id.clone();
+    let request_id = request_id.to_str().unwrap_or_default();
+    // Messages: the decision is written into the client's bytes, under the API's rules.
+    let rules = (ctx.format.write_rules)(&ctx.headers, &ctx.request.body);
     ctx.managed = state
         .context
-        .apply(
+        .apply_to(
             ctx.identity.as_ref(),
             plan,
             &mut ctx.request.body,
-            request_id.to_str().unwrap_or_default(),
+            rules.map(|rules| (&ctx.request.raw[..], rules)),
+            request_id,
         )
         .await;
     if let Some((wire, names, client_had_tools)) = offered {

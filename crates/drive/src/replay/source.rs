@@ -15,6 +15,37 @@ use serde_json::Value;
 
 use context_proxy_corpus::recording;
 
+/// The API a request speaks, and so the path it goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Api {
+    /// `…/chat/completions`.
+    #[default]
+    Chat,
+    /// Anthropic's `…/messages`.
+    Messages,
+    /// Anthropic's `…/messages/count_tokens`.
+    CountTokens,
+    /// The Responses API's `…/responses` (`input` items).
+    Responses,
+}
+
+impl Api {
+    /// The API of a recorded exchange's route (`messages`, `count_tokens`; absent: chat).
+    pub fn of_route(route: Option<&str>) -> Api {
+        match route {
+            Some("messages") => Api::Messages,
+            Some("count_tokens") => Api::CountTokens,
+            Some("responses") => Api::Responses,
+            _ => Api::Chat,
+        }
+    }
+
+    /// Whether the request speaks Anthropic's API.
+    pub fn is_anthropic(self) -> bool {
+        matches!(self, Api::Messages | Api::CountTokens)
+    }
+}
+
 /// One request of a session.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -22,8 +53,7 @@ pub struct Request {
     /// When it was sent, in ms after the session's first request (recordings only).
     pub offset_ms: Option<u64>,
     pub stream: bool,
-    /// A Responses API request (`input` items), sent to `…/responses`.
-    pub responses: bool,
+    pub api: Api,
 }
 
 /// Requests that must go in order, each after the previous one's answer.
@@ -42,12 +72,19 @@ impl Session {
     }
 }
 
-fn request(body: &Value, offset_ms: Option<u64>) -> Request {
+fn request(body: &Value, offset_ms: Option<u64>, api: Api) -> Request {
     Request {
         body: Bytes::from(body.to_string()),
         offset_ms,
         stream: body.get("stream") == Some(&Value::Bool(true)),
-        responses: body.get("messages").is_none() && body.get("input").is_some(),
+        // A chat-looking line or exchange with `input` items and no `messages` is a Responses
+        // request.
+        api: match api {
+            Api::Chat if body.get("messages").is_none() && body.get("input").is_some() => {
+                Api::Responses
+            }
+            api => api,
+        },
     }
 }
 
@@ -79,7 +116,13 @@ pub fn load(path: &Path) -> io::Result<Vec<Session>> {
                         body: Bytes::from(s.request_body(k)),
                         offset_ms: None,
                         stream: s.stream,
-                        responses: s.wire == context_proxy_corpus::Wire::Responses,
+                        api: if s.is_messages() {
+                            Api::Messages
+                        } else if s.wire == context_proxy_corpus::Wire::Responses {
+                            Api::Responses
+                        } else {
+                            Api::Chat
+                        },
                     })
                     .collect(),
             })
@@ -113,7 +156,11 @@ pub fn from_recording(exchanges: &[recording::Exchange]) -> Vec<Session> {
             (x.at_ms, Vec::new())
         });
         let offset = x.at_ms.saturating_sub(entry.0);
-        entry.1.push(request(&x.request, Some(offset)));
+        entry.1.push(request(
+            &x.request,
+            Some(offset),
+            Api::of_route(x.route.as_deref()),
+        ));
     }
     order
         .into_iter()
@@ -146,7 +193,7 @@ fn from_jsonl(reader: impl BufRead) -> io::Result<Vec<Session>> {
                 order.push(session);
                 Vec::new()
             })
-            .push(request(&body, None));
+            .push(request(&body, None, Api::Chat));
     }
     Ok(order
         .into_iter()
