@@ -669,6 +669,7 @@ impl Planner {
                     prefix_hash,
                     previous: previous.map(|p| p.summary.clone()),
                     span: summary::render_span(
+                        input.adapter,
                         &input.messages[from..end],
                         settings.tool_result_max_tokens,
                         room.max(1_000),

@@ -37,6 +37,11 @@ pub enum OutItem {
         name: String,
         input: String,
     },
+    /// The one item answering a final `compaction_trigger`: what came before, encrypted.
+    Compaction {
+        id: String,
+        encrypted_content: String,
+    },
 }
 
 /// The usage of one response.
@@ -49,7 +54,7 @@ pub struct ResponseUsage {
 }
 
 impl ResponseUsage {
-    fn to_json(self) -> Value {
+    pub fn to_json(self) -> Value {
         json!({
             "input_tokens": self.input_tokens,
             "input_tokens_details": {"cached_tokens": self.cached_tokens},
@@ -158,6 +163,10 @@ impl OutItem {
                 "input": input,
                 "name": name,
             }),
+            OutItem::Compaction {
+                id,
+                encrypted_content,
+            } => json!({"id": id, "type": "compaction", "encrypted_content": encrypted_content}),
         }
     }
 
@@ -181,6 +190,7 @@ impl OutItem {
                 "id": id, "type": "custom_tool_call", "status": "in_progress",
                 "call_id": call_id, "input": "", "name": name,
             }),
+            OutItem::Compaction { id, .. } => json!({"id": id, "type": "compaction"}),
         }
     }
 }
@@ -271,7 +281,7 @@ impl ResponseAnswer {
                 json!({"output_index": index, "item": item.added()}),
             );
             match item {
-                OutItem::Reasoning { .. } => {}
+                OutItem::Reasoning { .. } | OutItem::Compaction { .. } => {}
                 OutItem::Message { id, text, chunks } => {
                     let at = json!({"item_id": id, "output_index": index, "content_index": 0});
                     let with = |extra: Value| {
