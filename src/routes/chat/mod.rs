@@ -50,7 +50,7 @@ use serde_json::Value;
 
 pub use ctx::{ChatCtx, Timings};
 pub use format::Format;
-pub use loop_json::Final;
+pub use crate::routes::tool_loop::Final;
 pub use request::ChatRequest;
 pub use respond::{context_headers, respond};
 
