@@ -33,7 +33,7 @@ use std::ops::Range;
 use serde_json::{json, Map, Value};
 
 use super::scan;
-use super::{splice, Adapter, Piece, Spans};
+use super::{splice, Adapter, Piece, Readable, Spans};
 use crate::context::estimate::{self, scaled, DEFAULT_FACTOR};
 pub use crate::context::estimate::{block_type, blocks};
 use crate::context::model::{Binding, Kind};
@@ -335,6 +335,40 @@ impl Adapter for Messages {
 
     fn line(&self, item: &Value) -> String {
         without_origin(item).to_string()
+    }
+
+    /// Text and tool results (`(result of id)`) as its text, tool calls as its calls
+    /// (`id name(input)`); thinking is left out (the model's own reasoning is not the
+    /// conversation).
+    fn readable<'v>(&self, item: &'v Value) -> Readable<'v> {
+        let mut lines = Vec::new();
+        let mut calls = Vec::new();
+        for block in blocks(field(item, "content")).iter() {
+            match block_type(block) {
+                "text" => lines.push(str_field(block, "text").unwrap_or("").to_string()),
+                "tool_use" | "server_tool_use" | "mcp_tool_use" => calls.push(format!(
+                    "{} {}({})",
+                    str_field(block, "id").unwrap_or(""),
+                    str_field(block, "name").unwrap_or(""),
+                    field(block, "input")
+                        .map(Value::to_string)
+                        .unwrap_or_default()
+                )),
+                "tool_result" => lines.push(format!(
+                    "(result of {})\n{}",
+                    str_field(block, "tool_use_id").unwrap_or(""),
+                    content_text(field(block, "content")).unwrap_or_default()
+                )),
+                "thinking" | "redacted_thinking" => {}
+                other => lines.push(format!("[{other} block]")),
+            }
+        }
+        Readable {
+            who: Cow::Borrowed(str_field(item, "role").unwrap_or("user")),
+            answers: None,
+            text: (!lines.is_empty()).then(|| Cow::Owned(lines.join("\n"))),
+            calls,
+        }
     }
 
     fn spans(&self, raw: &[u8]) -> Option<Spans> {

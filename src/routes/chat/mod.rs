@@ -16,7 +16,7 @@
 //!   answer's status tells whether the upstream accepted the client's key (`vet_key`);
 //! - `tool loop` learns the limit an upstream states when it says the context is too long,
 //!   plans again against a much smaller budget and retries once (`overflow.rs`), answers the model's calls of the proxy's tools and asks the upstream
-//!   again, hiding them from the client (`tool_loop.rs`, `loop_json.rs`, `loop_stream.rs`);
+//!   again, hiding them from the client (`routes::tool_loop`, with chat's `loop_wire.rs` and `loop_stream.rs`);
 //! - `respond` relays the answer to the client as it arrives, reading it on the way;
 //! - `record` runs once the response is known — when its body has ended or the client left.
 //!
@@ -48,9 +48,9 @@ use crate::routes::tool_loop;
 use crate::upstream;
 use serde_json::Value;
 
+pub use crate::routes::tool_loop::Final;
 pub use ctx::{ChatCtx, Timings};
 pub use format::Format;
-pub use crate::routes::tool_loop::Final;
 pub use request::ChatRequest;
 pub use respond::{context_headers, respond};
 
@@ -329,13 +329,17 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         _ => None,
     };
     let request_id = ctx.request_id.clone();
+    let request_id = request_id.to_str().unwrap_or_default();
+    // Messages: the decision is written into the client's bytes, under the API's rules.
+    let rules = (ctx.format.write_rules)(&ctx.headers, &ctx.request.body);
     ctx.managed = state
         .context
-        .apply(
+        .apply_to(
             ctx.identity.as_ref(),
             plan,
             &mut ctx.request.body,
-            request_id.to_str().unwrap_or_default(),
+            rules.map(|rules| (&ctx.request.raw[..], rules)),
+            request_id,
         )
         .await;
     if let Some((wire, names, client_had_tools)) = offered {

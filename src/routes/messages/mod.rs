@@ -1,45 +1,41 @@
 //! `POST /v1/messages` (also `?beta=true`, as Claude Code sends it) and
-//! `POST /v1/messages/count_tokens`: Anthropic Messages, managed on the conversation model.
+//! `POST /v1/messages/count_tokens`: Anthropic Messages, managed by the phases of
+//! [`crate::routes::chat`] with this route's [`Format`]s. What is Anthropic's own:
 //!
-//! **parse → identify → plan → apply → forward → respond**
-//!
-//! - `parse` reads the body (bounded) and parses it, keeping the raw bytes;
-//! - `identify` names the conversation: the tenant from the key (`x-api-key` or a bearer
-//!   token, a client key or a proxy key), the session from `x-context-session`, Claude Code's
-//!   `x-claude-code-session-id` or `metadata.user_id`, else the opening without Claude Code's
-//!   attribution line (`identity.rs`);
-//! - `plan` counts with the Messages estimate and lets the pure engine decide
-//!   ([`crate::context`], `Wire::Messages`);
-//! - `apply` writes the decision into the original bytes
+//! - identity: the tenant from the key (`x-api-key` or a bearer token, a client key or a proxy
+//!   key), the session from `x-context-session`, Claude Code's `x-claude-code-session-id` or
+//!   `metadata.user_id`, else the opening without Claude Code's attribution line
+//!   (`identity.rs`);
+//! - counting: the Messages estimate, corrected per session from each answer's usage
+//!   ([`crate::context::estimate`]);
+//! - writing back: the decision goes into the original bytes
 //!   ([`crate::context::adapter::messages::write_bytes`]): untouched messages keep their
 //!   bytes, breakpoints are never multiplied, thinking signatures are respected (an edit that
 //!   would break one leaves the request unmanaged, with the reason in `x-context-actions`);
-//! - `forward` sends the body with the client's headers (`anthropic-version`,
-//!   `anthropic-beta` byte for byte) to the same path: `count_tokens` is asked about the body
-//!   the proxy would forward, so the client sizes its own compaction on what is sent;
-//! - `respond` relays the answer as it arrives, with the context headers.
+//! - forward: the client's headers (`anthropic-version`, `anthropic-beta` byte for byte) to the
+//!   same path: `count_tokens` is asked about the body the proxy would forward, so the client
+//!   sizes its own compaction on what is sent;
+//! - "prompt is too long: N tokens > M maximum" states the limit: learned, and the request is
+//!   retried once under it (`routes/chat/overflow.rs`);
+//! - errors the proxy makes itself are in Anthropic's shape (the router), also a stream's
+//!   final `error` event.
 //!
-//! Errors the proxy makes itself are in Anthropic's shape (the router). Not yet on this route:
-//! the proxy's own tools (markers say the content is stored), the retry after "prompt is too
-//! long", summaries.
+//! Not yet on this route: the proxy's own tools (markers say the content is stored).
 
 pub mod identity;
 
 use std::sync::Arc;
 
-use http::{header, HeaderValue, Method, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use serde_json::Value;
 
 use crate::context::adapter::messages::{binds_thinking, WriteRules};
 use crate::context::adapter::Wire;
-use crate::context::{Managed, Mode, Route};
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
-use crate::http::request_body::{check_json_shape, hold_parsed, read_limited};
-use crate::routes::chat::ChatRequest;
+use crate::routes::chat::{self, format, Format};
 use crate::routes::shared::Shared;
-use crate::upstream::relay::relay_anthropic;
 
 /// The beta that lets a request ask the API to drop thinking blocks an edit invalidated.
 pub const BINDING_BETA: &str = "thinking-binding-controls-2026-08-01";
@@ -51,141 +47,50 @@ pub enum Endpoint {
     CountTokens,
 }
 
-impl Endpoint {
-    /// The upstream path (below `/v1`).
-    fn path(self) -> &'static str {
-        match self {
-            Endpoint::Messages => "/messages",
-            Endpoint::CountTokens => "/messages/count_tokens",
-        }
-    }
-}
+/// `POST /v1/messages`.
+pub const MESSAGES: Format = Format {
+    name: "messages",
+    wire: Wire::Messages,
+    path: "/messages",
+    session_hint: identity::session_hint,
+    unmanaged_head: format::managed_head,
+    unmanaged_body: format::managed_body,
+    // "prompt is too long: N tokens > M maximum" states its limit: learned, not implied.
+    implied_limit: format::no_implied_limit,
+    write_rules,
+    anthropic_errors: true,
+    tool_loop: None,
+};
 
-/// Runs the phases for one request.
+/// `POST /v1/messages/count_tokens`: planned as `/v1/messages` would be, so that the count is
+/// the one of the body the proxy would forward.
+pub const COUNT_TOKENS: Format = Format {
+    name: "count_tokens",
+    path: "/messages/count_tokens",
+    ..MESSAGES
+};
+
+/// Runs the managed phases for one request.
 pub async fn handle(
     state: Arc<Shared>,
     req: Request<Incoming>,
     request_id: HeaderValue,
     endpoint: Endpoint,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    // parse
-    let (parts, body) = req.into_parts();
-    let mode = state
-        .context
-        .mode(
-            parts
-                .headers
-                .get(crate::context::MODE_HEADER)
-                .map(|v| v.to_str().unwrap_or("")),
-        )
-        .map_err(ProxyError::InvalidRequest)?;
-    let limits = &state.body_limits;
-    let raw = read_limited(body, &parts.headers, limits, &state.body_budget).await?;
-    let shape = check_json_shape(&raw, limits)?;
-    hold_parsed(&state.body_budget, shape)?;
-    let mut request = ChatRequest::parse(raw)?;
-    let upstream = state.upstreams.route(request.model()).clone();
-    crate::auth::authorize(&parts.extensions, request.model(), &upstream.name)?;
-    let caller = crate::auth::caller(&parts.extensions).cloned();
-    let model = request.model().unwrap_or("").to_string();
-    // A body no DOM holds (a lone surrogate escape) is forwarded as it came.
-    let mode = if request.body.is_null() {
-        Mode::Off
-    } else {
-        mode
+    let format = match endpoint {
+        Endpoint::Messages => &MESSAGES,
+        Endpoint::CountTokens => &COUNT_TOKENS,
     };
+    chat::run(state, req, request_id, format).await
+}
 
-    // identify
-    let identity = (mode != Mode::Off)
-        .then(|| {
-            let tenant = match &caller {
-                Some(caller) => caller.tenant.clone(),
-                None => crate::store::Tenant::from_api_key(crate::http::headers::api_key(
-                    &parts.headers,
-                )),
-            };
-            let hint = identity::session_hint(&parts.headers, &request.body);
-            state
-                .context
-                .identify_wire(Wire::Messages, tenant, hint.as_deref(), &request.body)
-        })
-        .flatten();
-
-    // plan
-    let plan = state
-        .context
-        .plan(
-            identity.as_ref(),
-            &mut request.body,
-            mode,
-            &Route {
-                upstream: Some(&upstream.name),
-                encoding: None,
-                default_window: upstream.context_window,
-                readback: crate::context::markers::Readback::Stored,
-                budget_override: None,
-                summarize: false,
-                cache: Some(upstream.cache.for_model(&model)),
-                reserved_tokens: 0,
-                wire: Wire::Messages,
-            },
-        )
-        .await;
-
-    // apply
-    let rules = WriteRules {
-        binds_thinking: binds_thinking(&model),
-        drop_block_allowed: drop_block_allowed(&parts.headers, &request.body),
-    };
-    let managed = state
-        .context
-        .apply_messages(
-            identity.as_ref(),
-            plan,
-            &mut request.body,
-            &request.raw,
-            rules,
-            request_id.to_str().unwrap_or_default(),
-        )
-        .await;
-    if state.store.fail_closed() && managed.fail_open {
-        return Err(ProxyError::StoreUnavailable(
-            "the removed content could not be stored".into(),
-        ));
-    }
-
-    // forward
-    let body = managed.body.clone().unwrap_or_else(|| request.raw.clone());
-    let outgoing = upstream.request(
-        Method::POST,
-        endpoint.path(),
-        parts.uri.query(),
-        parts.headers,
-        &[
-            header::HOST,
-            header::CONTENT_LENGTH,
-            header::ACCEPT_ENCODING,
-        ],
-        body,
-    );
-    let answer = upstream.send(&outgoing).await?;
-    if let Some(identity) = &identity {
-        if answer.status.is_success() {
-            state.context.accepted(&identity.tenant);
-        }
-    }
-
-    // respond
-    let mut response = relay_anthropic(answer, request_id.to_str().unwrap_or_default());
-    for (name, value) in context_headers(&managed) {
-        response.headers_mut().insert(name, value);
-    }
-    response
-        .extensions_mut()
-        .insert(crate::telemetry::metrics::UpstreamName(
-            upstream.name.clone(),
-        ));
-    Ok(response)
+/// The rules of writing a decision into a Messages request's bytes.
+fn write_rules(headers: &HeaderMap, body: &Value) -> Option<WriteRules> {
+    let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+    Some(WriteRules {
+        binds_thinking: binds_thinking(model),
+        drop_block_allowed: drop_block_allowed(headers, body),
+    })
 }
 
 /// Whether the API may be asked to drop the thinking blocks an edit invalidates: the client's
@@ -204,9 +109,4 @@ fn drop_block_allowed(headers: &http::HeaderMap, body: &Value) -> bool {
         .and_then(Value::as_str)
         == Some("drop_block");
     beta || asked
-}
-
-/// The context headers of the chat route, the same on this one.
-fn context_headers(managed: &Managed) -> Vec<(&'static str, HeaderValue)> {
-    crate::routes::chat::context_headers(managed)
 }
