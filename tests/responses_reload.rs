@@ -428,3 +428,67 @@ async fn an_upstream_failure_in_round_two_ends_the_stream_with_response_failed()
         "The server had an error."
     );
 }
+
+#[tokio::test]
+async fn after_the_tools_are_withdrawn_the_client_gets_the_answers_text() {
+    for stream in [false, true] {
+        let h = Harness::start_with(MockConfig::default(), |c| {
+            managed(c);
+            c.context.reload.max_rounds = 1;
+        })
+        .await;
+        h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 1, 1)]));
+        h.mock.push(Reply::text_and_tool_calls(
+            "Line 7 computes value_7.",
+            vec![read(&ref_a(), 2, 1)],
+        ));
+        let resp = post(&h, &body(input(), stream)).await;
+        assert_eq!(resp.status(), 200);
+        let bytes = resp.bytes().await.unwrap();
+        assert_invisible(&bytes);
+        let output = if stream {
+            let (_, last) = check_stream(std::str::from_utf8(&bytes).unwrap());
+            assert_eq!(last["type"], "response.completed");
+            last["response"]["output"].clone()
+        } else {
+            serde_json::from_slice::<Value>(&bytes).unwrap()["output"].clone()
+        };
+        let texts: Vec<&str> = output
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["type"] == "message")
+            .map(|i| i["content"][0]["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(texts, ["Line 7 computes value_7."], "stream: {stream}");
+        // The withdrawn call was not run: two upstream calls, the second without the tools.
+        let received = h.mock.received();
+        assert_eq!(received.len(), 2);
+        assert_eq!(tool_names(&received[1].json()), ["shell"]);
+    }
+}
+
+#[tokio::test]
+async fn a_bad_call_is_a_tool_error_the_model_reads() {
+    let h = harness().await;
+    h.mock.push(Reply::tool_calls(vec![(
+        "context_read".into(),
+        json!({"ref": "../../etc/passwd"}),
+    )]));
+    h.mock.push(Reply::text("I could not read it."));
+    let resp = post(&h, &body(input(), false)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-context-reload"],
+        "rounds=1,calls=1,failed=1"
+    );
+    assert_invisible(&resp.bytes().await.unwrap());
+    let received = h.mock.received();
+    let second = received[1].json();
+    let last = second["input"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["type"], "function_call_output");
+    assert!(last["output"]
+        .as_str()
+        .unwrap()
+        .starts_with("error: \"../../etc/passwd\" is not a reference"));
+}

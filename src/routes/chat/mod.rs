@@ -16,7 +16,7 @@
 //!   answer's status tells whether the upstream accepted the client's key (`vet_key`);
 //! - `tool loop` learns the limit an upstream states when it says the context is too long,
 //!   plans again against a much smaller budget and retries once (`overflow.rs`), answers the model's calls of the proxy's tools and asks the upstream
-//!   again, hiding them from the client (`tool_loop.rs`, `loop_json.rs`, `loop_stream.rs`);
+//!   again, hiding them from the client (`routes::tool_loop`, with chat's `loop_wire.rs` and `loop_stream.rs`);
 //! - `respond` relays the answer to the client as it arrives, reading it on the way;
 //! - `record` runs once the response is known — when its body has ended or the client left.
 //!
