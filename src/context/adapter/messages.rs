@@ -33,7 +33,7 @@ use std::ops::Range;
 use serde_json::{json, Map, Value};
 
 use super::scan;
-use super::{splice, Adapter, Piece, Spans};
+use super::{splice, Adapter, Piece, Readable, Spans};
 use crate::context::estimate::{self, scaled, DEFAULT_FACTOR};
 pub use crate::context::estimate::{block_type, blocks};
 use crate::context::model::{Binding, Kind};
@@ -337,15 +337,17 @@ impl Adapter for Messages {
         without_origin(item).to_string()
     }
 
-    /// Text, tool calls (`call id name(input)`) and tool results (`(result of id)`) as plain
-    /// text; thinking is left out (the model's own reasoning is not the conversation).
-    fn for_summary<'v>(&self, item: &'v Value) -> Cow<'v, Value> {
+    /// Text and tool results (`(result of id)`) as its text, tool calls as its calls
+    /// (`id name(input)`); thinking is left out (the model's own reasoning is not the
+    /// conversation).
+    fn readable<'v>(&self, item: &'v Value) -> Readable<'v> {
         let mut lines = Vec::new();
+        let mut calls = Vec::new();
         for block in blocks(field(item, "content")).iter() {
             match block_type(block) {
                 "text" => lines.push(str_field(block, "text").unwrap_or("").to_string()),
-                "tool_use" | "server_tool_use" | "mcp_tool_use" => lines.push(format!(
-                    "call {} {}({})",
+                "tool_use" | "server_tool_use" | "mcp_tool_use" => calls.push(format!(
+                    "{} {}({})",
                     str_field(block, "id").unwrap_or(""),
                     str_field(block, "name").unwrap_or(""),
                     field(block, "input")
@@ -361,8 +363,12 @@ impl Adapter for Messages {
                 other => lines.push(format!("[{other} block]")),
             }
         }
-        let role = str_field(item, "role").unwrap_or("user");
-        Cow::Owned(json!({"role": role, "content": lines.join("\n")}))
+        Readable {
+            who: Cow::Borrowed(str_field(item, "role").unwrap_or("user")),
+            answers: None,
+            text: (!lines.is_empty()).then(|| Cow::Owned(lines.join("\n"))),
+            calls,
+        }
     }
 
     fn spans(&self, raw: &[u8]) -> Option<Spans> {

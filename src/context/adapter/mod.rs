@@ -51,6 +51,19 @@ impl Wire {
     }
 }
 
+/// One item as the summarizer reads it.
+#[derive(Debug, Default)]
+pub struct Readable<'v> {
+    /// Who speaks (`user`, `assistant`, `tool`, an item type).
+    pub who: Cow<'v, str>,
+    /// The call this item answers.
+    pub answers: Option<&'v str>,
+    /// Its text, when it has one.
+    pub text: Option<Cow<'v, str>>,
+    /// The calls it makes, as `id name(arguments)`.
+    pub calls: Vec<String>,
+}
+
 /// A wire format's view of a request's conversation.
 pub trait Adapter: Send + Sync {
     /// The format's name, for logs (`chat`, …).
@@ -101,15 +114,15 @@ pub trait Adapter: Send + Sync {
     /// A user turn standing for moved-out items, reading `text`.
     fn marker(&self, text: String) -> Value;
 
+    /// One item as the summarizer reads it ([`crate::context::summary::render_span`]): who
+    /// speaks, the call it answers, its text, the calls it makes. By default by the chat rules.
+    fn readable<'v>(&self, item: &'v Value) -> Readable<'v> {
+        chat::readable(item)
+    }
+
     /// One item as a line of the stored record of a moved-out span.
     fn line(&self, item: &Value) -> String {
         item.to_string()
-    }
-
-    /// One item as the summarizer reads it: a chat-shaped message (`role`, `content` text,
-    /// `tool_calls`, `tool_call_id`), which chat's items already are.
-    fn for_summary<'v>(&self, item: &'v Value) -> Cow<'v, Value> {
-        Cow::Borrowed(item)
     }
 
     /// Where the conversation and each item sit in `raw`, the body `payloads` was read from;

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::context::adapter::messages::WriteRules;
 use crate::context::adapter::Wire;
+use crate::routes::tool_loop::LoopWire;
 
 /// A managed route's format.
 #[derive(Debug)]
@@ -32,6 +33,8 @@ pub struct Format {
     /// The context limit an overflow error implies when it states none: the tokens the
     /// request was sent with, when the body is this format's "too long" error.
     pub implied_limit: fn(&[u8], usize) -> Option<usize>,
+    /// The format's side of the tool loop, when the proxy's own tools are offered on it.
+    pub tool_loop: Option<&'static dyn LoopWire>,
     /// How a decision is written back: `None` serializes the changed body (chat, Responses);
     /// `Some` writes it into the client's bytes under these rules, judged from the request's
     /// headers and body (Messages: untouched messages spliced, thinking and breakpoints kept).
@@ -75,6 +78,7 @@ pub const CHAT: Format = Format {
     unmanaged_head: managed_head,
     unmanaged_body: managed_body,
     implied_limit: no_implied_limit,
+    tool_loop: Some(&super::loop_wire::ChatLoop),
     write_rules: serialized,
     anthropic_errors: false,
 };

@@ -25,14 +25,13 @@
 mod ctx;
 mod dom;
 pub mod format;
-mod loop_json;
 mod loop_stream;
+mod loop_wire;
 mod overflow;
 mod record;
 mod request;
 mod respond;
 mod settle;
-mod tool_loop;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -45,13 +44,15 @@ use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::http::request_body::{check_json_shape, read_limited};
 use crate::routes::shared::Shared;
+use crate::routes::tool_loop;
 use crate::upstream;
 use serde_json::Value;
 
+pub use crate::routes::tool_loop::Final;
 pub use ctx::{ChatCtx, Timings};
 pub use format::Format;
 pub use request::ChatRequest;
-pub use respond::context_headers;
+pub use respond::{context_headers, respond};
 
 /// Runs the phases for one chat-completions request.
 pub async fn handle(
@@ -69,8 +70,29 @@ pub async fn run(
     request_id: HeaderValue,
     format: &'static Format,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let mut ctx = parse(&state, req, request_id, format).await?;
-    identify(&state, &mut ctx);
+    let ctx = start(&state, req, request_id, format).await?;
+    finish(state, ctx).await
+}
+
+/// parse and identify: the request read, and whose conversation it is. A route with work of
+/// its own between these and planning (the Responses API's compaction) runs them, then
+/// [`finish`].
+pub async fn start(
+    state: &Shared,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+    format: &'static Format,
+) -> Result<ChatCtx, ProxyError> {
+    let mut ctx = parse(state, req, request_id, format).await?;
+    identify(state, &mut ctx);
+    Ok(ctx)
+}
+
+/// plan → apply → forward → tool loop → respond, for a request [`start`] read.
+pub async fn finish(
+    state: Arc<Shared>,
+    mut ctx: ChatCtx,
+) -> Result<Response<ProxyBody>, ProxyError> {
     // The store calls of planning and applying share one budget: a hung store delays the
     // request once, by `op_timeout_ms`, not once per call.
     let store_time = state.store.op_timeout();
@@ -89,13 +111,11 @@ pub async fn run(
 /// What the client gets: the upstream's answer relayed as it is, or one the tool loop built.
 pub enum Answer {
     Relay(upstream::Incoming),
-    Json(loop_json::Final),
+    Json(crate::routes::tool_loop::Final),
     Stream {
         status: http::StatusCode,
         headers: http::HeaderMap,
-        events: std::pin::Pin<
-            Box<dyn futures_util::Stream<Item = Result<bytes::Bytes, upstream::BodyError>> + Send>,
-        >,
+        events: tool_loop::EventStream,
     },
 }
 
@@ -109,7 +129,7 @@ async fn parse(
     format: &'static Format,
 ) -> Result<ChatCtx, ProxyError> {
     let received = Instant::now();
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let mode = state
         .context
         .mode(
@@ -121,6 +141,15 @@ async fn parse(
         .map_err(ProxyError::InvalidRequest)?;
     let limits = &state.body_limits;
     let raw = read_limited(body, &parts.headers, limits, &state.body_budget).await?;
+    // A zstd body is decoded (its decoded size under the same limits) and goes on decoded:
+    // the proxy may rewrite it, and every upstream reads a plain body.
+    let raw = if crate::http::request_body::is_zstd(&parts.headers) {
+        let decoded = crate::http::request_body::decode_zstd(&raw, limits, &state.body_budget)?;
+        parts.headers.remove(header::CONTENT_ENCODING);
+        decoded
+    } else {
+        raw
+    };
     // A body the format cannot read as it came (compressed) goes out as it came.
     let mut unmanaged = (format.unmanaged_head)(&parts.headers);
     let peeked = match (mode, &unmanaged) {
@@ -161,28 +190,50 @@ async fn parse(
     Ok(ctx)
 }
 
+/// The body of a request only peeked at by parse, read whole after all (a route found it
+/// needs it); the bytes it goes out with do not change.
+pub fn read_whole(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
+    if !ctx.request.body.is_null() {
+        return Ok(());
+    }
+    let shape = check_json_shape(&ctx.request.raw, &state.body_limits)?;
+    crate::http::request_body::hold_parsed(&state.body_budget, shape)?;
+    ctx.request = ChatRequest::parse(ctx.request.raw.clone())?;
+    Ok(())
+}
+
 /// identify: when the context is managed (the mode, `x-context-mode` or the config's, was read
 /// by parse), the conversation (tenant from the API key, session).
 fn identify(state: &Shared, ctx: &mut ChatCtx) {
     if ctx.mode != Mode::Off {
-        // The caller's tenant: its proxy key's own when keys are required (crate::auth), else
-        // the hash of the API key it presented.
-        let tenant = match &ctx.caller {
-            Some(caller) => caller.tenant.clone(),
-            None => crate::store::Tenant::from_api_key(crate::http::headers::api_key(&ctx.headers)),
-        };
-        let session = ctx
-            .headers
-            .get(crate::context::session::SESSION_HEADER)
-            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-            .map(str::to_owned)
-            .or_else(|| (ctx.format.session_hint)(&ctx.headers, &ctx.request.body));
-        ctx.identity = state.context.identify_wire(
-            ctx.format.wire,
-            tenant,
-            session.as_deref(),
-            &ctx.request.body,
-        );
+        ctx.identity = identity_of(state, ctx);
+    }
+}
+
+/// The conversation of a parsed request, whatever its mode: the caller's tenant (its proxy
+/// key's own when keys are required (crate::auth), else the hash of the API key it presented)
+/// and the session (`x-context-session`, else the format's hint, else the opening).
+pub fn identity_of(state: &Shared, ctx: &ChatCtx) -> Option<crate::context::Identity> {
+    let session = ctx
+        .headers
+        .get(crate::context::session::SESSION_HEADER)
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+        .map(str::to_owned)
+        .or_else(|| (ctx.format.session_hint)(&ctx.headers, &ctx.request.body));
+    state.context.identify_wire(
+        ctx.format.wire,
+        tenant_of(ctx),
+        session.as_deref(),
+        &ctx.request.body,
+    )
+}
+
+/// The caller's tenant: its proxy key's own when keys are required, else the hash of the API
+/// key it presented.
+pub fn tenant_of(ctx: &ChatCtx) -> crate::store::Tenant {
+    match &ctx.caller {
+        Some(caller) => caller.tenant.clone(),
+        None => crate::store::Tenant::from_api_key(crate::http::headers::api_key(&ctx.headers)),
     }
 }
 
@@ -193,8 +244,8 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         // Nothing to plan: the body was only peeked at and goes out as it came.
         return;
     }
-    // The proxy's tools are offered in chat's shape only, so far.
-    if ctx.format.wire == crate::context::adapter::Wire::Chat {
+    // The proxy's tools are offered on the routes whose format runs the tool loop.
+    if ctx.format.tool_loop.is_some() {
         ctx.offer = crate::proxy_tools::offer(&ctx.request.body, state.context.reload_config());
     }
     if let crate::proxy_tools::Offer::Tools(names) = &ctx.offer {
@@ -258,8 +309,8 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             "the session's state could not be read".into(),
         ));
     }
-    let offered = if plan.refers_to_stored_content() {
-        match ctx.offer.clone() {
+    let offered = match (plan.refers_to_stored_content(), ctx.format.tool_loop) {
+        (true, Some(wire)) => match ctx.offer.clone() {
             crate::proxy_tools::Offer::Tools(names) => {
                 let client_had_tools = ctx
                     .request
@@ -267,16 +318,15 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
                     .get("tools")
                     .and_then(Value::as_array)
                     .is_some_and(|t| !t.is_empty());
-                crate::proxy_tools::inject(&mut ctx.request.body, &names);
-                Some((names, client_had_tools))
+                wire.inject(&mut ctx.request.body, &names);
+                Some((wire, names, client_had_tools))
             }
             crate::proxy_tools::Offer::NotOffered(why) => {
                 tracing::debug!(?why, "the proxy's tools are not offered");
                 None
             }
-        }
-    } else {
-        None
+        },
+        _ => None,
     };
     let request_id = ctx.request_id.clone();
     let request_id = request_id.to_str().unwrap_or_default();
@@ -292,7 +342,7 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             request_id,
         )
         .await;
-    if let Some((names, client_had_tools)) = offered {
+    if let Some((wire, names, client_had_tools)) = offered {
         if ctx.managed.body.is_some() {
             // The definitions go out with the request: they are counted in what it sends.
             ctx.managed.report.tokens_after += ctx.offer_tokens;
@@ -303,7 +353,7 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             });
         } else {
             // Nothing was stored after all (the store failed): no tools either.
-            crate::proxy_tools::remove(&mut ctx.request.body, &names, client_had_tools);
+            wire.remove_tools(&mut ctx.request.body, &names, client_had_tools);
         }
     }
     if fail_closed && ctx.managed.fail_open {
@@ -419,9 +469,12 @@ async fn tool_loop(
         Ok((relayed, None)) => return Ok(relayed),
         Err(answer) => answer,
     };
-    let (Some(reload), Some(identity), Some(outgoing)) =
-        (&ctx.reload, &ctx.identity, &ctx.outgoing)
-    else {
+    let (Some(wire), Some(reload), Some(identity), Some(outgoing)) = (
+        ctx.format.tool_loop,
+        &ctx.reload,
+        &ctx.identity,
+        &ctx.outgoing,
+    ) else {
         return Ok(Answer::Relay(answer));
     };
     if !answer.status.is_success() {
@@ -429,6 +482,7 @@ async fn tool_loop(
     }
     let model = ctx.request.model().unwrap_or("").to_string();
     let round = tool_loop::Round {
+        wire,
         state: state.clone(),
         upstream: ctx.upstream.clone(),
         identity: identity.clone(),
@@ -441,17 +495,16 @@ async fn tool_loop(
         request_id: ctx.request_id().to_string(),
         client_body: ctx.request.raw.clone(),
     };
-    let is_stream = crate::upstream::relay::is_event_stream(&answer.headers);
-    if is_stream {
-        let status = answer.status;
-        let mut headers = answer.headers.clone();
-        headers.remove(header::CONTENT_LENGTH);
-        let events = Box::pin(loop_stream::spawn(round, answer));
-        return Ok(Answer::Stream {
+    Ok(match tool_loop::run(round, answer).await? {
+        tool_loop::LoopAnswer::Json(done) => Answer::Json(done),
+        tool_loop::LoopAnswer::Stream {
             status,
             headers,
             events,
-        });
-    }
-    Ok(Answer::Json(loop_json::run(round, answer).await?))
+        } => Answer::Stream {
+            status,
+            headers,
+            events,
+        },
+    })
 }

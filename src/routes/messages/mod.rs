@@ -59,6 +59,7 @@ pub const MESSAGES: Format = Format {
     implied_limit: format::no_implied_limit,
     write_rules,
     anthropic_errors: true,
+    tool_loop: None,
 };
 
 /// `POST /v1/messages/count_tokens`: planned as `/v1/messages` would be, so that the count is
