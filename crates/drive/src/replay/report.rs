@@ -257,6 +257,79 @@ pub struct Report {
     /// The same, going directly to the upstream (`--compare`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub billed_direct: Option<BilledSide>,
+    /// Messages traffic: the proxy's estimate of each forwarded request
+    /// (`x-context-tokens-after`) against the prompt its answer's usage billed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate_error: Option<EstimateError>,
+}
+
+/// How far an estimate is from the usage, as `estimate / usage - 1` over requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ErrorSpread {
+    pub requests: usize,
+    pub min: f64,
+    pub p50: f64,
+    pub max: f64,
+    /// Requests counted below their usage.
+    pub under: usize,
+}
+
+impl ErrorSpread {
+    fn of(mut errors: Vec<f64>) -> Option<ErrorSpread> {
+        errors.sort_by(f64::total_cmp);
+        Some(ErrorSpread {
+            requests: errors.len(),
+            min: *errors.first()?,
+            p50: errors[(errors.len() - 1) / 2],
+            max: *errors.last()?,
+            under: errors.iter().filter(|e| **e < 0.0).count(),
+        })
+    }
+}
+
+/// The default estimate's error (o200k_base x 1.25, what the proxy's headers report) and the
+/// error of the estimate corrected as the proxy corrects it, from each session's previous
+/// answer (its measured ratio x 1.05, within 0.8-3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct EstimateError {
+    pub default: ErrorSpread,
+    pub calibrated: ErrorSpread,
+}
+
+/// The proxy's default factor and its margin over a measured one (`src/context/estimate.rs`).
+const DEFAULT_FACTOR: f64 = 1.25;
+const MARGIN: f64 = 1.05;
+
+impl EstimateError {
+    /// From outcomes ordered by session then index.
+    pub fn of(outcomes: &[Outcome]) -> Option<EstimateError> {
+        let (mut default, mut calibrated) = (Vec::new(), Vec::new());
+        let mut session = usize::MAX;
+        let mut scale = 1.0;
+        for o in outcomes {
+            let (Some(estimate), Some(billed)) = (o.tokens_after, o.billed) else {
+                continue;
+            };
+            if o.session != session {
+                (session, scale) = (o.session, 1.0);
+            }
+            let actual = (billed.input + billed.cache_write + billed.cache_read) as f64;
+            if actual == 0.0 || estimate == 0 {
+                continue;
+            }
+            let estimate = estimate as f64;
+            default.push(estimate / actual - 1.0);
+            calibrated.push(estimate * scale / actual - 1.0);
+            let measured = actual / (estimate / DEFAULT_FACTOR);
+            if (0.8..=3.0).contains(&measured) {
+                scale = (measured * MARGIN).clamp(0.8, 3.0) / DEFAULT_FACTOR;
+            }
+        }
+        Some(EstimateError {
+            default: ErrorSpread::of(default)?,
+            calibrated: ErrorSpread::of(calibrated)?,
+        })
+    }
 }
 
 /// The usage Anthropic's answers reported, summed, and its cost in full-price input tokens
@@ -340,6 +413,7 @@ pub fn report(
         sessions: Vec::new(),
         billed: None,
         billed_direct: None,
+        estimate_error: EstimateError::of(outcomes),
     }
 }
 
@@ -472,6 +546,20 @@ impl Report {
                     }
                 }
             }
+        }
+        if let Some(e) = &self.estimate_error {
+            let line = |s: &ErrorSpread| {
+                format!(
+                    "min {:+.1}%  p50 {:+.1}%  max {:+.1}%  ({} of {} under)",
+                    s.min * 1e2,
+                    s.p50 * 1e2,
+                    s.max * 1e2,
+                    s.under,
+                    s.requests
+                )
+            };
+            let _ = writeln!(out, "estimate/usage  default     {}", line(&e.default));
+            let _ = writeln!(out, "                calibrated  {}", line(&e.calibrated));
         }
         for (name, cost) in &wo.cost {
             row(
@@ -743,5 +831,37 @@ mod tests {
         let p = Percentiles::of((1..=100).map(f64::from).collect());
         assert_eq!((p.p50, p.p90, p.p99, p.max), (50.0, 90.0, 99.0, 100.0));
         assert_eq!(Percentiles::of(Vec::new()).count, 0);
+    }
+
+    #[test]
+    fn the_estimate_is_judged_against_usage_and_corrected_per_session() {
+        let billed = |prompt: u64| super::super::send::Billed {
+            input: 10,
+            cache_write: prompt - 110,
+            cache_read: 100,
+            ..Default::default()
+        };
+        let outcome = |session, estimate, prompt| Outcome {
+            session,
+            status: 200,
+            tokens_after: Some(estimate),
+            billed: Some(billed(prompt)),
+            ..Outcome::default()
+        };
+        // Session 0 counted 25% high twice; session 1 starts over, 10% low.
+        let outcomes = [
+            outcome(0, 1_250, 1_000),
+            outcome(0, 2_500, 2_000),
+            outcome(1, 900, 1_000),
+        ];
+        let e = EstimateError::of(&outcomes).unwrap();
+        assert_eq!(e.default.requests, 3);
+        assert!((e.default.max - 0.25).abs() < 1e-9);
+        assert!((e.default.min + 0.1).abs() < 1e-9);
+        assert_eq!(e.default.under, 1);
+        // The second request of session 0 is corrected by the first's ratio x 1.05.
+        assert!((e.calibrated.p50 - 0.05).abs() < 1e-9, "{:?}", e.calibrated);
+        assert_eq!(e.calibrated.under, 1);
+        assert_eq!(EstimateError::of(&[]), None);
     }
 }
