@@ -8,10 +8,13 @@
 //! - `exec.rs` — running one call against the store: paging by lines, searching;
 //! - `render.rs` — a moved-out span of messages as text a model reads;
 //! - `hidden.rs` — calls of the proxy's tools hidden from the client, kept in the session and
-//!   put back in place when the client sends the conversation again.
+//!   put back in place when the client sends the conversation again;
+//! - `hidden_rounds.rs` — the same on Anthropic Messages: the upstream transcript one client
+//!   assistant message stands for, put back in its place.
 
 pub mod exec;
 pub mod hidden;
+pub mod hidden_rounds;
 pub mod render;
 
 use serde::{Deserialize, Serialize};
