@@ -140,7 +140,11 @@ pub fn offer(body: &Value, config: &ReloadConfig) -> Offer {
     if !config.enabled {
         return Offer::NotOffered(NotOffered::Disabled);
     }
-    if body.get("tool_choice").and_then(Value::as_str) == Some("none") {
+    let choice = body.get("tool_choice");
+    // Chat's `"none"`, or Anthropic Messages' `{"type": "none"}`.
+    if choice.and_then(Value::as_str) == Some("none")
+        || choice.and_then(|c| c.get("type")).and_then(Value::as_str) == Some("none")
+    {
         return Offer::NotOffered(NotOffered::ToolChoiceNone);
     }
     if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
@@ -159,20 +163,25 @@ pub fn offer(body: &Value, config: &ReloadConfig) -> Offer {
     }
 }
 
-/// The names of the client's own tools (function and custom).
+/// The names of the client's own tools (chat's function and custom tools, Anthropic's tools
+/// with their `name` at the top).
 fn client_tool_names(body: &Value) -> Vec<&str> {
     body.get("tools")
         .and_then(Value::as_array)
-        .map(|tools| {
-            tools
-                .iter()
-                .filter_map(|t| {
-                    let kind = t.get("type").and_then(Value::as_str).unwrap_or("function");
-                    t.get(kind)?.get("name")?.as_str()
-                })
-                .collect()
-        })
+        .map(|tools| tools.iter().filter_map(tool_name).collect())
         .unwrap_or_default()
+}
+
+/// The name a tool definition declares, in either shape.
+fn tool_name(tool: &Value) -> Option<&str> {
+    if let Some(name) = tool.get("name").and_then(Value::as_str) {
+        return Some(name);
+    }
+    let kind = tool
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("function");
+    tool.get(kind)?.get("name")?.as_str()
 }
 
 /// The tokens the two definitions add to a request (counted as the upstream counts a `tools`
@@ -244,8 +253,30 @@ pub fn definitions(names: &ToolNames) -> [Value; 2] {
     [read, search]
 }
 
+/// The two definitions in Anthropic Messages' shape (`{name, description, input_schema}`):
+/// the same names, texts and schemas as [`definitions`], with fixed bytes.
+pub fn messages_definitions(names: &ToolNames) -> [Value; 2] {
+    definitions(names).map(|chat| {
+        let function = &chat["function"];
+        json!({
+            "name": function["name"],
+            "description": function["description"],
+            "input_schema": function["parameters"],
+        })
+    })
+}
+
 /// Appends the proxy's tools after the client's (creating `tools` when there is none).
 pub fn inject(body: &mut Value, names: &ToolNames) {
+    append(body, definitions(names));
+}
+
+/// [`inject`] for an Anthropic Messages request.
+pub fn inject_messages(body: &mut Value, names: &ToolNames) {
+    append(body, messages_definitions(names));
+}
+
+fn append(body: &mut Value, definitions: [Value; 2]) {
     let Some(object) = body.as_object_mut() else {
         return;
     };
@@ -253,7 +284,7 @@ pub fn inject(body: &mut Value, names: &ToolNames) {
         .entry("tools")
         .or_insert_with(|| Value::Array(Vec::new()));
     if let Value::Array(list) = tools {
-        list.extend(definitions(names));
+        list.extend(definitions);
     }
 }
 
@@ -268,13 +299,7 @@ pub fn remove(body: &mut Value, names: &ToolNames, client_had_tools: bool) {
         return;
     }
     if let Some(Value::Array(list)) = object.get_mut("tools") {
-        list.retain(|t| {
-            let name = t
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .and_then(Value::as_str);
-            name.is_none_or(|n| names.tool(n).is_none())
-        });
+        list.retain(|t| tool_name(t).is_none_or(|n| names.tool(n).is_none()));
     }
 }
 
@@ -330,6 +355,32 @@ mod tests {
         assert_eq!(
             theirs,
             json!({"tools": [{"type": "function", "function": {"name": "x"}}]})
+        );
+    }
+
+    #[test]
+    fn messages_tools_have_anthropics_shape_and_names_are_read_from_it() {
+        let cfg = ReloadConfig::default();
+        let mut body = json!({"tools": [{"name": "context_read", "input_schema": {}},
+            {"type": "web_search_20250305", "name": "web_search"}]});
+        let Offer::Tools(n) = offer(&body, &cfg) else {
+            panic!("not offered")
+        };
+        assert_eq!(n.read, "proxy_context_read");
+        inject_messages(&mut body, &n);
+        let tools = body["tools"].as_array().unwrap();
+        assert_eq!(tools[2]["name"], "proxy_context_read");
+        assert_eq!(tools[2]["input_schema"]["required"], json!(["ref"]));
+        assert_eq!(
+            tools[3].as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["name", "description", "input_schema"]
+        );
+        assert!(tools.iter().all(|t| t.get("cache_control").is_none()));
+        remove(&mut body, &n, true);
+        assert_eq!(body["tools"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            offer(&json!({"tool_choice": {"type": "none"}}), &cfg),
+            Offer::NotOffered(NotOffered::ToolChoiceNone)
         );
     }
 
