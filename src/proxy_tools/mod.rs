@@ -120,6 +120,10 @@ pub enum NotOffered {
     SeveralChoices,
     /// Every candidate name is a client tool's.
     NoFreeName,
+    /// Anthropic Messages on a model that binds each thinking block to the tools and messages
+    /// before it: tools added mid-conversation would invalidate every thinking block so far,
+    /// and the client's betas do not let the API drop them.
+    ThinkingBound,
 }
 
 const READ_NAMES: [&str; 4] = [

@@ -598,7 +598,7 @@ pub fn write_bytes(
 }
 
 /// `raw` with `thinking.block_binding.prefix_mismatch_behavior` set to `drop_block`.
-fn with_drop_block(raw: &[u8], body: &Value) -> Option<Vec<u8>> {
+pub fn with_drop_block(raw: &[u8], body: &Value) -> Option<Vec<u8>> {
     let span = scan::member(raw, b"thinking")?;
     let mut thinking = body.get("thinking")?.clone();
     let binding = thinking

@@ -31,12 +31,15 @@ use http::{header, HeaderValue, Method, Request, Response};
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use crate::context::adapter::messages::{binds_thinking, WriteRules};
+use crate::context::adapter::messages::{binds_thinking, with_drop_block, WriteRules};
+use crate::context::adapter::messages_added::with_tools;
 use crate::context::adapter::Wire;
+use crate::context::markers::Readback;
 use crate::context::{Managed, Mode, Route};
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::http::request_body::{check_json_shape, hold_parsed, read_limited};
+use crate::proxy_tools::{NotOffered, Offer};
 use crate::routes::chat::ChatRequest;
 use crate::routes::shared::Shared;
 use crate::upstream::relay::relay_anthropic;
@@ -111,7 +114,53 @@ pub async fn handle(
         })
         .flatten();
 
-    // plan
+    // plan: the proxy's hidden tool rounds put back first (the conversation the model really
+    // had), then counted and decided.
+    let client_raw = request.raw.clone();
+    let mut restored = 0;
+    if let (Some(identity), Endpoint::Messages) = (&identity, endpoint) {
+        if let Some((bytes, n)) = state
+            .context
+            .restore_rounds(identity, &request.raw, &request.body)
+            .await
+        {
+            match ChatRequest::parse(bytes) {
+                Ok(back) => {
+                    request = back;
+                    restored = n;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the restored request does not parse: sent as the client sent it")
+                }
+            }
+        }
+    }
+    let rules = WriteRules {
+        binds_thinking: binds_thinking(&model),
+        drop_block_allowed: drop_block_allowed(&parts.headers, &request.body),
+    };
+    let offer = match (&identity, endpoint) {
+        (Some(_), Endpoint::Messages) if tools_would_unbind(rules, &request.body) => {
+            Offer::NotOffered(NotOffered::ThinkingBound)
+        }
+        (Some(_), Endpoint::Messages) => {
+            crate::proxy_tools::offer(&request.body, state.context.reload_config())
+        }
+        _ => Offer::NotOffered(NotOffered::Disabled),
+    };
+    let (readback, offer_tokens) = match &offer {
+        Offer::Tools(names) => (
+            Readback::Tools {
+                read: names.read.clone(),
+                search: names.search.clone(),
+            },
+            crate::context::estimate::scaled(
+                crate::proxy_tools::definitions_tokens(names, crate::context::estimate::ENCODING),
+                crate::context::estimate::DEFAULT_FACTOR,
+            ),
+        ),
+        Offer::NotOffered(_) => (Readback::Stored, 0),
+    };
     let plan = state
         .context
         .plan(
@@ -122,22 +171,19 @@ pub async fn handle(
                 upstream: Some(&upstream.name),
                 encoding: None,
                 default_window: upstream.context_window,
-                readback: crate::context::markers::Readback::Stored,
+                readback,
                 budget_override: None,
                 summarize: false,
                 cache: Some(upstream.cache.for_model(&model)),
-                reserved_tokens: 0,
+                reserved_tokens: offer_tokens,
                 wire: Wire::Messages,
             },
         )
         .await;
+    let refers = plan.refers_to_stored_content();
 
     // apply
-    let rules = WriteRules {
-        binds_thinking: binds_thinking(&model),
-        drop_block_allowed: drop_block_allowed(&parts.headers, &request.body),
-    };
-    let managed = state
+    let mut managed = state
         .context
         .apply_messages(
             identity.as_ref(),
@@ -152,6 +198,40 @@ pub async fn handle(
         return Err(ProxyError::StoreUnavailable(
             "the removed content could not be stored".into(),
         ));
+    }
+
+    // The proxy's tools, after the client's, when the body names stored content or holds the
+    // proxy's calls put back (the API refuses `tool_use` blocks without their tools).
+    let reload = match offer {
+        Offer::Tools(names) if (refers && managed.body.is_some()) || restored > 0 => {
+            let client_had_tools = request
+                .body
+                .get("tools")
+                .and_then(Value::as_array)
+                .is_some_and(|t| !t.is_empty());
+            let mut body = managed.body.clone().unwrap_or_else(|| request.raw.clone());
+            if rules.binds_thinking && request.body.get("thinking").is_some_and(Value::is_object) {
+                // The tools change the prefix every earlier thinking block is bound to: the
+                // API drops those blocks instead of refusing the request.
+                if let Some(dropping) = with_drop_block(&body, &request.body) {
+                    body = dropping.into();
+                }
+            }
+            match with_tools(&body, &crate::proxy_tools::messages_definitions(&names)) {
+                Some(bytes) => {
+                    crate::proxy_tools::inject_messages(&mut request.body, &names);
+                    managed.body = Some(bytes.into());
+                    managed.report.tokens_after += offer_tokens;
+                    Some((names, client_had_tools, managed.refs.clone()))
+                }
+                None => None,
+            }
+        }
+        _ => None,
+    };
+    let _ = (&reload, &client_raw);
+    if restored > 0 && managed.body.is_none() {
+        managed.body = Some(request.raw.clone());
     }
 
     // forward
@@ -204,6 +284,34 @@ fn drop_block_allowed(headers: &http::HeaderMap, body: &Value) -> bool {
         .and_then(Value::as_str)
         == Some("drop_block");
     beta || asked
+}
+
+/// Whether adding the proxy's tools to this request would invalidate thinking blocks the API
+/// cannot be asked to drop: the model binds each thinking block to the tools before it, the
+/// conversation thinks (its config or its blocks), and the client's betas do not allow
+/// `drop_block`.
+fn tools_would_unbind(rules: WriteRules, body: &Value) -> bool {
+    if !rules.binds_thinking || rules.drop_block_allowed {
+        return false;
+    }
+    let thinking_on = body
+        .get("thinking")
+        .and_then(|t| t.get("type"))
+        .and_then(Value::as_str)
+        .is_some_and(|t| t != "disabled");
+    let has_blocks = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .flat_map(|m| crate::context::estimate::blocks(m.get("content")).into_owned())
+        .any(|b| {
+            matches!(
+                crate::context::estimate::block_type(&b),
+                "thinking" | "redacted_thinking"
+            )
+        });
+    thinking_on || has_blocks
 }
 
 /// The context headers of the chat route, the same on this one.
