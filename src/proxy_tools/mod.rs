@@ -2,7 +2,7 @@
 //! reads back anything the proxy moved out of its context. They are offered only when the
 //! forwarded request refers to stored content, appended after the client's tools with the same
 //! bytes every time (so the client's prefix, and the upstream's prompt cache, are untouched),
-//! executed by the proxy itself, and never shown to the client (see `routes::chat::tool_loop`).
+//! executed by the proxy itself, and never shown to the client (see `routes::tool_loop`).
 //!
 //! - `mod.rs` — the settings, choosing the tools' names (never a client tool's), injecting them;
 //! - `exec.rs` — running one call against the store: paging by lines, searching;

@@ -1,5 +1,5 @@
 //! What the proxy answers: the managed request path (`chat`: chat completions, and the
-//! Responses API through `responses`), every other `/v1/…`
+//! Responses API through `responses`; their tool loop in `tool_loop`), every other `/v1/…`
 //! route forwarded verbatim (`passthrough`), and the `/v1/context/…` inspection API
 //! (`context_api`), and the page that shows what the proxy did (`ui`).
 
@@ -9,4 +9,5 @@ pub mod messages;
 pub mod passthrough;
 pub mod responses;
 pub mod shared;
+pub mod tool_loop;
 pub mod ui;

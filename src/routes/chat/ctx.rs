@@ -42,14 +42,14 @@ pub struct ChatCtx {
     /// The tokens the proxy's tool definitions add when offered (kept free in the budget).
     pub offer_tokens: usize,
     /// Set when the proxy offered its own tools: what the tool loop needs.
-    pub reload: Option<super::tool_loop::Reload>,
+    pub reload: Option<crate::routes::tool_loop::Reload>,
     /// The JSON body differs from the raw bytes beyond what `managed.body` holds (hidden
     /// exchanges put back, tools added): `forward` serializes it.
     pub body_changed: bool,
     /// Hidden exchanges of the proxy's tools put back into the conversation.
     pub restored: usize,
     /// Rounds, calls and upstream calls of the tool loop (shared with a streaming loop's task).
-    pub stats: Arc<super::tool_loop::LoopStats>,
+    pub stats: Arc<crate::routes::tool_loop::LoopStats>,
     pub timings: Timings,
     /// Who sent it (`crate::auth`): its tenant, and its key's token budget to charge.
     pub caller: Option<crate::auth::Caller>,

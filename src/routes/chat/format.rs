@@ -9,6 +9,7 @@ use http::HeaderMap;
 use serde_json::Value;
 
 use crate::context::adapter::Wire;
+use crate::routes::tool_loop::LoopWire;
 
 /// A managed route's format.
 #[derive(Debug)]
@@ -28,6 +29,8 @@ pub struct Format {
     /// The context limit an overflow error implies when it states none: the tokens the
     /// request was sent with, when the body is this format's "too long" error.
     pub implied_limit: fn(&[u8], usize) -> Option<usize>,
+    /// The format's side of the tool loop, when the proxy's own tools are offered on it.
+    pub tool_loop: Option<&'static dyn LoopWire>,
 }
 
 fn none_from_headers(_: &HeaderMap, _: &Value) -> Option<String> {
@@ -55,4 +58,5 @@ pub const CHAT: Format = Format {
     unmanaged_head: managed_head,
     unmanaged_body: managed_body,
     implied_limit: no_implied_limit,
+    tool_loop: Some(&super::loop_wire::ChatLoop),
 };

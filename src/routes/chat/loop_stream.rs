@@ -10,50 +10,20 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tracing::Instrument;
 
-use super::tool_loop::{assistant_message, Round};
-use crate::upstream::{BodyError, Incoming};
+use crate::routes::tool_loop::stream::{self, Failure, Out, RoundEnd, RoundRelay};
+use crate::routes::tool_loop::{EventStream, Round};
+use crate::upstream::Incoming;
 use crate::wire::error::openai_error;
 use crate::wire::sse::{data_event, Event};
+use crate::wire::ToolCall;
 use crate::wire::{ChatAccumulator, Filtered, SseReader, ToolCallDelta, ToolCallFilter, Usage};
 
-/// Events buffered between the loop and the client's connection.
-const CHANNEL_EVENTS: usize = 64;
-
-/// The client's body: events as the loop produces them. The loop runs on its own task (with a
-/// span) and stops when this stream is dropped.
-pub fn spawn(round: Round, first: Incoming) -> impl Stream<Item = Result<Bytes, BodyError>> + Send {
-    let (tx, rx) = mpsc::channel(CHANNEL_EVENTS);
-    let span = tracing::debug_span!("reload_stream", request_id = %round.request_id);
-    tokio::spawn(
-        async move {
-            let mut out = Out { tx };
-            run(round, first, &mut out).await;
-        }
-        .instrument(span),
-    );
-    futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    })
-}
-
-struct Out {
-    tx: mpsc::Sender<Result<Bytes, BodyError>>,
-}
-
-impl Out {
-    /// Sends to the client; false once it has gone away.
-    async fn send(&mut self, bytes: Bytes) -> bool {
-        self.tx.send(Ok(bytes)).await.is_ok()
-    }
-
-    async fn closed(&self) {
-        self.tx.closed().await;
-    }
+/// The client's body: the chat chunks of every round, live.
+pub fn spawn(round: Round, first: Incoming) -> EventStream {
+    stream::spawn(round, first, Across::default())
 }
 
 /// The first round's `id`, `created`, `model` and `system_fingerprint`, which every later
@@ -92,67 +62,6 @@ impl Header {
     }
 }
 
-/// How one round ended.
-enum RoundEnd {
-    /// The model called only the proxy's tools: run them and go on.
-    Continue(Value, Vec<crate::wire::ToolCall>),
-    /// The answer is complete (or failed, or the client left): stop.
-    Stop,
-}
-
-async fn run(mut round: Round, first: Incoming, out: &mut Out) {
-    let mut across = Across::default();
-    let mut answer = first;
-    loop {
-        let RoundEnd::Continue(assistant, calls) =
-            relay_round(&round, answer, out, &mut across).await
-        else {
-            return;
-        };
-        let results = tokio::select! {
-            () = out.closed() => return,
-            results = round.run_calls(&calls) => results,
-        };
-        let request = round.next_request(assistant, results);
-        let sent = tokio::select! {
-            () = out.closed() => return,
-            sent = round.upstream.send(&request) => sent,
-        };
-        round.stats.upstream_calls.fetch_add(1, Ordering::Relaxed);
-        answer = match sent {
-            Ok(a) if a.status.is_success() => a,
-            Ok(a) => {
-                // The stream already started: the upstream's error becomes the final event.
-                let status = a.status;
-                let body = read_error(a).await;
-                // The upstream's own error object when it sent one, else the proxy's.
-                let error = serde_json::from_slice::<Value>(&body)
-                    .ok()
-                    .and_then(|v| v.get("error").cloned())
-                    .map(|error| json!({ "error": error }))
-                    .unwrap_or_else(|| {
-                        openai_error(
-                            &format!(
-                                "upstream {} answered {status} during the proxy's tool round",
-                                round.upstream.name
-                            ),
-                            "upstream_error",
-                            None,
-                            Some("upstream_error"),
-                        )
-                    });
-                out.send(data_event(&error)).await;
-                return;
-            }
-            Err(e) => {
-                out.send(stream_error(&e.to_string(), "upstream_unreachable"))
-                    .await;
-                return;
-            }
-        };
-    }
-}
-
 /// What carries over from round to round: the first round's identity fields, and the usage
 /// summed so far with the usage-only chunk that will carry it at the very end.
 #[derive(Default)]
@@ -165,6 +74,34 @@ struct Across {
 /// An error event in the OpenAI shape, as the last event the client gets.
 fn stream_error(message: &str, code: &str) -> Bytes {
     data_event(&openai_error(message, "upstream_error", None, Some(code)))
+}
+
+impl RoundRelay for Across {
+    async fn relay(&mut self, round: &Round, answer: Incoming, out: &mut Out) -> RoundEnd {
+        relay_round(round, answer, out, self).await
+    }
+
+    fn failure(&mut self, round: &Round, failure: Failure) -> Bytes {
+        match failure {
+            // The upstream's own error object when it sent one, else the proxy's.
+            Failure::Status { status, error } => data_event(
+                &error
+                    .map(|error| json!({ "error": error }))
+                    .unwrap_or_else(|| {
+                        openai_error(
+                            &format!(
+                                "upstream {} answered {status} during the proxy's tool round",
+                                round.upstream.name
+                            ),
+                            "upstream_error",
+                            None,
+                            Some("upstream_error"),
+                        )
+                    }),
+            ),
+            Failure::Unreachable(e) => stream_error(&e, "upstream_unreachable"),
+        }
+    }
 }
 
 /// Relays one upstream stream to the client, hiding the proxy's calls.
@@ -374,7 +311,7 @@ impl<'r> Relay<'r> {
                 return RoundEnd::Stop;
             };
             let assistant = assistant_message(choice.content.as_deref(), &choice.tool_calls);
-            return RoundEnd::Continue(assistant, choice.tool_calls.clone());
+            return RoundEnd::Continue(vec![assistant], choice.tool_calls.clone());
         }
         if self.proxy_calls && self.client_calls && !self.withdrawn {
             // Mixed: the client got its own calls; the proxy answers its own and keeps them.
@@ -382,7 +319,12 @@ impl<'r> Relay<'r> {
             if let Some(choice) = completion.choices.first() {
                 let results = self.round.run_calls(&choice.tool_calls).await;
                 let message = assistant_message(choice.content.as_deref(), &choice.tool_calls);
-                self.round.hide(&message, results).await;
+                let mut answer = json!({"choices": [{ "message": message }]});
+                let split = self
+                    .round
+                    .wire
+                    .split(&mut answer, &|name| self.round.is_proxy(name));
+                self.round.keep(split, results).await;
             }
         }
         if let (Some(mut chunk), Some(sum)) = (across.usage_chunk.take(), across.usage.as_ref()) {
@@ -448,16 +390,21 @@ fn finish_without_calls(acc: &ChatAccumulator, chunk: &mut Value) -> bool {
     true
 }
 
-/// The (small) body of an upstream error, bounded.
-async fn read_error(answer: Incoming) -> Bytes {
-    const MAX: usize = 1 << 20;
-    let mut out = Vec::new();
-    let mut chunks = std::pin::pin!(answer.into_stream());
-    while let Some(Ok(chunk)) = chunks.next().await {
-        out.extend_from_slice(&chunk);
-        if out.len() > MAX {
-            break;
-        }
-    }
-    Bytes::from(out)
+/// The assistant message of a round, as the conversation continues with it.
+pub fn assistant_message(content: Option<&str>, calls: &[ToolCall]) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .map(|c| {
+            if c.kind == "custom" {
+                json!({"id": c.id, "type": "custom", "custom": {"name": c.name, "input": c.arguments}})
+            } else {
+                json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+            }
+        })
+        .collect();
+    let content = match content {
+        Some(text) if !text.is_empty() => Value::String(text.to_string()),
+        _ => Value::Null,
+    };
+    json!({"role": "assistant", "content": content, "tool_calls": calls})
 }

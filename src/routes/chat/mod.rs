@@ -25,14 +25,13 @@
 mod ctx;
 mod dom;
 pub mod format;
-mod loop_json;
 mod loop_stream;
+mod loop_wire;
 mod overflow;
 mod record;
 mod request;
 mod respond;
 mod settle;
-mod tool_loop;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -45,6 +44,7 @@ use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::http::request_body::{check_json_shape, read_limited};
 use crate::routes::shared::Shared;
+use crate::routes::tool_loop;
 use crate::upstream;
 use serde_json::Value;
 
@@ -89,13 +89,11 @@ pub async fn run(
 /// What the client gets: the upstream's answer relayed as it is, or one the tool loop built.
 pub enum Answer {
     Relay(upstream::Incoming),
-    Json(loop_json::Final),
+    Json(crate::routes::tool_loop::Final),
     Stream {
         status: http::StatusCode,
         headers: http::HeaderMap,
-        events: std::pin::Pin<
-            Box<dyn futures_util::Stream<Item = Result<bytes::Bytes, upstream::BodyError>> + Send>,
-        >,
+        events: tool_loop::EventStream,
     },
 }
 
@@ -193,8 +191,8 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         // Nothing to plan: the body was only peeked at and goes out as it came.
         return;
     }
-    // The proxy's tools are offered in chat's shape only, so far.
-    if ctx.format.wire == crate::context::adapter::Wire::Chat {
+    // The proxy's tools are offered on the routes whose format runs the tool loop.
+    if ctx.format.tool_loop.is_some() {
         ctx.offer = crate::proxy_tools::offer(&ctx.request.body, state.context.reload_config());
     }
     if let crate::proxy_tools::Offer::Tools(names) = &ctx.offer {
@@ -258,8 +256,8 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             "the session's state could not be read".into(),
         ));
     }
-    let offered = if plan.refers_to_stored_content() {
-        match ctx.offer.clone() {
+    let offered = match (plan.refers_to_stored_content(), ctx.format.tool_loop) {
+        (true, Some(wire)) => match ctx.offer.clone() {
             crate::proxy_tools::Offer::Tools(names) => {
                 let client_had_tools = ctx
                     .request
@@ -267,16 +265,15 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
                     .get("tools")
                     .and_then(Value::as_array)
                     .is_some_and(|t| !t.is_empty());
-                crate::proxy_tools::inject(&mut ctx.request.body, &names);
-                Some((names, client_had_tools))
+                wire.inject(&mut ctx.request.body, &names);
+                Some((wire, names, client_had_tools))
             }
             crate::proxy_tools::Offer::NotOffered(why) => {
                 tracing::debug!(?why, "the proxy's tools are not offered");
                 None
             }
-        }
-    } else {
-        None
+        },
+        _ => None,
     };
     let request_id = ctx.request_id.clone();
     ctx.managed = state
@@ -288,7 +285,7 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             request_id.to_str().unwrap_or_default(),
         )
         .await;
-    if let Some((names, client_had_tools)) = offered {
+    if let Some((wire, names, client_had_tools)) = offered {
         if ctx.managed.body.is_some() {
             // The definitions go out with the request: they are counted in what it sends.
             ctx.managed.report.tokens_after += ctx.offer_tokens;
@@ -299,7 +296,7 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             });
         } else {
             // Nothing was stored after all (the store failed): no tools either.
-            crate::proxy_tools::remove(&mut ctx.request.body, &names, client_had_tools);
+            wire.remove_tools(&mut ctx.request.body, &names, client_had_tools);
         }
     }
     if fail_closed && ctx.managed.fail_open {
@@ -415,9 +412,12 @@ async fn tool_loop(
         Ok((relayed, None)) => return Ok(relayed),
         Err(answer) => answer,
     };
-    let (Some(reload), Some(identity), Some(outgoing)) =
-        (&ctx.reload, &ctx.identity, &ctx.outgoing)
-    else {
+    let (Some(wire), Some(reload), Some(identity), Some(outgoing)) = (
+        ctx.format.tool_loop,
+        &ctx.reload,
+        &ctx.identity,
+        &ctx.outgoing,
+    ) else {
         return Ok(Answer::Relay(answer));
     };
     if !answer.status.is_success() {
@@ -425,6 +425,7 @@ async fn tool_loop(
     }
     let model = ctx.request.model().unwrap_or("").to_string();
     let round = tool_loop::Round {
+        wire,
         state: state.clone(),
         upstream: ctx.upstream.clone(),
         identity: identity.clone(),
@@ -437,17 +438,16 @@ async fn tool_loop(
         request_id: ctx.request_id().to_string(),
         client_body: ctx.request.raw.clone(),
     };
-    let is_stream = crate::upstream::relay::is_event_stream(&answer.headers);
-    if is_stream {
-        let status = answer.status;
-        let mut headers = answer.headers.clone();
-        headers.remove(header::CONTENT_LENGTH);
-        let events = Box::pin(loop_stream::spawn(round, answer));
-        return Ok(Answer::Stream {
+    Ok(match tool_loop::run(round, answer).await? {
+        tool_loop::LoopAnswer::Json(done) => Answer::Json(done),
+        tool_loop::LoopAnswer::Stream {
             status,
             headers,
             events,
-        });
-    }
-    Ok(Answer::Json(loop_json::run(round, answer).await?))
+        } => Answer::Stream {
+            status,
+            headers,
+            events,
+        },
+    })
 }

@@ -8,9 +8,9 @@
 use futures_util::StreamExt;
 use http::header;
 
-use super::loop_json::Final;
 use super::{Answer, ChatCtx, ChatRequest};
 use crate::routes::shared::Shared;
+use crate::routes::tool_loop::Final;
 use crate::upstream::{Incoming, UpstreamRequest};
 
 /// Error bodies read whole are at most this long (and say so in `Content-Length`); anything

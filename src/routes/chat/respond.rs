@@ -21,7 +21,7 @@ use crate::wire::UsageTap;
 
 /// Response headers: the proxy's tool rounds, the upstream's cached tokens, what a summary did
 /// (the names are the contract crate's).
-pub use context_proxy_contract::{RELOAD_HEADER, SUMMARY_HEADER, UPSTREAM_CACHED_HEADER};
+pub use context_proxy_contract::{RELOAD_HEADER, SUMMARY_HEADER};
 
 /// The client's response for `answer`.
 pub fn respond(state: Arc<Shared>, ctx: ChatCtx, answer: Answer) -> Response<ProxyBody> {

@@ -38,6 +38,7 @@ pub const RESPONSES: Format = Format {
     unmanaged_head,
     unmanaged_body,
     implied_limit,
+    tool_loop: None,
 };
 
 /// Runs the managed phases for one `POST /v1/responses`.

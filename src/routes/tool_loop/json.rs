@@ -1,7 +1,8 @@
 //! The tool loop for a non-streaming answer: read it whole; while it calls only the proxy's
 //! tools, run them and ask again; give the client the final answer with `usage` summed over
 //! every round. When the model calls the client's tools too, the client gets its own calls only
-//! and the proxy's are kept for the next turn.
+//! and the proxy's are kept for the next turn. The wire's [`LoopWire`](super::LoopWire) reads
+//! and rewrites the answers.
 
 use std::sync::atomic::Ordering;
 
@@ -10,23 +11,17 @@ use futures_util::StreamExt;
 use http::{header, HeaderMap, StatusCode};
 use serde_json::Value;
 
-use super::tool_loop::{assistant_message, without_withdrawn_calls, Round};
+use super::{Final, Round};
 use crate::http::error::ProxyError;
 use crate::upstream::{Incoming, UpstreamError};
-use crate::wire::{Completion, Usage};
+use crate::wire::Usage;
 
 /// Longest non-streaming answer the loop reads (a larger one is relayed as it is).
 const MAX_ANSWER_BYTES: usize = 64 << 20;
 
-/// The final answer for the client.
-pub struct Final {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-}
-
 /// Runs the loop from the first answer.
 pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError> {
+    let wire = round.wire;
     let mut answer = first;
     let mut usage: Option<Usage> = None;
     loop {
@@ -45,45 +40,36 @@ pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError>
                 })
             }
         };
-        let Ok(completion) = Completion::from_json(&body) else {
+        let Some(turn) = wire.answer(&body) else {
             return Ok(Final {
                 status,
                 headers,
                 body: bytes,
             });
         };
-        if let Some(u) = &completion.usage {
+        if let Some(u) = &turn.usage {
             match &mut usage {
                 Some(sum) => sum.add(u),
                 None => usage = Some(u.clone()),
             }
         }
-        let Some(choice) = completion.choices.first() else {
-            return Ok(finish(status, headers, body, bytes, &usage, &round));
-        };
-        let (proxy, client) = round.kinds(&choice.tool_calls);
+        let (proxy, client) = round.kinds(&turn.calls);
         if !proxy {
             return Ok(finish(status, headers, body, bytes, &usage, &round));
         }
         if round.tools_withdrawn() {
-            return Ok(withdrawn(status, headers, body, client, &usage, &round));
+            return Ok(withdrawn(status, headers, body, &usage, &round));
         }
-        let results = round.run_calls(&choice.tool_calls).await;
+        let results = round.run_calls(&turn.calls).await;
         if client {
             // Mixed: the client gets its own calls; the proxy's wait in the session.
             let mut body = body;
-            let message = body
-                .pointer("/choices/0/message")
-                .cloned()
-                .unwrap_or(Value::Null);
-            let visible = round.hide(&message, results).await;
-            if let Some(slot) = body.pointer_mut("/choices/0/message") {
-                *slot = visible;
-            }
+            let split = wire.split(&mut body, &|name| round.is_proxy(name));
+            round.keep(split, results).await;
             return Ok(finish(status, headers, body, Bytes::new(), &usage, &round));
         }
-        let assistant = assistant_message(choice.content.as_deref(), &choice.tool_calls);
-        let request = round.next_request(assistant, results);
+        let output = wire.continued(&body, &turn);
+        let request = round.next_request(output, results);
         answer = round.upstream.send(&request).await?;
         round.stats.upstream_calls.fetch_add(1, Ordering::Relaxed);
     }
@@ -96,7 +82,6 @@ fn withdrawn(
     status: StatusCode,
     headers: HeaderMap,
     mut body: Value,
-    client: bool,
     usage: &Option<Usage>,
     round: &Round,
 ) -> Final {
@@ -105,11 +90,8 @@ fn withdrawn(
         rounds,
         "the model called the proxy's tools after they were withdrawn: not run"
     );
-    let message = body
-        .pointer("/choices/0/message")
-        .cloned()
-        .unwrap_or(Value::Null);
-    let Some(visible) = without_withdrawn_calls(round, &message) else {
+    let split = round.wire.split(&mut body, &|name| round.is_proxy(name));
+    if split.empty {
         let error = ProxyError::ToolLoopExhausted { rounds };
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -121,14 +103,6 @@ fn withdrawn(
             headers,
             body: error.body(),
         };
-    };
-    if let Some(slot) = body.pointer_mut("/choices/0/message") {
-        *slot = visible;
-    }
-    if !client {
-        if let Some(reason) = body.pointer_mut("/choices/0/finish_reason") {
-            *reason = Value::from("stop");
-        }
     }
     finish(status, headers, body, Bytes::new(), usage, round)
 }
@@ -147,12 +121,13 @@ fn finish(
     // whole, so it can go in a header.
     if let Some(cached) = usage.as_ref().and_then(|u| u.cached_tokens) {
         headers.insert(
-            super::respond::UPSTREAM_CACHED_HEADER,
+            crate::contract::UPSTREAM_CACHED_HEADER,
             http::HeaderValue::from(cached),
         );
     }
+    let scrubbed = round.wire.scrub(&mut body, &round.reload.names);
     let rounds = round.stats.rounds.load(Ordering::Relaxed);
-    if rounds == 0 && !original.is_empty() {
+    if rounds == 0 && !original.is_empty() && !scrubbed {
         return Final {
             status,
             headers,
@@ -160,9 +135,7 @@ fn finish(
         };
     }
     if let Some(usage) = usage {
-        if body.get("usage").is_some_and(|u| !u.is_null()) {
-            usage.write_into(&mut body);
-        }
+        round.wire.write_usage(&mut body, usage);
     }
     Final {
         status,

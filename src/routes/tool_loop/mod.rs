@@ -1,25 +1,147 @@
-//! tool loop: when the proxy offered its own tools (`context_read`, `context_search`), the
+//! The tool loop: when the proxy offered its own tools (`context_read`, `context_search`), the
 //! model's calls of them are answered here and the upstream is asked again, so the client only
-//! ever sees its own tools. Non-streaming answers are read whole (`loop_json.rs`); streams stay
-//! live, event by event (`loop_stream.rs`). This file holds what both share: running a round's
-//! calls, building the next request, keeping the calls hidden from a client that also got
-//! calls of its own.
+//! ever sees its own tools. Every managed route runs it; what is the same for all of them is
+//! here, what each wire format says differently is its [`LoopWire`]:
+//!
+//! - here: the round's state ([`Round`], [`LoopStats`]), running a round's calls against the
+//!   store ([`Round::run_calls`]), counting rounds and withdrawing the tools after the last
+//!   ([`Round::next_request`]), keeping a hidden exchange in the session ([`Round::keep`]), the
+//!   page's journal lines, the non-streaming loop (`json.rs`) and the streaming loop's driver
+//!   (`stream.rs`: the task, the channel, the next request of each round);
+//! - the wire's ([`LoopWire`]): reading the calls of an answer, the tool-result item, appending
+//!   a round to the request, removing the proxy's tools, the answer without the proxy's calls,
+//!   the digest of the client's transcript (the hidden exchange's key), the stream's relay
+//!   (which events reach the client, renumbered) and the final answer's usage.
+//!
+//! Chat completions' side is `routes/chat/tool_loop.rs`.
+
+pub mod json;
+pub mod stream;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde_json::{json, Value};
+use http::{HeaderMap, StatusCode};
+use serde_json::Value;
 
 use crate::context::Identity;
+use crate::http::error::ProxyError;
 use crate::proxy_tools::exec::Exec;
 use crate::proxy_tools::hidden::{self, Exchange, Hidden};
-use crate::proxy_tools::{self, Tool, ToolNames};
+use crate::proxy_tools::{Tool, ToolNames};
 use crate::routes::shared::Shared;
 use crate::store::ContentRef;
 use crate::tokens::Encoding;
-use crate::upstream::{Upstream, UpstreamRequest};
-use crate::wire::ToolCall;
+use crate::upstream::{BodyError, Incoming, Upstream, UpstreamRequest};
+use crate::wire::{ToolCall, Usage};
+
+/// The client's body of a streamed answer, as the loop produces it.
+pub type EventStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, BodyError>> + Send>>;
+
+/// What one wire format says of the tool loop (see the module's doc). Every method is pure but
+/// [`LoopWire::stream`], which relays a live answer.
+pub trait LoopWire: Send + Sync {
+    /// Appends the proxy's tool definitions after the client's tools.
+    fn inject(&self, body: &mut Value, names: &ToolNames);
+
+    /// Removes the proxy's tools again, and `tools` itself when the client sent none.
+    fn remove_tools(&self, body: &mut Value, names: &ToolNames, client_had_tools: bool);
+
+    /// A successful non-streaming answer read: its calls (every call, the client's too) and
+    /// its usage; `None` when it is not an answer of this format (relayed as it is).
+    fn answer(&self, body: &Value) -> Option<Turn>;
+
+    /// What the conversation continues with after `answer`, whose calls are `turn.calls`: the
+    /// items appended to the next request before the results.
+    fn continued(&self, answer: &Value, turn: &Turn) -> Vec<Value>;
+
+    /// The tool result answering `call` with `text`.
+    fn result(&self, call: &ToolCall, text: String) -> Value;
+
+    /// Appends one round to the request `body`: the model's `output`, then the `results`.
+    fn append_round(&self, body: &mut Value, output: Vec<Value>, results: Vec<Value>);
+
+    /// Takes the proxy's calls out of `answer` (and what is bound to them), as the client must
+    /// see it. When no call of the client's is left, the answer is made a plain one (a text
+    /// answer's finish reason); [`Split::empty`] says when nothing at all is left.
+    fn split(&self, answer: &mut Value, is_proxy: &dyn Fn(&str) -> bool) -> Split;
+
+    /// The digest of the conversation as the client sent it (`client_body`): with the client's
+    /// call ids, the key of an exchange hidden from it ([`hidden::key_of`]).
+    fn transcript(&self, client_body: &Value) -> u128;
+
+    /// Writes the usage summed over every upstream call into the final `answer`.
+    fn write_usage(&self, answer: &mut Value, usage: &Usage);
+
+    /// Takes out of a final `answer` what it says of the proxy's offer (the Responses API
+    /// echoes the request's `tools`); whether anything changed.
+    fn scrub(&self, answer: &mut Value, names: &ToolNames) -> bool {
+        let _ = (answer, names);
+        false
+    }
+
+    /// The client's stream, relaying `first` and each later round live.
+    fn stream(&self, round: Round, first: Incoming) -> EventStream;
+}
+
+impl std::fmt::Debug for dyn LoopWire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LoopWire")
+    }
+}
+
+/// The calls and usage of one answer ([`LoopWire::answer`]).
+#[derive(Debug, Default)]
+pub struct Turn {
+    pub calls: Vec<ToolCall>,
+    pub usage: Option<Usage>,
+}
+
+/// What [`LoopWire::split`] took out of an answer.
+#[derive(Debug, Default)]
+pub struct Split {
+    /// The proxy's calls (with what is bound to them), each with its position in the answer.
+    pub hidden: Vec<(usize, Value)>,
+    /// The ids of the client's calls left, in order.
+    pub client_ids: Vec<String>,
+    /// Nothing is left for the client: no text, no call of its own.
+    pub empty: bool,
+}
+
+/// The final answer for the client of a non-streaming loop.
+pub struct Final {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// What the client gets from the loop.
+pub enum LoopAnswer {
+    Json(Final),
+    Stream {
+        status: StatusCode,
+        headers: HeaderMap,
+        events: EventStream,
+    },
+}
+
+/// Runs the loop from the upstream's first (successful) answer: live when it is a stream.
+pub async fn run(round: Round, first: Incoming) -> Result<LoopAnswer, ProxyError> {
+    if crate::upstream::relay::is_event_stream(&first.headers) {
+        let status = first.status;
+        let mut headers = first.headers.clone();
+        headers.remove(http::header::CONTENT_LENGTH);
+        let events = round.wire.stream(round, first);
+        return Ok(LoopAnswer::Stream {
+            status,
+            headers,
+            events,
+        });
+    }
+    Ok(LoopAnswer::Json(json::run(round, first).await?))
+}
 
 /// What the tool loop needs to know about a request whose tools the proxy extended.
 #[derive(Debug, Clone)]
@@ -49,11 +171,13 @@ pub struct LoopStats {
 
 /// Everything a round needs, owned, so a streaming loop can run on its own task.
 pub struct Round {
+    /// The route's wire format.
+    pub wire: &'static dyn LoopWire,
     pub state: Arc<Shared>,
     pub upstream: Arc<Upstream>,
     pub identity: Identity,
     pub reload: Reload,
-    /// The request body as last sent (messages grow by each round).
+    /// The request body as last sent (the conversation grows by each round).
     pub body: Value,
     /// The request as last sent; the next one reuses its URL and headers.
     pub outgoing: UpstreamRequest,
@@ -87,8 +211,8 @@ impl Round {
         (proxy, client)
     }
 
-    /// Runs the calls of the proxy's tools among `calls`, in order; returns their tool
-    /// messages.
+    /// Runs the calls of the proxy's tools among `calls`, in order; returns their results
+    /// ([`LoopWire::result`]).
     pub async fn run_calls(&self, calls: &[ToolCall]) -> Vec<Value> {
         let context = &self.state.context;
         let counter = context.counter_for(&self.model, self.encoding);
@@ -111,10 +235,10 @@ impl Round {
             if run == max_calls {
                 // Every call needs its result, but one answer runs only so many: the next
                 // request must not grow by thousands of reads.
-                results.push(json!({"role": "tool", "tool_call_id": call.id, "content": format!(
+                results.push(self.wire.result(call, format!(
                     "error: not run: at most {max_calls} calls of {} and {} are answered per turn; call again for more",
                     self.reload.names.read, self.reload.names.search
-                )}));
+                )));
                 self.stats.failed_calls.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -157,7 +281,7 @@ impl Round {
                     &outcome.text,
                 );
             }
-            results.push(json!({"role": "tool", "tool_call_id": call.id, "content": outcome.text}));
+            results.push(self.wire.result(call, outcome.text));
         }
         results
     }
@@ -180,21 +304,18 @@ impl Round {
         }
     }
 
-    /// Appends the model's tool-calling message and the results to the conversation and builds
-    /// the next request. Once `max_rounds` rounds were answered, the proxy's tools are taken
-    /// away so the model answers with what it has.
-    pub fn next_request(&mut self, assistant: Value, results: Vec<Value>) -> UpstreamRequest {
+    /// Appends the model's `output` of a round and the `results` to the conversation and
+    /// builds the next request. Once `max_rounds` rounds were answered, the proxy's tools are
+    /// taken away so the model answers with what it has.
+    pub fn next_request(&mut self, output: Vec<Value>, results: Vec<Value>) -> UpstreamRequest {
         self.stats.rounds.fetch_add(1, Ordering::Relaxed);
         self.state
             .metrics
             .reload_rounds
             .fetch_add(1, Ordering::Relaxed);
-        if let Some(Value::Array(messages)) = self.body.get_mut("messages") {
-            messages.push(assistant);
-            messages.extend(results);
-        }
+        self.wire.append_round(&mut self.body, output, results);
         if self.tools_withdrawn() {
-            proxy_tools::remove(
+            self.wire.remove_tools(
                 &mut self.body,
                 &self.reload.names,
                 self.reload.client_had_tools,
@@ -206,25 +327,17 @@ impl Round {
         request
     }
 
-    /// Keeps the proxy's calls of `message` (and their `results`) for the session, and returns
-    /// the message as the client must see it.
-    pub async fn hide(&self, message: &Value, results: Vec<Value>) -> Value {
-        let (visible, calls) = hidden::split(message, |name| self.is_proxy(name));
-        let ids = hidden::call_ids(&visible);
+    /// Keeps the proxy's calls that `split` took out of an answer, with their `results`, for
+    /// the session: the next request that carries the client's calls gets them back.
+    pub async fn keep(&self, split: Split, results: Vec<Value>) {
         // The conversation as the client sent it, which is what it sends back before this
-        // message next turn (the body in hand has the proxy's changes).
+        // answer next turn (the body in hand has the proxy's changes).
         let transcript = serde_json::from_slice::<Value>(&self.client_body)
-            .ok()
-            .and_then(|body| {
-                body.get("messages").map(|m| match m {
-                    Value::Array(list) => hidden::Transcript::of(list),
-                    _ => hidden::Transcript::default(),
-                })
-            })
+            .map(|body| self.wire.transcript(&body))
             .unwrap_or_default();
         let exchange = Exchange {
-            key: hidden::key_of(transcript.digest(), ids),
-            calls,
+            key: hidden::key_of(transcript, split.client_ids.iter().map(String::as_str)),
+            calls: split.hidden,
             results,
         };
         let store = Hidden::new(self.state.context.store().clone());
@@ -234,56 +347,11 @@ impl Round {
         {
             tracing::warn!(error = %e, "cannot keep the proxy's hidden tool calls: the next turn will not show them to the model");
         }
-        visible
     }
 }
 
-/// The answer the client gets when the model called the proxy's tools after they were withdrawn
-/// ([`Round::tools_withdrawn`]): those calls are dropped, not run. `None` when nothing would be
-/// left for the client (no text, no call of its own): the caller answers with
-/// [`ProxyError::ToolLoopExhausted`](crate::http::error::ProxyError::ToolLoopExhausted) instead.
-pub fn without_withdrawn_calls(round: &Round, message: &Value) -> Option<Value> {
-    let (mut visible, _) = hidden::split(message, |name| round.is_proxy(name));
-    let client_calls = visible
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .is_some_and(|c| !c.is_empty());
-    let has_text = visible
-        .get("content")
-        .and_then(Value::as_str)
-        .is_some_and(|t| !t.trim().is_empty());
-    if !client_calls {
-        if !has_text {
-            return None;
-        }
-        // An empty `tool_calls` array is refused by the API when the client sends it back.
-        if let Value::Object(map) = &mut visible {
-            map.remove("tool_calls");
-        }
-    }
-    Some(visible)
-}
-
-/// The assistant message of a round, as the conversation continues with it.
-pub fn assistant_message(content: Option<&str>, calls: &[ToolCall]) -> Value {
-    let calls: Vec<Value> = calls
-        .iter()
-        .map(|c| {
-            if c.kind == "custom" {
-                json!({"id": c.id, "type": "custom", "custom": {"name": c.name, "input": c.arguments}})
-            } else {
-                json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
-            }
-        })
-        .collect();
-    let content = match content {
-        Some(text) if !text.is_empty() => Value::String(text.to_string()),
-        _ => Value::Null,
-    };
-    json!({"role": "assistant", "content": content, "tool_calls": calls})
-}
-
-fn clip(text: &str, max: usize) -> &str {
+/// `text` cut to `max` characters.
+pub fn clip(text: &str, max: usize) -> &str {
     match text.char_indices().nth(max) {
         None => text,
         Some((at, _)) => &text[..at],
