@@ -24,6 +24,8 @@
 //! long", summaries.
 
 pub mod identity;
+mod loop_stream;
+mod loop_wire;
 
 use std::sync::Arc;
 
@@ -42,7 +44,8 @@ use crate::http::request_body::{check_json_shape, hold_parsed, read_limited};
 use crate::proxy_tools::{NotOffered, Offer};
 use crate::routes::chat::ChatRequest;
 use crate::routes::shared::Shared;
-use crate::upstream::relay::relay_anthropic;
+use crate::routes::tool_loop::{self, Reload};
+use crate::upstream::relay::{relay_anthropic, respond_anthropic};
 
 /// The beta that lets a request ask the API to drop thinking blocks an edit invalidated.
 pub const BINDING_BETA: &str = "thinking-binding-controls-2026-08-01";
@@ -222,14 +225,17 @@ pub async fn handle(
                     crate::proxy_tools::inject_messages(&mut request.body, &names);
                     managed.body = Some(bytes.into());
                     managed.report.tokens_after += offer_tokens;
-                    Some((names, client_had_tools, managed.refs.clone()))
+                    Some(Reload {
+                        names,
+                        client_had_tools,
+                        refs: managed.refs.clone(),
+                    })
                 }
                 None => None,
             }
         }
         _ => None,
     };
-    let _ = (&reload, &client_raw);
     if restored > 0 && managed.body.is_none() {
         managed.body = Some(request.raw.clone());
     }
@@ -255,8 +261,44 @@ pub async fn handle(
         }
     }
 
+    // tool loop: the model's calls of the proxy's tools answered, hidden from the client
+    let rid = request_id.to_str().unwrap_or_default().to_string();
+    let looped = match (reload, &identity) {
+        (Some(reload), Some(identity)) if answer.status.is_success() => {
+            let round = tool_loop::Round {
+                wire: &loop_wire::MessagesLoop,
+                state: state.clone(),
+                upstream: upstream.clone(),
+                identity: identity.clone(),
+                reload,
+                body: std::mem::take(&mut request.body),
+                outgoing,
+                model: model.clone(),
+                encoding: None,
+                stats: Arc::new(tool_loop::LoopStats::default()),
+                request_id: rid.clone(),
+                client_body: client_raw,
+            };
+            Ok(tool_loop::run(round, answer).await?)
+        }
+        _ => Err(answer),
+    };
+
     // respond
-    let mut response = relay_anthropic(answer, request_id.to_str().unwrap_or_default());
+    let mut response = match looped {
+        Err(answer) => relay_anthropic(answer, &rid),
+        Ok(tool_loop::LoopAnswer::Json(done)) => respond_anthropic(
+            done.status,
+            done.headers,
+            futures_util::stream::iter([Ok(done.body)]),
+            &rid,
+        ),
+        Ok(tool_loop::LoopAnswer::Stream {
+            status,
+            headers,
+            events,
+        }) => respond_anthropic(status, headers, events, &rid),
+    };
     for (name, value) in context_headers(&managed) {
         response.headers_mut().insert(name, value);
     }
