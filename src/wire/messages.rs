@@ -41,6 +41,19 @@ pub fn tool_uses(content: &[Value]) -> Vec<ToolUse> {
         .collect()
 }
 
+/// The `tool_use` blocks of `content` as the tool loop runs calls (the input as JSON text).
+pub fn calls_of(content: &[Value]) -> Vec<super::ToolCall> {
+    tool_uses(content)
+        .into_iter()
+        .map(|t| super::ToolCall {
+            id: t.id,
+            kind: "function".into(),
+            name: t.name,
+            arguments: t.input.to_string(),
+        })
+        .collect()
+}
+
 /// Whether `block` is a call of one of the proxy's tools (`is_proxy` says which names are).
 pub fn is_proxy_call(block: &Value, is_proxy: &dyn Fn(&str) -> bool) -> bool {
     block.get("type").and_then(Value::as_str) == Some("tool_use")

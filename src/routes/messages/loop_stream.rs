@@ -11,12 +11,11 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use super::loop_wire::calls_of;
 use crate::routes::tool_loop::stream::{self, Failure, Out, RoundEnd, RoundRelay};
 use crate::routes::tool_loop::{EventStream, Round};
 use crate::upstream::Incoming;
 use crate::wire::anthropic::error_event;
-use crate::wire::messages::{visible, Relay, Step};
+use crate::wire::messages::{calls_of, visible, Relay, Step};
 use crate::wire::SseReader;
 
 /// The client's body: the loop on a task of its own.

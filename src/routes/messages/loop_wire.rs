@@ -14,24 +14,11 @@ use super::loop_stream;
 use crate::proxy_tools::{self, hidden, ToolNames};
 use crate::routes::tool_loop::{EventStream, LoopWire, Round, Split, Turn};
 use crate::upstream::Incoming;
-use crate::wire::messages::{is_proxy_call, tool_uses, visible};
+use crate::wire::messages::{calls_of, is_proxy_call, tool_uses, visible};
 use crate::wire::{ToolCall, Usage};
 
 /// The tool loop on Anthropic Messages.
 pub struct MessagesLoop;
-
-/// The calls of `content` as the loop runs them.
-pub fn calls_of(content: &[Value]) -> Vec<ToolCall> {
-    tool_uses(content)
-        .into_iter()
-        .map(|t| ToolCall {
-            id: t.id,
-            kind: "function".into(),
-            name: t.name,
-            arguments: t.input.to_string(),
-        })
-        .collect()
-}
 
 /// The user message that answers a round: its results, opening it.
 fn results_message(results: Vec<Value>) -> Value {
