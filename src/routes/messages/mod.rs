@@ -1,27 +1,32 @@
 //! `POST /v1/messages` (also `?beta=true`, as Claude Code sends it) and
 //! `POST /v1/messages/count_tokens`: Anthropic Messages, managed on the conversation model.
 //!
-//! **parse → identify → plan → apply → forward → respond**
+//! **parse → identify → plan → apply → forward → tool loop → respond**
 //!
 //! - `parse` reads the body (bounded) and parses it, keeping the raw bytes;
 //! - `identify` names the conversation: the tenant from the key (`x-api-key` or a bearer
 //!   token, a client key or a proxy key), the session from `x-context-session`, Claude Code's
 //!   `x-claude-code-session-id` or `metadata.user_id`, else the opening without Claude Code's
 //!   attribution line (`identity.rs`);
-//! - `plan` counts with the Messages estimate and lets the pure engine decide
-//!   ([`crate::context`], `Wire::Messages`);
+//! - `plan` puts back the upstream transcript of the proxy's hidden tool rounds in place of the
+//!   client's merged assistant message ([`crate::proxy_tools::hidden_rounds`]), counts with the
+//!   Messages estimate and lets the pure engine decide ([`crate::context`], `Wire::Messages`);
 //! - `apply` writes the decision into the original bytes
 //!   ([`crate::context::adapter::messages::write_bytes`]): untouched messages keep their
 //!   bytes, breakpoints are never multiplied, thinking signatures are respected (an edit that
 //!   would break one leaves the request unmanaged, with the reason in `x-context-actions`);
+//!   the proxy's tools go after the client's when a marker names stored content or a hidden
+//!   round was put back (never on a model binding thinking to its tools unless the client's
+//!   betas allow `drop_block`);
 //! - `forward` sends the body with the client's headers (`anthropic-version`,
 //!   `anthropic-beta` byte for byte) to the same path: `count_tokens` is asked about the body
 //!   the proxy would forward, so the client sizes its own compaction on what is sent;
+//! - `tool loop` answers the model's calls of the proxy's tools and asks again, hiding them
+//!   ([`crate::routes::tool_loop`] with `loop_wire.rs`, `loop_stream.rs`);
 //! - `respond` relays the answer as it arrives, with the context headers.
 //!
 //! Errors the proxy makes itself are in Anthropic's shape (the router). Not yet on this route:
-//! the proxy's own tools (markers say the content is stored), the retry after "prompt is too
-//! long", summaries.
+//! the retry after "prompt is too long", summaries.
 
 pub mod identity;
 mod loop_stream;
