@@ -8,7 +8,7 @@
 mod common;
 
 use common::Harness;
-use context_proxy::mock::{MockConfig, MockUpstream, Reply};
+use context_proxy::mock::{MockConfig, Reply};
 use serde_json::{json, Value};
 
 const MODEL: &str = "claude-sonnet-4-5";
@@ -212,55 +212,6 @@ fn answer(bytes: &[u8], stream: bool) -> Value {
     assembled(&events)
 }
 
-/// The usage the mock reports for these requests, asked directly (a mock of its own, so the
-/// totals do not depend on its prompt cache), summed: (prompt, output).
-async fn usage_of(bodies: &[Vec<u8>], replies: Vec<Reply>) -> (u64, u64) {
-    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
-    for r in replies {
-        mock.push(r);
-    }
-    let client = reqwest::Client::new();
-    let (mut prompt, mut output) = (0, 0);
-    for body in bodies {
-        let mut body = parse(body);
-        body["stream"] = Value::Bool(false);
-        let v: Value = client
-            .post(format!("{}/messages", mock.base_url()))
-            .header("anthropic-version", "2023-06-01")
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let u = &v["usage"];
-        assert!(u.is_object(), "{v}");
-        prompt += [
-            "input_tokens",
-            "cache_creation_input_tokens",
-            "cache_read_input_tokens",
-        ]
-        .iter()
-        .map(|k| u[k].as_u64().unwrap())
-        .sum::<u64>();
-        output += u["output_tokens"].as_u64().unwrap();
-    }
-    (prompt, output)
-}
-
-fn prompt_and_output(usage: &Value) -> (u64, u64) {
-    let prompt = [
-        "input_tokens",
-        "cache_creation_input_tokens",
-        "cache_read_input_tokens",
-    ]
-    .iter()
-    .map(|k| usage[k].as_u64().unwrap_or(0))
-    .sum();
-    (prompt, usage["output_tokens"].as_u64().unwrap())
-}
-
 fn types(message: &Value) -> Vec<String> {
     message["content"]
         .as_array()
@@ -315,8 +266,8 @@ async fn single_round(stream: bool) {
         .unwrap()
         .contains(NEEDLE));
     // Usage: both upstream calls.
-    let expected = usage_of(&sent[1..], vec![first, second.clone()]).await;
-    assert_eq!(prompt_and_output(&got["usage"]), expected);
+    let expected = common::messages_usage(&sent[1..], vec![first, second.clone()]).await;
+    assert_eq!(common::messages_prompt_and_output(&got["usage"]), expected);
 
     // Next turn: the upstream transcript goes back in place of the merged message, byte for
     // byte as round two sent it, and the strict mock accepts it.
