@@ -63,9 +63,13 @@ async fn harness(max_rounds: usize) -> Harness {
 }
 
 async fn post(h: &Harness, body: &Value) -> (u16, Vec<u8>) {
+    post_to(h, "/v1/messages", body).await
+}
+
+async fn post_to(h: &Harness, path: &str, body: &Value) -> (u16, Vec<u8>) {
     let resp = h
         .client
-        .post(h.url("/v1/messages"))
+        .post(h.url(path))
         .header("x-api-key", "sk-ant-reload")
         .header("x-context-session", "reload-session")
         .header("anthropic-version", "2023-06-01")
@@ -294,6 +298,21 @@ async fn single_round(stream: bool) {
         .unwrap()
         .iter()
         .any(|t| t["name"] == "context_read"));
+
+    // count_tokens is asked about that same body: the transcript put back, the tools offered.
+    let mut counted = body.clone();
+    counted.as_object_mut().unwrap().remove("stream");
+    let (status, _) = post_to(&h, "/v1/messages/count_tokens", &counted).await;
+    assert_eq!(status, 200);
+    let asked = h
+        .mock
+        .received()
+        .into_iter()
+        .rfind(|r| r.path == "/v1/messages/count_tokens")
+        .unwrap();
+    let asked = parse(&asked.body);
+    assert_eq!(asked["messages"], turn["messages"]);
+    assert_eq!(asked["tools"], turn["tools"]);
 }
 
 #[tokio::test]
@@ -386,4 +405,43 @@ async fn json_after_the_last_round_a_call_of_the_proxys_tools_is_dropped() {
 #[tokio::test]
 async fn stream_after_the_last_round_a_call_of_the_proxys_tools_is_dropped() {
     last_round(true).await;
+}
+
+async fn nothing_left(stream: bool) {
+    let h = harness(1).await;
+    let reference = warm_up(&h).await;
+    h.mock.push(Reply::tool_calls(read(&reference)));
+    h.mock.push(Reply::tool_calls(read(&reference)));
+    let mut body = conversation(stream);
+    body.as_object_mut().unwrap().remove("thinking");
+    let (status, bytes) = post(&h, &body).await;
+    let text = String::from_utf8_lossy(&bytes).to_string();
+    assert!(!text.contains("context_read"), "{text}");
+    let error = if stream {
+        assert_eq!(status, 200);
+        let events = events(&bytes);
+        let last = events.last().unwrap().clone();
+        assert_eq!(events.iter().filter(|e| e["type"] == "error").count(), 1);
+        assert!(events.iter().all(|e| e["type"] != "message_stop"));
+        last
+    } else {
+        assert_eq!(status, 502, "{text}");
+        parse(&bytes)
+    };
+    assert_eq!(error["type"], "error", "{error}");
+    assert_eq!(error["error"]["type"], "api_error");
+    assert!(error["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("round"));
+}
+
+#[tokio::test]
+async fn json_nothing_left_after_the_last_round_is_an_error_in_anthropics_shape() {
+    nothing_left(false).await;
+}
+
+#[tokio::test]
+async fn stream_nothing_left_after_the_last_round_is_an_error_event_in_anthropics_shape() {
+    nothing_left(true).await;
 }

@@ -8,9 +8,11 @@
 //! round, a call of them is dropped, not run. Streams are relayed event by event
 //! (`loop_stream.rs`).
 
+use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::loop_stream;
+use crate::http::error::ProxyError;
 use crate::proxy_tools::{self, hidden, ToolNames};
 use crate::routes::tool_loop::{EventStream, LoopWire, Round, Split, Turn};
 use crate::upstream::Incoming;
@@ -113,6 +115,12 @@ impl LoopWire for MessagesLoop {
 
     fn merges_rounds(&self) -> bool {
         true
+    }
+
+    fn error_body(&self, error: &ProxyError, request_id: &str) -> Bytes {
+        let status = error.classify().0.as_u16();
+        let body = crate::wire::anthropic::error_body(status, &error.to_string(), request_id);
+        Bytes::from(body.to_string())
     }
 
     fn merge(&self, answer: &mut Value, earlier: &[Value], is_proxy: &dyn Fn(&str) -> bool) {

@@ -126,7 +126,8 @@ pub async fn handle(
     // had), then counted and decided.
     let client_raw = request.raw.clone();
     let mut restored = 0;
-    if let (Some(identity), Endpoint::Messages) = (&identity, endpoint) {
+    // (count_tokens too: it counts the body /v1/messages would forward.)
+    if let Some(identity) = &identity {
         if let Some((bytes, n)) = state
             .context
             .restore_rounds(identity, &request.raw, &request.body)
@@ -147,14 +148,12 @@ pub async fn handle(
         binds_thinking: binds_thinking(&model),
         drop_block_allowed: drop_block_allowed(&parts.headers, &request.body),
     };
-    let offer = match (&identity, endpoint) {
-        (Some(_), Endpoint::Messages) if tools_would_unbind(rules, &request.body) => {
+    let offer = match &identity {
+        Some(_) if tools_would_unbind(rules, &request.body) => {
             Offer::NotOffered(NotOffered::ThinkingBound)
         }
-        (Some(_), Endpoint::Messages) => {
-            crate::proxy_tools::offer(&request.body, state.context.reload_config())
-        }
-        _ => Offer::NotOffered(NotOffered::Disabled),
+        Some(_) => crate::proxy_tools::offer(&request.body, state.context.reload_config()),
+        None => Offer::NotOffered(NotOffered::Disabled),
     };
     let (readback, offer_tokens) = match &offer {
         Offer::Tools(names) => (
@@ -269,7 +268,9 @@ pub async fn handle(
     // tool loop: the model's calls of the proxy's tools answered, hidden from the client
     let rid = request_id.to_str().unwrap_or_default().to_string();
     let looped = match (reload, &identity) {
-        (Some(reload), Some(identity)) if answer.status.is_success() => {
+        (Some(reload), Some(identity))
+            if answer.status.is_success() && endpoint == Endpoint::Messages =>
+        {
             let round = tool_loop::Round {
                 wire: &loop_wire::MessagesLoop,
                 state: state.clone(),

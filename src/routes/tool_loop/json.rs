@@ -117,7 +117,7 @@ async fn withdrawn(
         return Final {
             status: error.classify().0,
             headers,
-            body: error.body(),
+            body: round.wire.error_body(&error, &round.request_id),
         };
     }
     // The calls not run are not in what the conversation continues with either.

@@ -85,6 +85,13 @@ pub trait LoopWire: Send + Sync {
     /// The client's stream, relaying `first` and each later round live.
     fn stream(&self, round: Round, first: Incoming) -> EventStream;
 
+    /// The body of an error the loop answers itself (`ToolLoopExhausted`), in the route's
+    /// API's shape.
+    fn error_body(&self, error: &ProxyError, request_id: &str) -> Bytes {
+        let _ = request_id;
+        error.body()
+    }
+
     /// Whether the client gets one answer made of its own part of every round (Anthropic
     /// Messages), not the last round's alone: the final answer then carries the earlier
     /// rounds' part ([`LoopWire::merge`]), and the upstream transcript that answer stands for
