@@ -445,3 +445,39 @@ async fn json_nothing_left_after_the_last_round_is_an_error_in_anthropics_shape(
 async fn stream_nothing_left_after_the_last_round_is_an_error_event_in_anthropics_shape() {
     nothing_left(true).await;
 }
+
+async fn error_in_round_two(stream: bool) {
+    let h = harness(4).await;
+    let reference = warm_up(&h).await;
+    h.mock
+        .push(Reply::tool_calls(read(&reference)).thinking("Read it."));
+    let overloaded = json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}, "request_id": "req_x"});
+    h.mock.push(Reply::error(529, overloaded.clone()));
+    let (status, bytes) = post(&h, &conversation(stream)).await;
+    let text = String::from_utf8_lossy(&bytes).to_string();
+    assert!(!text.contains("context_read"), "{text}");
+    if stream {
+        // The stream had begun: the upstream's error is its last event.
+        assert_eq!(status, 200);
+        let events = events(&bytes);
+        assert_eq!(events.first().unwrap()["type"], "message_start");
+        assert_eq!(
+            events.last().unwrap(),
+            &json!({"type": "error", "error": overloaded["error"]})
+        );
+        assert!(events.iter().all(|e| e["type"] != "message_stop"));
+    } else {
+        assert_eq!(status, 529);
+        assert_eq!(parse(&bytes), overloaded);
+    }
+}
+
+#[tokio::test]
+async fn json_an_upstream_error_in_round_two_reaches_the_client() {
+    error_in_round_two(false).await;
+}
+
+#[tokio::test]
+async fn stream_an_upstream_error_in_round_two_ends_the_stream_in_anthropics_shape() {
+    error_in_round_two(true).await;
+}

@@ -89,13 +89,8 @@ impl RoundRelay for Across {
         match failure {
             // The upstream's own error object when it sent one, else the proxy's.
             Failure::Status {
-                status,
-                error: Some(error),
-            } => {
-                let body = json!({"type": "error", "error": error});
-                let _ = status;
-                crate::wire::messages::event_bytes(&body)
-            }
+                error: Some(error), ..
+            } => crate::wire::messages::event_bytes(&json!({"type": "error", "error": error})),
             Failure::Status {
                 status,
                 error: None,
