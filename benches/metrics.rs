@@ -21,6 +21,7 @@ fn one_request(m: &Metrics, upstream: &UpstreamName, usage: &Usage, model: &str)
         Duration::from_micros(900),
     );
     m.record_chat(&ChatSample {
+        route: "chat",
         model: Some(model),
         upstream: &upstream.0,
         tokens_before: 1200,

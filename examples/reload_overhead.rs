@@ -6,7 +6,9 @@
 //!    `context_read` of the 10 KB result) − (the same request answered at once) − (one direct
 //!    call to the mock, the round's second upstream call);
 //! 2. a streamed answer without reload: time to the first content byte through the proxy
-//!    minus direct to the mock.
+//!    minus direct to the mock;
+//! 3. the same reload round on the Responses API (`POST /v1/responses`, the proxy's call
+//!    hidden as a `function_call` item), next to chat's, alternated with it.
 //!
 //! Run: `cargo run --release --example reload_overhead`. Medians of `ROUNDS` alternated runs.
 
@@ -45,6 +47,70 @@ fn conversation(result: &str) -> Vec<Value> {
         json!({"role": "assistant", "content": "Read it."}),
         json!({"role": "user", "content": "What is on line 7?"}),
     ]
+}
+
+/// The same conversation as Responses API input items.
+fn input(result: &str) -> Vec<Value> {
+    vec![
+        json!({"role": "user", "content": "Read the file."}),
+        json!({"type": "function_call", "call_id": "call_a", "name": "read_file", "arguments": "{\"path\":\"a.rs\"}"}),
+        json!({"type": "function_call_output", "call_id": "call_a", "output": result}),
+        json!({"role": "assistant", "content": "Read it."}),
+        json!({"role": "user", "content": "What is on line 7?"}),
+    ]
+}
+
+/// One wire's measurements: (answered at once, with one reload round, the round's second
+/// upstream call made directly).
+#[derive(Default)]
+struct Leg {
+    plain: Vec<Duration>,
+    reload: Vec<Duration>,
+    one_call: Vec<Duration>,
+}
+
+impl Leg {
+    /// One alternated run: the request answered at once, then with a reload round, then the
+    /// round's second upstream call sent directly.
+    async fn run(
+        &mut self,
+        (mock, client): (&MockUpstream, &reqwest::Client),
+        (proxied, direct): (&str, &str),
+        body: &Value,
+        read: Reply,
+        keep: bool,
+    ) -> Result<()> {
+        mock.reset();
+        mock.push(Reply::text("first answer"));
+        let p = timed(client, proxied, body).await?;
+        mock.push(read);
+        mock.push(Reply::text("first answer"));
+        let r = timed(client, proxied, body).await?;
+        let second = mock
+            .received()
+            .get(2)
+            .map(|r| r.json())
+            .ok_or("the mock did not see the round's second call")?;
+        mock.push(Reply::text("first answer"));
+        let d = timed(client, direct, &second).await?;
+        if keep {
+            self.plain.push(p);
+            self.reload.push(r);
+            self.one_call.push(d);
+        }
+        Ok(())
+    }
+
+    /// (at once, reload, direct second call, the proxy's time of the round), medians in ms.
+    fn medians(self) -> (f64, f64, f64, f64) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let (p, r, d) = (
+            ms(median(self.plain)),
+            ms(median(self.reload)),
+            ms(median(self.one_call)),
+        );
+        (p, r, d, r - p - d)
+    }
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -109,49 +175,45 @@ async fn main() -> Result<()> {
     };
     let stream = |model: &str| json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
 
-    let (mut plain, mut reload, mut one_call) = (Vec::new(), Vec::new(), Vec::new());
+    let responses_proxied = format!("http://{}/v1/responses", proxy.addr());
+    let responses_direct = format!("{}/responses", mock.base_url());
+    let responses_body = json!({"model": "gpt-4o", "input": input(&result), "store": false});
+
+    let (mut chat, mut responses) = (Leg::default(), Leg::default());
     let (mut ttfb_proxy, mut ttfb_direct) = (Vec::new(), Vec::new());
     for i in 0..ROUNDS + 20 {
-        mock.push(Reply::text("first answer"));
-        let p = timed(&client, &proxied, &body).await?;
-        mock.push(read());
-        mock.push(Reply::text("first answer"));
-        let r = timed(&client, &proxied, &body).await?;
-        // The round's second upstream call, as the proxy made it, sent directly.
-        let second = mock
-            .received()
-            .get(2)
-            .map(|r| r.json())
-            .ok_or("the mock did not see the round's second call")?;
-        mock.push(Reply::text("first answer"));
-        let d = timed(&client, &direct, &second).await?;
+        let keep = i >= 20;
+        let at = (&mock, &client);
+        chat.run(at, (&proxied, &direct), &body, read(), keep)
+            .await?;
+        let urls = (responses_proxied.as_str(), responses_direct.as_str());
+        responses
+            .run(at, urls, &responses_body, read(), keep)
+            .await?;
         mock.push(Reply::text("first answer, streamed").stream_chunks(4));
         let tp = first_content_byte(&client, &proxied, &stream("gpt-4o")).await?;
         mock.push(Reply::text("first answer, streamed").stream_chunks(4));
         let td = first_content_byte(&client, &direct, &stream("gpt-4o")).await?;
-        if i >= 20 {
-            plain.push(p);
-            reload.push(r);
-            one_call.push(d);
+        if keep {
             ttfb_proxy.push(tp);
             ttfb_direct.push(td);
         }
-        mock.reset();
     }
-    let (p, r, d) = (median(plain), median(reload), median(one_call));
     let (tp, td) = (median(ttfb_proxy), median(ttfb_direct));
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (cp, cr, cd, ct) = chat.medians();
+    let (rp, rr, rd, rt) = responses.medians();
     println!("Reload round ({ROUNDS} runs, medians; 10 KB context_read from the fs store):\n");
-    println!("| measurement | median ms |\n|---|---:|");
+    println!("| measurement | chat ms | responses ms |\n|---|---:|---:|");
+    println!("| request answered at once, through the proxy | {cp:.3} | {rp:.3} |");
+    println!("| same request with one reload round | {cr:.3} | {rr:.3} |");
+    println!("| the round's second upstream call (its body as the proxy sent it) made directly | {cd:.3} | {rd:.3} |");
     println!(
-        "| request answered at once, through the proxy | {:.3} |",
-        ms(p)
+        "| **proxy time of the reload round** (reload − at once − direct call) | **{ct:.3}** | **{rt:.3}** |"
     );
-    println!("| same request with one reload round | {:.3} |", ms(r));
-    println!("| the round's second upstream call (its body as the proxy sent it) made directly | {:.3} |", ms(d));
     println!(
-        "| **proxy time of the reload round** (reload − at once − direct call) | **{:.3}** |",
-        ms(r) - ms(p) - ms(d)
+        "\nresponses / chat, proxy time of the round: {:.2}",
+        rt / ct
     );
     println!(
         "| streamed answer, first content byte: direct | {:.3} |",

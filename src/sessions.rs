@@ -3,7 +3,10 @@
 //! itself), erasing one, and the references a journal names. Shared by the `/v1/context/…`
 //! routes and the `inspect` subcommand; the context manager finds a session's stored content
 //! with [`journal_refs`]. It decides nothing about context. The `[ui]` section ([`UiConfig`])
-//! says what the page that shows them (`routes::ui`) keeps and how it is served.
+//! says what the page that shows them (`routes::ui`) keeps and how it is served; [`journal`]
+//! the page's `request` lines and their writer.
+
+pub mod journal;
 
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -370,6 +373,15 @@ pub struct UiConfig {
     pub max_logins: u64,
     /// How often an open session page asks for new requests, in milliseconds.
     pub poll_ms: u64,
+    /// Journal lines waiting for the page's journal writer; when it is full, a line is dropped
+    /// and counted rather than waited for.
+    pub journal_queue: usize,
+    /// How long the journal writer gathers lines before writing them, in milliseconds: lines
+    /// of one session written together cost one store append. A page being opened writes what
+    /// waits at once, so it never shows less than was answered.
+    pub journal_flush_ms: u64,
+    /// Most lines the journal writer writes in one batch.
+    pub journal_batch_lines: usize,
 }
 
 impl Default for UiConfig {
@@ -381,6 +393,9 @@ impl Default for UiConfig {
             login_ttl_secs: 12 * 3600,
             max_logins: 10_000,
             poll_ms: 2_000,
+            journal_queue: 10_000,
+            journal_flush_ms: 200,
+            journal_batch_lines: 1_000,
         }
     }
 }
@@ -396,6 +411,15 @@ impl UiConfig {
         }
         if !(250..=600_000).contains(&self.poll_ms) {
             return Err("ui.poll_ms must be from 250 to 600000".into());
+        }
+        if self.journal_queue == 0 {
+            return Err("ui.journal_queue must be at least 1".into());
+        }
+        if self.journal_flush_ms > 60_000 {
+            return Err("ui.journal_flush_ms must be at most 60000".into());
+        }
+        if self.journal_batch_lines == 0 {
+            return Err("ui.journal_batch_lines must be at least 1".into());
         }
         Ok(())
     }

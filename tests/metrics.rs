@@ -80,7 +80,7 @@ async fn scrape_after_known_traffic() {
         ),
         3.0
     );
-    let upstream = "{upstream=\"default\"}";
+    let upstream = "{route=\"chat\",upstream=\"default\"}";
     for name in [
         "context_proxy_chat_upstream_seconds_count",
         "context_proxy_chat_first_byte_seconds_count",
@@ -88,7 +88,13 @@ async fn scrape_after_known_traffic() {
     ] {
         assert_eq!(sample(&text, &format!("{name}{upstream}")), 3.0, "{name}");
     }
-    assert_eq!(sample(&text, "context_proxy_chat_proxy_seconds_count"), 3.0);
+    assert_eq!(
+        sample(
+            &text,
+            "context_proxy_chat_proxy_seconds_count{route=\"chat\"}"
+        ),
+        3.0
+    );
     // The proxy's count and the upstream's usage, by model.
     let model = "{model=\"gpt-4o\"}";
     let before = sample(
@@ -167,4 +173,29 @@ async fn scrape_after_known_traffic() {
             "{route}"
         );
     }
+    // The managed-route histograms count the Responses request under its route; the first
+    // version's counter counts chat completions only.
+    let responses = "{route=\"responses\",upstream=\"default\"}";
+    assert_eq!(
+        sample(
+            &text,
+            &format!("context_proxy_chat_response_seconds_count{responses}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "context_proxy_chat_proxy_seconds_count{route=\"responses\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "context_proxy_chat_proxy_seconds_count{route=\"chat\"}"
+        ),
+        3.0
+    );
+    assert_eq!(sample(&text, "context_proxy_chat_requests_total"), 3.0);
 }

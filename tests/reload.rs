@@ -771,10 +771,10 @@ async fn upstream_calls_metric(h: &Harness) -> (f64, u64) {
             .to_string()
     };
     (
-        value("context_proxy_chat_upstream_calls_sum")
+        value("context_proxy_chat_upstream_calls_sum{route=\"chat\"}")
             .parse()
             .unwrap(),
-        value("context_proxy_chat_upstream_calls_count")
+        value("context_proxy_chat_upstream_calls_count{route=\"chat\"}")
             .parse()
             .unwrap(),
     )

@@ -8,6 +8,8 @@
 
 mod common;
 
+use std::io::Read;
+
 use common::Harness;
 use context_proxy::context::settings::WindowEntry;
 use context_proxy::mock::{MockConfig, Reply};
@@ -108,10 +110,18 @@ async fn a_long_codex_session_is_managed_and_stays_valid() {
     let sent = received[0].json();
     let sent_input = sent["input"].as_array().unwrap();
     assert!(sent_input.len() <= input.len());
-    // instructions, tools and every other member are as the client sent them.
+    // instructions, the client's tools and every other member are as the client sent them;
+    // the proxy's read-back tools follow the client's (the markers name references).
+    let tools = sent["tools"].as_array().unwrap();
+    let client_tools = codex_body(input.clone(), false)["tools"].clone();
+    assert_eq!(Value::from(tools[..2].to_vec()), client_tools);
+    let offered: Vec<&str> = tools[2..]
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered, ["context_read", "context_search"]);
     for key in [
         "instructions",
-        "tools",
         "reasoning",
         "include",
         "prompt_cache_key",
@@ -208,21 +218,91 @@ async fn requests_on_server_side_state_or_compressed_go_as_they_came() {
     assert!(header(&resp, "x-context-actions").contains("item_reference"));
     assert_eq!(h.mock.received()[1].body, raw.as_bytes());
 
-    // A compressed body is not read: forwarded as it came, its encoding with it.
-    let compressed = vec![0x28, 0xb5, 0x2f, 0xfd, 0, 1, 2, 3];
+    // A body compressed otherwise than zstd is not read: forwarded as it came, its encoding
+    // with it.
+    let compressed = vec![0x1f, 0x8b, 8, 0, 1, 2, 3];
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(compressed.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(header(&resp, "x-context-actions").contains("Content-Encoding: gzip"));
+    let received = &h.mock.received()[2];
+    assert_eq!(received.body.to_vec(), compressed);
+    assert_eq!(received.headers["content-encoding"], "gzip");
+}
+
+#[tokio::test]
+async fn a_zstd_body_is_decoded_managed_and_forwarded_decoded() {
+    let h = small_window().await;
+    let body = codex_body(codex_input(30), false);
+    let compressed = zstd::encode_all(body.to_string().as_bytes(), 3).unwrap();
     let resp = h
         .client
         .post(h.url("/v1/responses"))
         .header("content-type", "application/json")
         .header("content-encoding", "zstd")
-        .body(compressed.clone())
+        .body(compressed)
         .send()
         .await
         .unwrap();
-    assert!(header(&resp, "x-context-actions").contains("Content-Encoding: zstd"));
-    let received = &h.mock.received()[2];
-    assert_eq!(received.body.to_vec(), compressed);
-    assert_eq!(received.headers["content-encoding"], "zstd");
+    assert_eq!(resp.status(), 200);
+    let before: usize = header(&resp, "x-context-tokens-before").parse().unwrap();
+    let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
+    assert!(after < before, "managed: {before} -> {after}");
+    let received = &h.mock.received()[0];
+    assert!(received.headers.get("content-encoding").is_none());
+    let sent = received.json();
+    assert_eq!(
+        sent["model"], "small-model",
+        "the strict mock read it as JSON"
+    );
+    assert_eq!(sent["input"][0], body["input"][0]);
+}
+
+#[tokio::test]
+async fn a_zstd_bomb_is_a_413_and_bad_zstd_a_400() {
+    let h = Harness::start_with(MockConfig::default(), |c| c.server.max_body_bytes = 1 << 20).await;
+    let send = |bytes: Vec<u8>| {
+        h.client
+            .post(h.url("/v1/responses"))
+            .header("content-type", "application/json")
+            .header("content-encoding", "zstd")
+            .body(bytes)
+            .send()
+    };
+    // 64 MiB of one byte compress to a few KiB. At level 1 the frame's window fits the 1 MiB
+    // limit: decoded until the limit is passed. At level 19 it asks for a window over the
+    // limit: refused before decoding.
+    for level in [1, 19] {
+        let bomb = zstd::encode_all(std::io::repeat(b' ').take(64 << 20), level).unwrap();
+        assert!(bomb.len() < 64 << 10, "{}", bomb.len());
+        let resp = send(bomb).await.unwrap();
+        let status = resp.status();
+        let body = resp.bytes().await.unwrap();
+        assert_eq!(
+            status,
+            413,
+            "level {level}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let error = common::assert_openai_error(&body);
+        assert!(error["message"]
+            .as_str()
+            .unwrap()
+            .contains("server.max_body_bytes"));
+    }
+    let resp = send(vec![0x28, 0xb5, 0x2f, 0xfd, 0, 1, 2, 3])
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let error = common::assert_openai_error(&resp.bytes().await.unwrap());
+    assert!(error["message"].as_str().unwrap().contains("zstd"));
+    assert!(h.mock.received().is_empty());
 }
 
 #[tokio::test]

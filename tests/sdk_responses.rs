@@ -8,7 +8,7 @@ mod common;
 use common::Harness;
 use context_proxy::context::settings::WindowEntry;
 use context_proxy::mock::{MockConfig, Reply};
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[tokio::test]
 async fn the_python_sdk_speaks_responses_through_the_proxy() {
@@ -48,4 +48,94 @@ async fn the_python_sdk_speaks_responses_through_the_proxy() {
     assert_eq!(sent["prompt_cache_key"], "sdk-thread");
     assert_eq!(received[0].headers["authorization"], "Bearer sk-e2e");
     assert_eq!(received[3].json()["stream"], true);
+}
+
+fn numbered_lines(prefix: &str, n: usize) -> String {
+    (1..=n)
+        .map(|i| format!("{prefix} line {i}: let value_{i} = compute({i}) * 2;\n"))
+        .collect()
+}
+
+/// The mock reads the moved-out output back (`context_read` of its reference, line 7), then
+/// answers with what it read.
+fn script_read_back(h: &Harness) {
+    let r = context_proxy::store::ContentRef::of(&numbered_lines("a.rs", 600));
+    h.mock.push(Reply::tool_calls(vec![(
+        "context_read".into(),
+        json!({"ref": r.as_str(), "offset": 7, "limit": 1}),
+    )]));
+    h.mock.push(Reply::text("Line 7 computes value_7."));
+}
+
+/// What the upstream was sent in a read-back: the proxy's tools offered, then the stored line
+/// answered; the usage the client saw is both calls'.
+async fn assert_read_back(h: &Harness, sent: &[Value], usage: &Value) {
+    assert_eq!(sent.len(), 2);
+    let names: Vec<&str> = sent[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["shell", "context_read", "context_search"]);
+    let last = sent[1]["input"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["type"], "function_call_output");
+    assert!(last["output"]
+        .as_str()
+        .unwrap()
+        .contains("a.rs line 7: let value_7"));
+    let mut billed = 0;
+    for body in sent {
+        billed += common::billed_input_tokens(&h.mock, body).await;
+    }
+    assert_eq!(usage["input_tokens"], billed);
+    assert!(usage["output_tokens"].as_u64().unwrap() > 0);
+    assert!(usage["input_tokens_details"]["cached_tokens"].is_u64());
+}
+
+fn reload_config(c: &mut context_proxy::app::config::Config) {
+    c.context.keep_recent_messages = 2;
+    c.context.compact_batch_tokens = 1000;
+}
+
+#[tokio::test]
+async fn the_python_sdk_reads_back_through_the_proxy_unseen() {
+    let python = common::python_with(&["openai"], &["openai"]);
+    let h = Harness::start_with(MockConfig::default(), reload_config).await;
+    script_read_back(&h); // responses.create
+    script_read_back(&h); // responses.stream
+    let out = common::run_sdk_script(python, "sdk_responses_reload.py", h.url("/v1")).await;
+    assert_eq!(out["create_reload"], "rounds=1,calls=1,failed=0");
+    assert_eq!(out["create_text"], "Line 7 computes value_7.");
+    assert_eq!(out["create_types"], json!(["message"]));
+    assert_eq!(out["create_tools"], json!(["shell"]));
+    assert_eq!(out["stream_text"], "Line 7 computes value_7.");
+    assert_eq!(out["stream_types"], json!(["message"]));
+    let events = out["stream_events"].as_array().unwrap();
+    assert_eq!(events[0], "response.created");
+    assert_eq!(events.last().unwrap(), "response.completed");
+    let received: Vec<Value> = h.mock.received().iter().map(|r| r.json()).collect();
+    assert_read_back(&h, &received[..2], &out["create_usage"]).await;
+    assert_read_back(&h, &received[2..4], &out["stream_usage"]).await;
+}
+
+#[tokio::test]
+async fn the_node_sdk_reads_back_through_the_proxy_unseen() {
+    let modules = common::node_modules_with(&["openai"]);
+    let h = Harness::start_with(MockConfig::default(), reload_config).await;
+    script_read_back(&h); // responses.create
+    script_read_back(&h); // responses.stream
+    let out = common::run_node_script(modules, "sdk_responses_reload.cjs", h.url("/v1")).await;
+    assert_eq!(out["create_reload"], "rounds=1,calls=1,failed=0");
+    assert_eq!(out["create_text"], "Line 7 computes value_7.");
+    assert_eq!(out["create_types"], json!(["message"]));
+    assert_eq!(out["create_tools"], json!(["shell"]));
+    assert_eq!(out["stream_text"], "Line 7 computes value_7.");
+    assert_eq!(out["stream_types"], json!(["message"]));
+    let events = out["stream_events"].as_array().unwrap();
+    assert_eq!(events[0], "response.created");
+    assert_eq!(events.last().unwrap(), "response.completed");
+    let received: Vec<Value> = h.mock.received().iter().map(|r| r.json()).collect();
+    assert_read_back(&h, &received[..2], &out["create_usage"]).await;
+    assert_read_back(&h, &received[2..4], &out["stream_usage"]).await;
 }

@@ -464,3 +464,124 @@ async fn the_page_reads_a_redis_store() {
     assert_eq!(status, 200);
     assert!(stored.contains("a.rs line 7: let value_7"));
 }
+
+/// The journal writer gathers lines (here for a minute) and the page has it write what waits
+/// before it reads: an answered request shows within `WAIT` (10 s), not a minute later.
+#[tokio::test]
+async fn opening_the_page_writes_the_lines_that_wait() {
+    let mut h = Harness::start_with(MockConfig::default(), |c| {
+        setup(c);
+        c.ui.journal_flush_ms = 60_000;
+    })
+    .await;
+    h.client = no_client();
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-wait", &conversation()).await;
+    wait_turns(&h, "sk-alice", "s-wait", 1).await;
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-wait", &conversation()).await;
+    wait_turns(&h, "sk-alice", "s-wait", 2).await;
+}
+
+/// A Responses API request is on the page as the chat route's are: its route named, its items
+/// side by side (the instructions first, the tool call and its output), the marker where the
+/// output was and its reference a link; the hostile output escaped. Its cost is in dollars.
+#[tokio::test]
+async fn a_responses_request_is_shown_item_by_item() {
+    let h = started().await;
+    let ref_a = ContentRef::of(&file_a()).as_str().to_string();
+    let body = json!({
+        "model": "gpt-4o",
+        "instructions": "You are a coding agent.",
+        "store": false,
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Read the file."}]},
+            {"type": "function_call", "call_id": "call_a", "name": "read_file", "arguments": "{\"path\":\"a.rs\"}"},
+            {"type": "function_call_output", "call_id": "call_a", "output": file_a()},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Read."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is on line 7?"}]}
+        ]
+    });
+    h.mock.push(Reply::text("Line 7."));
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .header("authorization", "Bearer sk-alice")
+        .header("x-context-session", "s-responses")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let actions = resp.headers()["x-context-actions"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(actions.contains("compacted"), "{actions}");
+    resp.bytes().await.unwrap();
+
+    let session = wait_turns(&h, "sk-alice", "s-responses", 1).await;
+    assert!(session.contains("class=\"tag compacted\""), "{session}");
+    assert!(session.contains('$'), "cost in dollars: {session}");
+    let index = session
+        .split("/ui/request?")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    let (status, _, side) = get(&h, &format!("/ui/request?{index}"), Some("sk-alice")).await;
+    assert_eq!(status, 200, "{side}");
+    assert!(side.contains("/v1/responses"), "{side}");
+    assert!(
+        side.contains("You are a coding agent."),
+        "the instructions: {side}"
+    );
+    assert!(side.contains("<code>read_file</code>"), "the call: {side}");
+    assert!(
+        side.contains("<code>call_a</code>"),
+        "the output's call: {side}"
+    );
+    assert!(side.contains("<mark class=\"marker\">"), "{side}");
+    assert!(side.contains(&format!("r={ref_a}\"")), "{side}");
+    assert!(side.contains("&lt;script&gt;alert('xss')&lt;/script&gt;"));
+    assert!(!side.contains("<script>alert"), "{side}");
+}
+
+/// The `/v1/context/` routes have the journal writer write what waits before they read or
+/// erase: the request line shows in the session's journal (else it would wait a minute here),
+/// and `DELETE` then erases it with the rest: the page has nothing of the session.
+#[tokio::test]
+async fn the_context_routes_see_and_erase_the_lines_that_wait() {
+    let mut h = Harness::start_with(MockConfig::default(), |c| {
+        setup(c);
+        c.ui.journal_flush_ms = 60_000;
+    })
+    .await;
+    h.client = no_client();
+    h.mock.push(Reply::text("ok"));
+    send_chat(&h, "sk-alice", "s-del", &conversation()).await;
+    let admin = |method: reqwest::Method| {
+        h.client
+            .request(method, h.url("/v1/context/sessions/s-del?tenant=alice"))
+            .header("authorization", "Bearer admin-secret")
+    };
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let detail: Value = admin(reqwest::Method::GET)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if detail.to_string().contains("\"event\":\"request\"") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no request line: {detail}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resp = admin(reqwest::Method::DELETE).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let (status, _, body) = get(&h, "/ui/session?s=s-del", Some("sk-alice")).await;
+    assert_eq!(status, 404, "{body}");
+}

@@ -63,7 +63,9 @@ fn messages() -> Vec<Value> {
     ]
 }
 
-async fn chat(h: &Harness, messages: &[Value]) -> (usize, usize) {
+/// Tokens before and after (the proxy's headers) and the completion tokens of every call
+/// (the usage the client got).
+async fn chat(h: &Harness, messages: &[Value]) -> (usize, usize, u64) {
     let resp = h
         .client
         .post(h.url("/v1/chat/completions"))
@@ -75,12 +77,25 @@ async fn chat(h: &Harness, messages: &[Value]) -> (usize, usize) {
         .unwrap();
     assert_eq!(resp.status(), 200);
     let figure = |name: &str| resp.headers()[name].to_str().unwrap().parse().unwrap();
-    let figures = (
+    let (before, after) = (
         figure("x-context-tokens-before"),
         figure("x-context-tokens-after"),
     );
-    resp.bytes().await.unwrap();
-    figures
+    let body: Value = resp.json().await.unwrap();
+    let completion = body["usage"]["completion_tokens"].as_u64().unwrap();
+    (before, after, completion)
+}
+
+/// The list's cost cells for a session's first request, as the page must compute them: the
+/// input under the upstream's caching terms (nothing cached yet), at gpt-4o's list prices, plus
+/// the answer's tokens; in dollars.
+fn first_turn_costs(sent: usize, forwarded: usize, completion: u64) -> (String, String) {
+    use context_proxy::pricing::{openai_for_model, ModelPrice};
+    use context_proxy::routes::ui::chart::usd;
+    let terms = openai_for_model("gpt-4o");
+    let list = ModelPrice::of("gpt-4o").unwrap();
+    let dollars = |tokens: usize| usd(list.dollars(terms.call_cost(tokens, 0), completion));
+    (dollars(sent), dollars(forwarded))
 }
 
 /// Waits until the journal of `session` has its `turns`-th request line.
@@ -162,7 +177,10 @@ async fn the_page_in_a_real_browser() {
     )]));
     h.mock.push(Reply::text("Line 7 computes value_7."));
     let mut conversation = messages();
-    let (sent, forwarded) = chat(&h, &conversation).await;
+    let (sent, forwarded, completion) = chat(&h, &conversation).await;
+    let (cost_without, cost_with) = first_turn_costs(sent, forwarded, completion);
+    assert!(completion > 0);
+    assert_ne!(cost_without, cost_with);
     assert!(forwarded < sent, "the session was compacted");
     wait_turns(&h, "s-browser", 1).await;
     let store = StoreConfig {
@@ -182,6 +200,8 @@ async fn the_page_in_a_real_browser() {
         "turns": 1,
         "tokens_sent": sent,
         "tokens_forwarded": forwarded,
+        "cost_without": cost_without,
+        "cost_with": cost_with,
         "reload_text": "a.rs line 7: let value_7",
         "ref": ref_a,
         "ref_line": "a.rs line 7: let value_7",

@@ -1,7 +1,7 @@
 //! The application's state, built from the whole configuration: what every request handler
 //! shares ([`Shared`]), with the background services that live as long as the proxy (the
-//! store's sweeper, the summarizer, the traffic recorder) started and registered here, to be
-//! stopped by the server at shutdown, last started first.
+//! store's sweeper, the summarizer, the traffic recorder, the page's journal writer) started
+//! and registered here, to be stopped by the server at shutdown, last started first.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -83,6 +83,14 @@ pub async fn build(config: &ValidConfig) -> Result<Shared, StateError> {
     } else {
         None
     };
+    let journal = config.ui.enabled.then(|| {
+        use crate::sessions::journal::{JournalWriter, WriterConfig};
+        JournalWriter::start(
+            store.clone(),
+            WriterConfig::of(&config.ui),
+            metrics.journal_dropped.clone(),
+        )
+    });
     let state = Shared {
         body_limits: config.server.body_limits(),
         idle_timeout: config.server.idle_timeout(),
@@ -94,10 +102,9 @@ pub async fn build(config: &ValidConfig) -> Result<Shared, StateError> {
         body_budget,
         recorder: recorder.clone(),
         summarizer: summarizer.clone(),
-        ui: config
-            .ui
-            .enabled
-            .then(|| crate::routes::shared::UiState::new(config.ui.clone())),
+        ui: journal
+            .clone()
+            .map(|journal| crate::routes::shared::UiState::new(config.ui.clone(), journal)),
         draining: AtomicBool::new(false),
         services: Mutex::new(Vec::new()),
     };
@@ -107,6 +114,9 @@ pub async fn build(config: &ValidConfig) -> Result<Shared, StateError> {
     }
     if let Some(recorder) = recorder {
         state.register(recorder);
+    }
+    if let Some(journal) = journal {
+        state.register(journal);
     }
     Ok(state)
 }

@@ -21,6 +21,7 @@
 
 pub mod adapter;
 pub mod caches;
+pub mod compaction;
 pub mod engine;
 pub mod estimate;
 pub mod limits;
@@ -221,6 +222,11 @@ impl ContextManager {
     /// The `[context.summarizer]` settings.
     pub fn summarizer_config(&self) -> &summary::SummarizerConfig {
         &self.planner.config().summarizer
+    }
+
+    /// `[context] tool_result_max_tokens`: the longest text shown whole to the summarizer.
+    pub fn tool_result_max_tokens(&self) -> usize {
+        self.planner.config().tool_result_max_tokens
     }
 
     /// The `[context.reload]` settings.

@@ -430,13 +430,26 @@ impl Planner {
 
     /// Puts back the proxy's own tool calls hidden from the client into `body`'s messages;
     /// returns how many. A store error only warns: the conversation is planned as sent.
-    async fn restore_hidden(&self, identity: &Identity, body: &mut Value) -> usize {
-        let Some(Value::Array(list)) = body.get_mut("messages") else {
+    async fn restore_hidden(
+        &self,
+        identity: &Identity,
+        wire: adapter::Wire,
+        body: &mut Value,
+    ) -> usize {
+        use crate::proxy_tools::hidden::Shape;
+        use adapter::Wire;
+        let (shape, key) = match wire {
+            Wire::Chat => (Shape::Chat, "messages"),
+            Wire::Responses => (Shape::Responses, "input"),
+            // The proxy's tools are not offered on Messages (yet): nothing was hidden.
+            Wire::Messages => return 0,
+        };
+        let Some(Value::Array(list)) = body.get_mut(key) else {
             return 0;
         };
         match self
             .hidden
-            .restore(&identity.tenant, &identity.session, list)
+            .restore(&identity.tenant, &identity.session, shape, list)
             .await
         {
             Ok(n) => n,
@@ -539,12 +552,7 @@ impl Planner {
         // Put back the proxy's own tool calls hidden from the client. Only a conversation that
         // needs planning can hold them: one was made when an earlier, shorter request of it
         // showed a reference, and what made that request need planning is still here.
-        // (Chat only: the Responses route hides no exchange yet.)
-        let restored = if route.wire == adapter::Wire::Chat {
-            self.restore_hidden(identity, body).await
-        } else {
-            0
-        };
+        let restored = self.restore_hidden(identity, route.wire, body).await;
         if restored > 0 {
             count = adapter.count(&counter, body);
             report.tokens_before = count.total;
@@ -661,6 +669,7 @@ impl Planner {
                     prefix_hash,
                     previous: previous.map(|p| p.summary.clone()),
                     span: summary::render_span(
+                        input.adapter,
                         &input.messages[from..end],
                         settings.tool_result_max_tokens,
                         room.max(1_000),

@@ -11,9 +11,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::adapter::chat::content_text;
+use super::adapter::Adapter;
 use super::markers::{self, Readback};
-use super::units::role;
 use crate::store::ContentRef;
 use crate::tokens::Encoding;
 
@@ -164,11 +163,12 @@ pub fn request_body(
     })
 }
 
-/// The messages of a span as the summarizer reads them: one block per message, tool results
-/// over `per_message_tokens` in their compacted form (preview and reference), the whole
-/// within `max_tokens` (the per-message allowance halves until it fits; at worst the text is
-/// cut, the originals staying readable by reference). `count` counts tokens of a text.
+/// The items of a span as the summarizer reads them (each read by `adapter`): one block per
+/// item, texts over `per_message_tokens` in their compacted form (preview and reference), the
+/// whole within `max_tokens` (the per-item allowance halves until it fits; at worst the text
+/// is cut, the originals staying readable by reference). `count` counts tokens of a text.
 pub fn render_span(
+    adapter: &dyn Adapter,
     messages: &[Value],
     per_message_tokens: usize,
     max_tokens: usize,
@@ -176,7 +176,7 @@ pub fn render_span(
 ) -> String {
     let mut allowance = per_message_tokens.max(1);
     loop {
-        let text = render_with(messages, allowance, count);
+        let text = render_with(adapter, messages, allowance, count);
         let tokens = count(&text);
         if tokens <= max_tokens {
             return text;
@@ -193,11 +193,16 @@ pub fn render_span(
     }
 }
 
-fn render_with(messages: &[Value], allowance: usize, count: &dyn Fn(&str) -> usize) -> String {
+fn render_with(
+    adapter: &dyn Adapter,
+    messages: &[Value],
+    allowance: usize,
+    count: &dyn Fn(&str) -> usize,
+) -> String {
     let mut out = String::new();
     for m in messages {
-        let who = role(m);
-        let text = content_text(m).map(|t| t.into_owned()).unwrap_or_default();
+        let item = adapter.readable(m);
+        let text = item.text.map(|t| t.into_owned()).unwrap_or_default();
         let tokens = count(&text);
         let shown = if tokens > allowance {
             let reference = ContentRef::of(&text);
@@ -205,8 +210,8 @@ fn render_with(messages: &[Value], allowance: usize, count: &dyn Fn(&str) -> usi
         } else {
             text
         };
-        out.push_str(&format!("[{who}]"));
-        if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
+        out.push_str(&format!("[{}]", item.who));
+        if let Some(id) = item.answers {
             out.push_str(&format!(" (result of {id})"));
         }
         out.push('\n');
@@ -214,18 +219,8 @@ fn render_with(messages: &[Value], allowance: usize, count: &dyn Fn(&str) -> usi
             out.push_str(&shown);
             out.push('\n');
         }
-        if let Some(Value::Array(calls)) = m.get("tool_calls") {
-            for c in calls {
-                let name = c.pointer("/function/name").and_then(Value::as_str);
-                let args = c.pointer("/function/arguments").and_then(Value::as_str);
-                let id = c.get("id").and_then(Value::as_str);
-                out.push_str(&format!(
-                    "call {} {}({})\n",
-                    id.unwrap_or(""),
-                    name.unwrap_or(""),
-                    args.unwrap_or("")
-                ));
-            }
+        for call in &item.calls {
+            out.push_str(&format!("call {call}\n"));
         }
         out.push('\n');
     }
@@ -368,11 +363,11 @@ mod tests {
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{\"p\":\"a.rs\"}"}}]}),
             json!({"role": "tool", "tool_call_id": "c1", "content": big}),
         ];
-        let text = render_span(&msgs, 500, 100_000, &count);
+        let text = render_span(&crate::context::adapter::Chat, &msgs, 500, 100_000, &count);
         assert!(text.contains("call c1 read({\"p\":\"a.rs\"})"));
         assert!(text.contains(ContentRef::of(&big).as_str()));
         assert!(count(&text) < 1_000);
-        let tight = render_span(&msgs, 500, 50, &count);
+        let tight = render_span(&crate::context::adapter::Chat, &msgs, 500, 50, &count);
         assert!(count(&tight) <= 60, "{}", count(&tight));
     }
 

@@ -180,6 +180,68 @@ pub async fn read_limited(
     Ok(bytes.freeze())
 }
 
+/// Whether the body is sent with `Content-Encoding: zstd` (and no other coding), the one
+/// compressed body the proxy decodes (Codex sends it in some setups).
+pub fn is_zstd(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("zstd"))
+}
+
+/// Largest zstd window the decoder accepts, as a power of two: 128 MiB, zstd's own default
+/// limit; lower when `server.max_body_bytes` is (a frame asking for more is refused before
+/// anything is allocated for it).
+const ZSTD_MAX_WINDOW_LOG: u32 = 27;
+
+/// A body sent with `Content-Encoding: zstd`, decoded under the limits of any body:
+/// `server.max_body_bytes` bounds the decoded size (413 as soon as it is passed, so a small
+/// frame that expands without end costs at most the limit, never more memory) and the decoded
+/// bytes are held against `server.max_body_bytes_in_flight` (503). Bytes that are not zstd
+/// are a 400.
+pub fn decode_zstd(
+    raw: &[u8],
+    server: &BodyLimits,
+    budget: &BodyBudget,
+) -> Result<Bytes, RequestBodyError> {
+    use std::io::Read;
+    let limit = server.max_body_bytes;
+    let invalid = |e: std::io::Error| {
+        // zstd's own words for a frame whose window is over `window_log_max`: it asks for
+        // more memory than the limit lets a body hold.
+        if e.to_string().contains("too much memory") {
+            return RequestBodyError::TooLarge { limit };
+        }
+        RequestBodyError::Read(format!(
+            "the body is sent with Content-Encoding: zstd but cannot be decoded ({e}); send \
+             it uncompressed or as one zstd frame"
+        ))
+    };
+    let mut decoder = zstd::stream::read::Decoder::new(raw).map_err(invalid)?;
+    let window_log = (usize::BITS - limit.max(1 << 10).saturating_sub(1).leading_zeros())
+        .min(ZSTD_MAX_WINDOW_LOG);
+    decoder.window_log_max(window_log).map_err(invalid)?;
+    let mut held = budget.take(0)?;
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = decoder.read(&mut chunk).map_err(invalid)?;
+        if n == 0 {
+            break;
+        }
+        if out.len() + n > limit {
+            return Err(RequestBodyError::TooLarge { limit });
+        }
+        let short = (out.len() + n).saturating_sub(held.num_permits());
+        if short > 0 {
+            held.merge(budget.take(short)?);
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
+    hold(held);
+    Ok(Bytes::from(out))
+}
+
 /// The request-body bytes that may be held in memory at once (`server.max_body_bytes_in_flight`).
 pub struct BodyBudget {
     semaphore: Arc<Semaphore>,

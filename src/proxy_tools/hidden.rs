@@ -105,6 +105,82 @@ impl Transcript {
     pub fn digest(self) -> u128 {
         self.0
     }
+
+    /// The digest of Responses API input `items`, in order.
+    pub fn of_items(items: &[Value]) -> Transcript {
+        items
+            .iter()
+            .fold(Transcript::default(), |t, i| t.then_item(i))
+    }
+
+    /// The digest of the input items so far followed by `item` (what it says: its type, role,
+    /// text, call id and name, output), as [`then`](Self::then) reads a message.
+    pub fn then_item(self, item: &Value) -> Transcript {
+        let mut h = Xxh3::new();
+        h.update(&self.0.to_le_bytes());
+        h.update(b"item");
+        let field = |h: &mut Xxh3, tag: u8, text: &str| {
+            h.update(&[tag]);
+            h.update(&(text.len() as u64).to_le_bytes());
+            h.update(text.as_bytes());
+        };
+        fn text(v: Option<&Value>) -> &str {
+            v.and_then(Value::as_str).unwrap_or("")
+        }
+        field(&mut h, b'y', item_kind(item));
+        field(&mut h, b'r', text(item.get("role")));
+        for (tag, key) in [(b'c', "content"), (b'o', "output")] {
+            match item.get(key) {
+                Some(Value::String(s)) => field(&mut h, tag, s),
+                Some(Value::Array(parts)) => {
+                    for part in parts {
+                        match part.get("text").and_then(Value::as_str) {
+                            Some(t) => field(&mut h, b't', t),
+                            None => field(&mut h, b'p', &part.to_string()),
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        field(&mut h, b'i', text(item.get("call_id")));
+        field(&mut h, b'n', text(item.get("name")));
+        Transcript(h.digest128())
+    }
+}
+
+/// A Responses input item's type (`message` when it has a role and no type).
+fn item_kind(item: &Value) -> &str {
+    match item.get("type").and_then(Value::as_str) {
+        Some(kind) => kind,
+        None if item.get("role").is_some() => "message",
+        None => "",
+    }
+}
+
+/// Whether a Responses item is the model's output: reasoning, an assistant message, a call.
+fn is_model_item(item: &Value) -> bool {
+    match item_kind(item) {
+        "reasoning" => true,
+        "message" => item.get("role").and_then(Value::as_str) == Some("assistant"),
+        kind => kind.ends_with("_call"),
+    }
+}
+
+/// The `call_id`s of the calls among Responses `items`, in order.
+pub fn item_call_ids(items: &[Value]) -> Vec<&str> {
+    items
+        .iter()
+        .filter(|i| item_kind(i).ends_with("_call"))
+        .filter_map(|i| i.get("call_id").and_then(Value::as_str))
+        .collect()
+}
+
+/// Which conversation a body holds: chat's `messages` or the Responses API's `input` items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Chat,
+    Responses,
 }
 
 /// What a part says, whatever its client's serializer did: keys sorted, `null` members and
@@ -209,20 +285,25 @@ impl<T: Keyed + Clone + Serialize + serde::de::DeserializeOwned> Hidden<T> {
 }
 
 impl Hidden<Exchange> {
-    /// Puts every hidden exchange of the session back in place in `messages`. Returns how many
-    /// were restored. Reads the store only when some assistant message has tool calls.
+    /// Puts every hidden exchange of the session back in place in `messages` (chat's
+    /// messages or the Responses API's input items, as `shape` says). Returns how many were
+    /// restored. Reads the store only when the conversation holds a call.
     pub async fn restore(
         &self,
         tenant: &Tenant,
         session: &SessionId,
+        shape: Shape,
         messages: &mut Vec<Value>,
     ) -> Result<usize, StoreError> {
-        let has_calls = messages.iter().any(|m| {
-            m.get("role").and_then(Value::as_str) == Some("assistant")
-                && m.get("tool_calls")
-                    .and_then(Value::as_array)
-                    .is_some_and(|c| !c.is_empty())
-        });
+        let has_calls = match shape {
+            Shape::Chat => messages.iter().any(|m| {
+                m.get("role").and_then(Value::as_str) == Some("assistant")
+                    && m.get("tool_calls")
+                        .and_then(Value::as_array)
+                        .is_some_and(|c| !c.is_empty())
+            }),
+            Shape::Responses => !item_call_ids(messages).is_empty(),
+        };
         if !has_calls {
             return Ok(0);
         }
@@ -230,7 +311,10 @@ impl Hidden<Exchange> {
         if list.is_empty() {
             return Ok(0);
         }
-        Ok(restore_in(&list, messages))
+        Ok(match shape {
+            Shape::Chat => restore_in(&list, messages),
+            Shape::Responses => restore_items(&list, messages),
+        })
     }
 }
 
@@ -289,6 +373,62 @@ pub fn restore_in(list: &[Exchange], messages: &mut Vec<Value>) -> usize {
         restored += 1;
         i += 1 + results;
     }
+    restored
+}
+
+/// [`Hidden::restore`] of Responses input `items` on a list already read. An exchange was
+/// kept from the model's output items that followed the client's input: it is found at a run
+/// of the model's items (reasoning, assistant messages, calls) by the digest of the items
+/// before the run and the ids of the run's calls; its items go back at their positions in the
+/// run, its outputs right after the run.
+pub fn restore_items(list: &[Exchange], items: &mut Vec<Value>) -> usize {
+    let original = std::mem::take(items);
+    let mut before = Vec::with_capacity(original.len());
+    let mut transcript = Transcript::default();
+    for item in &original {
+        before.push(transcript);
+        transcript = transcript.then_item(item);
+    }
+    let found = |start: usize| -> Option<(usize, &Exchange)> {
+        let end = start
+            + original[start..]
+                .iter()
+                .take_while(|i| is_model_item(i))
+                .count();
+        let ids = item_call_ids(&original[start..end]);
+        if ids.is_empty() {
+            return None;
+        }
+        let key = key_of(before[start].digest(), ids.iter().copied());
+        let exchange = list.iter().find(|e| e.key == key)?;
+        // Already restored (the client kept the proxy's items): leave it.
+        let restored = exchange
+            .calls
+            .iter()
+            .filter_map(|(_, c)| c.get("call_id").and_then(Value::as_str))
+            .any(|h| ids.contains(&h));
+        (!restored).then_some((end, exchange))
+    };
+    let mut out = Vec::with_capacity(original.len());
+    let mut restored = 0;
+    let mut j = 0;
+    while j < original.len() {
+        let Some((end, exchange)) = found(j) else {
+            out.push(original[j].clone());
+            j += 1;
+            continue;
+        };
+        let mut run = original[j..end].to_vec();
+        for (position, item) in &exchange.calls {
+            let at = (*position).min(run.len());
+            run.insert(at, item.clone());
+        }
+        out.extend(run);
+        out.extend(exchange.results.iter().cloned());
+        restored += 1;
+        j = end;
+    }
+    *items = out;
     restored
 }
 
@@ -388,6 +528,60 @@ mod tests {
             0
         );
         assert_eq!(messages, again);
+    }
+
+    #[test]
+    fn responses_items_come_back_in_place_with_their_reasoning() {
+        let user = json!({"role": "user", "content": "go"});
+        let reasoning = json!({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAAB-x"});
+        let proxy = json!({"type": "function_call", "id": "fc_1", "call_id": "call_p", "name": "context_read", "arguments": "{}"});
+        let client = json!({"type": "function_call", "id": "fc_2", "call_id": "call_c", "name": "edit", "arguments": "{}"});
+        let proxy_out =
+            json!({"type": "function_call_output", "call_id": "call_p", "output": "read"});
+        let client_out =
+            json!({"type": "function_call_output", "call_id": "call_c", "output": "ok"});
+        let exchange = Exchange {
+            key: key_of(
+                Transcript::of_items(std::slice::from_ref(&user)).digest(),
+                ["call_c"],
+            ),
+            calls: vec![(0, reasoning.clone()), (1, proxy.clone())],
+            results: vec![proxy_out.clone()],
+        };
+        let mut items = vec![user.clone(), client.clone(), client_out.clone()];
+        assert_eq!(
+            restore_items(std::slice::from_ref(&exchange), &mut items),
+            1
+        );
+        assert_eq!(
+            items,
+            [
+                user.clone(),
+                reasoning,
+                proxy,
+                client.clone(),
+                proxy_out,
+                client_out.clone()
+            ]
+        );
+        // Once in place, nothing more; after another transcript, nothing at all.
+        let again = items.clone();
+        assert_eq!(
+            restore_items(std::slice::from_ref(&exchange), &mut items),
+            0
+        );
+        assert_eq!(items, again);
+        let mut other = vec![
+            json!({"role": "user", "content": "else"}),
+            client,
+            client_out,
+        ];
+        let before = other.clone();
+        assert_eq!(
+            restore_items(std::slice::from_ref(&exchange), &mut other),
+            0
+        );
+        assert_eq!(other, before);
     }
 
     #[test]

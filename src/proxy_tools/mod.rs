@@ -167,8 +167,8 @@ pub fn offer(body: &Value, config: &ReloadConfig) -> Offer {
     }
 }
 
-/// The names of the client's own tools (chat's function and custom tools, Anthropic's tools
-/// with their `name` at the top).
+/// The names of the client's own tools (function and custom; nested as chat completions
+/// writes them, or flat as the Responses API does).
 fn client_tool_names(body: &Value) -> Vec<&str> {
     body.get("tools")
         .and_then(Value::as_array)
@@ -176,16 +176,16 @@ fn client_tool_names(body: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// The name a tool definition declares, in either shape.
+/// A tool definition's name: `{"type": k, k: {"name"}}` (chat) or `{"type", "name"}` (flat).
 fn tool_name(tool: &Value) -> Option<&str> {
-    if let Some(name) = tool.get("name").and_then(Value::as_str) {
-        return Some(name);
-    }
     let kind = tool
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or("function");
-    tool.get(kind)?.get("name")?.as_str()
+    tool.get(kind)
+        .and_then(|t| t.get("name"))
+        .or_else(|| tool.get("name"))?
+        .as_str()
 }
 
 /// The tokens the two definitions add to a request (counted as the upstream counts a `tools`
@@ -257,6 +257,22 @@ pub fn definitions(names: &ToolNames) -> [Value; 2] {
     [read, search]
 }
 
+/// The two definitions as the Responses API takes them: flat (`{"type":"function","name",…}`),
+/// and not `strict` (a strict schema must require every property; `offset` and `limit` are
+/// optional).
+pub fn flat_definitions(names: &ToolNames) -> [Value; 2] {
+    definitions(names).map(|tool| {
+        let function = &tool["function"];
+        json!({
+            "type": "function",
+            "name": function["name"],
+            "description": function["description"],
+            "parameters": function["parameters"],
+            "strict": false,
+        })
+    })
+}
+
 /// The two definitions in Anthropic Messages' shape (`{name, description, input_schema}`):
 /// the same names, texts and schemas as [`definitions`], with fixed bytes.
 pub fn messages_definitions(names: &ToolNames) -> [Value; 2] {
@@ -273,6 +289,11 @@ pub fn messages_definitions(names: &ToolNames) -> [Value; 2] {
 /// Appends the proxy's tools after the client's (creating `tools` when there is none).
 pub fn inject(body: &mut Value, names: &ToolNames) {
     append(body, definitions(names));
+}
+
+/// [`inject`] with the Responses API's flat definitions ([`flat_definitions`]).
+pub fn inject_flat(body: &mut Value, names: &ToolNames) {
+    append(body, flat_definitions(names));
 }
 
 /// [`inject`] for an Anthropic Messages request.
@@ -292,6 +313,11 @@ fn append(body: &mut Value, definitions: [Value; 2]) {
     }
 }
 
+/// Whether `tool` is the definition of one of the proxy's tools (either shape).
+pub fn is_definition(tool: &Value, names: &ToolNames) -> bool {
+    tool_name(tool).is_some_and(|n| names.tool(n).is_some())
+}
+
 /// Removes the proxy's tools again (the last request of a loop that ran out of rounds), and
 /// `tools` itself when the client sent none.
 pub fn remove(body: &mut Value, names: &ToolNames, client_had_tools: bool) {
@@ -303,7 +329,7 @@ pub fn remove(body: &mut Value, names: &ToolNames, client_had_tools: bool) {
         return;
     }
     if let Some(Value::Array(list)) = object.get_mut("tools") {
-        list.retain(|t| tool_name(t).is_none_or(|n| names.tool(n).is_none()));
+        list.retain(|t| !is_definition(t, names));
     }
 }
 
@@ -359,6 +385,33 @@ mod tests {
         assert_eq!(
             theirs,
             json!({"tools": [{"type": "function", "function": {"name": "x"}}]})
+        );
+    }
+
+    #[test]
+    fn flat_definitions_for_the_responses_api() {
+        let cfg = ReloadConfig::default();
+        // A flat client tool's name is taken as well.
+        let mut body =
+            json!({"input": [], "tools": [{"type": "function", "name": "context_read"}]});
+        let Offer::Tools(n) = offer(&body, &cfg) else {
+            panic!("not offered")
+        };
+        assert_eq!(n.read, "proxy_context_read");
+        inject_flat(&mut body, &n);
+        let tools = body["tools"].as_array().unwrap();
+        assert_eq!(tools.len(), 3);
+        assert_eq!(tools[1]["name"], "proxy_context_read");
+        assert_eq!(tools[1]["strict"], false);
+        assert_eq!(
+            tools[1]["parameters"],
+            definitions(&n)[0]["function"]["parameters"]
+        );
+        assert!(tools[1].get("function").is_none());
+        remove(&mut body, &n, true);
+        assert_eq!(
+            body,
+            json!({"input": [], "tools": [{"type": "function", "name": "context_read"}]})
         );
     }
 

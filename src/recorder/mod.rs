@@ -1,4 +1,5 @@
-//! The traffic recorder: a background service that appends every chat-completions exchange to
+//! The traffic recorder: a background service that appends every exchange of a managed route
+//! (chat completions, the Responses API) to
 //! a recording directory in the corpus crate's recording format
 //! ([`crate::corpus::recording`]).
 //!
@@ -261,16 +262,34 @@ fn exchange(p: Pending) -> Exchange {
     }
 }
 
-/// The `chat.completion` a streamed body stands for (an error body as JSON when it is not SSE).
+/// The answer a streamed body stands for: a Responses stream's final `response` object (of
+/// its terminal event), else the `chat.completion` its chunks make (an error body as JSON when
+/// it is not SSE).
 fn assemble(body: &[u8]) -> Value {
     let mut reader = SseReader::new(SseConfig::default());
     let mut acc = ChatAccumulator::new();
     let mut events = 0;
+    let mut response = None;
     reader.push(body);
     let _ = reader.finish();
     while let Ok(Some(event)) = reader.next_event() {
         events += 1;
+        let terminal = matches!(
+            event.event.as_deref(),
+            Some("response.completed" | "response.incomplete" | "response.failed")
+        );
+        if terminal {
+            response = event
+                .data
+                .as_deref()
+                .and_then(|d| serde_json::from_str::<Value>(d).ok())
+                .and_then(|mut v| v.get_mut("response").map(Value::take));
+            continue;
+        }
         let _ = acc.push_event(&event);
+    }
+    if let Some(response) = response {
+        return response;
     }
     if events == 0 {
         return json(body);
@@ -281,6 +300,16 @@ fn assemble(body: &[u8]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_responses_stream_is_kept_as_its_final_response() {
+        let body = b"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"output\":[]}}\n\n\
+event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"output\":[{\"type\":\"compaction\"}],\"usage\":{\"input_tokens\":5}}}\n\n";
+        let v = assemble(body);
+        assert_eq!(v["status"], "completed");
+        assert_eq!(v["output"][0]["type"], "compaction");
+        assert_eq!(v["usage"]["input_tokens"], 5);
+    }
 
     fn pending(n: usize) -> Pending {
         Pending {

@@ -51,6 +51,11 @@ pub async fn handle<B>(
         path: path.to_string(),
         allowed,
     };
+    // The page's journal lines still waiting are written first: what these routes read or
+    // erase is every request answered so far, and an erased session gets no line back.
+    if let Some(ui) = &state.ui {
+        ui.journal.flush().await;
+    }
     let body = match rest.split_once('/') {
         None if rest == "sessions" => {
             if method != Method::GET {

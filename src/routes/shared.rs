@@ -48,19 +48,28 @@ pub struct Shared {
     pub services: Mutex<Vec<Arc<dyn Service>>>,
 }
 
-/// What the page (`/ui/`) holds: its settings and the logins it handed out.
+/// What the page (`/ui/`) holds: its settings, the logins it handed out and the writer of
+/// its journal lines.
 pub struct UiState {
     pub config: crate::sessions::UiConfig,
     pub logins: crate::auth::Logins,
+    pub journal: Arc<crate::sessions::journal::JournalWriter>,
 }
 
 impl UiState {
-    pub fn new(config: crate::sessions::UiConfig) -> UiState {
+    pub fn new(
+        config: crate::sessions::UiConfig,
+        journal: Arc<crate::sessions::journal::JournalWriter>,
+    ) -> UiState {
         let logins = crate::auth::Logins::new(
             config.max_logins,
             Duration::from_secs(config.login_ttl_secs),
         );
-        UiState { config, logins }
+        UiState {
+            config,
+            logins,
+            journal,
+        }
     }
 }
 

@@ -163,6 +163,9 @@ async fn route(
         "/v1/responses" if crate::routes::responses::is_websocket_upgrade(req.headers()) => {
             Ok(crate::routes::responses::websocket_refused())
         }
+        "/v1/responses/compact" if req.method() == Method::POST => {
+            crate::routes::responses::compact(state, req, id).await
+        }
         "/v1/responses" if req.method() == Method::POST => {
             crate::routes::responses::handle(state, req, id).await
         }

@@ -141,6 +141,10 @@ macro_rules! suite {
                 super::the_log_is_append_only_json_lines(harness().await).await
             }
             #[tokio::test]
+            async fn a_batch_of_lines_appends_as_one_by_one() {
+                super::a_batch_of_lines_appends_as_one_by_one(harness().await).await
+            }
+            #[tokio::test]
             async fn state_records_are_replaced_and_read_back() {
                 super::state_records_are_replaced_and_read_back(harness().await).await
             }
@@ -775,6 +779,30 @@ async fn the_log_is_append_only_json_lines(h: Harness) {
     let back = &h.store.read_log(&t, &s1).await.unwrap()[3];
     let keys: Vec<_> = back["nested"].as_object().unwrap().keys().collect();
     assert_eq!(keys, ["z", "a"]);
+}
+
+/// `append_logs` leaves the journal `append_log` would, record by record, in order, after
+/// what was there; an empty batch leaves it alone.
+async fn a_batch_of_lines_appends_as_one_by_one(h: Harness) {
+    let (t, s, other) = (tenant("k"), session("s"), session("other"));
+    h.store.append_log(&t, &s, &json!({"n": 0})).await.unwrap();
+    let batch = [
+        json!({"n": 1, "text": "two\nlines \u{1f680}"}),
+        json!({"n": 2}),
+        json!("a bare string"),
+    ];
+    h.store.append_logs(&t, &s, &batch).await.unwrap();
+    h.store.append_logs(&t, &s, &[]).await.unwrap();
+    h.store.append_logs(&t, &other, &[]).await.unwrap();
+    h.store.append_log(&t, &s, &json!({"n": 3})).await.unwrap();
+    let mut expected = vec![json!({"n": 0})];
+    expected.extend(batch.iter().cloned());
+    expected.push(json!({"n": 3}));
+    assert_eq!(h.store.read_log(&t, &s).await.unwrap(), expected);
+    let page = h.store.read_log_page(&t, &s, None, 2).await.unwrap();
+    assert_eq!((page.first_index, page.total), (3, 5));
+    assert_eq!(page.records, expected[3..]);
+    assert!(h.store.read_log(&t, &other).await.unwrap().is_empty());
 }
 
 async fn state_records_are_replaced_and_read_back(h: Harness) {

@@ -209,6 +209,21 @@ pub trait Store: Send + Sync + 'static {
         record: &serde_json::Value,
     ) -> Result<(), StoreError>;
 
+    /// Appends `records`, in order, to the session's journal: what [`Store::append_log`] does
+    /// for each, in as few writes as the backend allows (the page's journal writer hands over
+    /// the lines of many requests at once). This default appends them one by one.
+    async fn append_logs(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        records: &[serde_json::Value],
+    ) -> Result<(), StoreError> {
+        for record in records {
+            self.append_log(tenant, session, record).await?;
+        }
+        Ok(())
+    }
+
     /// The session's journal, oldest record first (empty when there is none). For tools, tests
     /// and debugging: it reads the whole journal.
     async fn read_log(
@@ -421,6 +436,16 @@ impl Store for Timed {
     ) -> Result<(), StoreError> {
         let fut = self.inner.append_log(tenant, session, record);
         bounded("append_log", self.timeout, fut).await
+    }
+
+    async fn append_logs(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        records: &[serde_json::Value],
+    ) -> Result<(), StoreError> {
+        let fut = self.inner.append_logs(tenant, session, records);
+        bounded("append_logs", self.timeout, fut).await
     }
 
     async fn read_log(

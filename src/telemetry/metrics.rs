@@ -48,6 +48,7 @@ struct RouteLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamLabels {
+    route: &'static str,
     upstream: String,
 }
 
@@ -69,6 +70,11 @@ struct BackendLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScopeLabels {
     scope: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -108,6 +114,9 @@ pub struct Metrics {
     pub record_dropped: AtomicU64,
     /// Exchanges the traffic recorder could not write (a full disk, …), shared with it.
     pub recorder_write_errors: std::sync::Arc<AtomicU64>,
+    /// The page's journal lines dropped because its writer's queue was full, or could not be
+    /// written (the store failed), shared with the writer.
+    pub journal_dropped: std::sync::Arc<AtomicU64>,
     /// The summarizer's counters (`context_proxy_summary_*`).
     pub summarizer: std::sync::Arc<crate::telemetry::summarizer_stats::Stats>,
 
@@ -116,8 +125,8 @@ pub struct Metrics {
     request_seconds: HistogramFamily<RouteLabels>,
     in_flight_requests: Gauge,
     open_responses: Gauge,
-    proxy_seconds: Histogram,
-    upstream_calls: Histogram,
+    proxy_seconds: HistogramFamily<RouteLabels>,
+    upstream_calls: HistogramFamily<RouteLabels>,
     upstream_seconds: HistogramFamily<UpstreamLabels>,
     first_byte_seconds: HistogramFamily<UpstreamLabels>,
     response_seconds: HistogramFamily<UpstreamLabels>,
@@ -132,6 +141,7 @@ pub struct Metrics {
     store_errors: Family<BackendLabels, Counter>,
     quota_exceeded: Family<ScopeLabels, Counter>,
     rejected_erased: Counter,
+    compactions: Family<OutcomeLabels, Counter>,
     models: Mutex<HashSet<String>>,
 }
 
@@ -177,31 +187,33 @@ impl Default for Metrics {
         let proxy_seconds = registered(
             &mut registry,
             "context_proxy_chat_proxy_seconds",
-            "The proxy's own time before forwarding a chat request (parse, identify, plan, apply).",
-            latency_histogram(),
+            "The proxy's own time before forwarding a managed request (parse, identify, plan, apply), by route (chat, responses).",
+            Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram),
         );
         let upstream_calls = registered(
             &mut registry,
             "context_proxy_chat_upstream_calls",
-            "Upstream calls made for one chat request: 1, plus each round of the proxy's own tools and an overflow retry (at most [context.reload] max_rounds + 3).",
-            Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 24.0, 36.0]),
+            "Upstream calls made for one managed request: 1, plus each round of the proxy's own tools and an overflow retry (at most [context.reload] max_rounds + 3), by route (chat, responses).",
+            Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+                Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 24.0, 36.0])
+            }),
         );
         let upstream_seconds: HistogramFamily<UpstreamLabels> = registered(
             &mut registry,
             "context_proxy_chat_upstream_seconds",
-            "Time from forwarding a chat request to the upstream's response headers (first call).",
+            "Time from forwarding a managed request to the upstream's response headers (first call), by route (chat, responses) and upstream.",
             Family::new_with_constructor(latency_histogram),
         );
         let first_byte_seconds: HistogramFamily<UpstreamLabels> = registered(
             &mut registry,
             "context_proxy_chat_first_byte_seconds",
-            "Time from a chat request's arrival to the first body byte sent to the client (time to first token for streams).",
+            "Time from a managed request's arrival to the first body byte sent to the client (time to first token for streams), by route (chat, responses) and upstream.",
             Family::new_with_constructor(latency_histogram),
         );
         let response_seconds: HistogramFamily<UpstreamLabels> = registered(
             &mut registry,
             "context_proxy_chat_response_seconds",
-            "Time from a chat request's arrival to the end of its response body.",
+            "Time from a managed request's arrival to the end of its response body, by route (chat, responses) and upstream.",
             Family::new_with_constructor(latency_histogram),
         );
         let model_counter = |registry: &mut Registry, name: &str, help: &str| {
@@ -271,6 +283,12 @@ impl Default for Metrics {
             "Store items erased because the upstream refused (401/403) the key of a tenant it had not accepted before.",
             Counter::default(),
         );
+        let compactions = registered(
+            &mut registry,
+            "context_proxy_responses_compactions",
+            "Responses API compactions (/v1/responses/compact, compaction_trigger) and the proxy's sealed compaction items, by outcome: computed, hit (the summary was cached), native (forwarded to an upstream that compacts natively), forwarded (no summary could be made), expanded (a sealed item put back as its summary).",
+            Family::<OutcomeLabels, Counter>::default(),
+        );
         registry.register(
             "context_proxy_build",
             "The proxy's version.",
@@ -294,6 +312,7 @@ impl Default for Metrics {
             reload_search_failed: AtomicU64::new(0),
             record_dropped: AtomicU64::new(0),
             recorder_write_errors: std::sync::Arc::default(),
+            journal_dropped: std::sync::Arc::default(),
             summarizer: std::sync::Arc::default(),
             registry,
             requests,
@@ -316,6 +335,7 @@ impl Default for Metrics {
             store_errors,
             quota_exceeded,
             rejected_erased,
+            compactions,
             models: Mutex::new(HashSet::new()),
         }
     }
@@ -363,6 +383,8 @@ impl Drop for InFlight<'_> {
 
 /// One chat request, once its response has ended: what the record phase knows.
 pub struct ChatSample<'a> {
+    /// The managed route (`chat`, `responses`): the label of the histograms.
+    pub route: &'static str,
     pub model: Option<&'a str>,
     pub upstream: &'a str,
     pub tokens_before: usize,
@@ -440,13 +462,19 @@ impl Metrics {
     pub fn record_chat(&self, s: &ChatSample<'_>) {
         self.open_responses.dec();
         let upstream = UpstreamLabels {
+            route: s.route,
             upstream: s.upstream.to_string(),
         };
+        let route = RouteLabels { route: s.route };
         if let Some(d) = s.proxy {
-            self.proxy_seconds.observe(d.as_secs_f64());
+            self.proxy_seconds
+                .get_or_create(&route)
+                .observe(d.as_secs_f64());
         }
         if s.upstream_calls > 0 {
-            self.upstream_calls.observe(f64::from(s.upstream_calls));
+            self.upstream_calls
+                .get_or_create(&route)
+                .observe(f64::from(s.upstream_calls));
         }
         for (family, d) in [
             (&self.upstream_seconds, s.upstream_wait),
@@ -528,6 +556,14 @@ impl Metrics {
     /// Items erased after the upstream refused a new tenant's key.
     pub fn record_rejected_erased(&self, items: usize) {
         self.rejected_erased.inc_by(items as u64);
+    }
+
+    /// A Responses API compaction, by outcome (`computed`, `hit`, `native`, `forwarded`,
+    /// `expanded`).
+    pub fn record_compaction(&self, outcome: &'static str) {
+        self.compactions
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
     }
 
     /// The OpenMetrics text exposition ([`CONTENT_TYPE`]).
@@ -614,6 +650,11 @@ impl Metrics {
                 "Exchanges the traffic recorder could not write (a full disk, the file size limit); none is left half written.",
                 &self.recorder_write_errors,
             ),
+            (
+                "context_proxy_journal_dropped",
+                "The page's journal lines dropped: its writer's queue was full, or the store failed.",
+                &self.journal_dropped,
+            ),
         ] {
             legacy.register(name, help, ConstCounter::new(value.load(Ordering::Relaxed)));
         }
@@ -665,6 +706,7 @@ mod tests {
             let model = format!("model-{i}");
             m.chat_response_started();
             m.record_chat(&ChatSample {
+                route: "chat",
                 model: Some(&model),
                 upstream: "u",
                 tokens_before: 10,
@@ -694,7 +736,7 @@ mod tests {
             MAX_MODEL_LABELS + 10
         )));
         assert!(text.contains(&format!(
-            "context_proxy_chat_proxy_seconds_count {}\n",
+            "context_proxy_chat_proxy_seconds_count{{route=\"chat\"}} {}\n",
             MAX_MODEL_LABELS + 10
         )));
         assert!(text.contains("context_proxy_in_flight_chat_responses 0\n"));

@@ -53,6 +53,11 @@ pub struct UpstreamConfig {
     pub min_cacheable_prefix: Option<usize>,
     /// Overrides of the preset: how long an unused cached prefix lives, in seconds.
     pub cache_ttl_secs: Option<u64>,
+    /// The Responses API's compaction (`POST /v1/responses/compact`, a final
+    /// `compaction_trigger` input item) forwarded as it came, for the upstream to compact
+    /// natively (OpenAI's encrypted compaction). Unset: the proxy compacts with its own
+    /// summarizer, which any Responses upstream can then read.
+    pub native_compaction: bool,
 }
 
 impl Default for UpstreamConfig {
@@ -73,6 +78,7 @@ impl Default for UpstreamConfig {
             cache_write_premium: None,
             min_cacheable_prefix: None,
             cache_ttl_secs: None,
+            native_compaction: false,
         }
     }
 }

@@ -67,6 +67,8 @@ pub struct Upstream {
     pub context_window: Option<usize>,
     /// The provider's prompt-caching prices (`cache_pricing` and its overrides).
     pub cache: crate::pricing::CacheTerms,
+    /// Compaction requests go to this upstream as they came (`native_compaction`).
+    pub native_compaction: bool,
 }
 
 /// Every configured upstream and the routing between them.
@@ -149,6 +151,7 @@ impl Upstreams {
                 client,
                 encoding: cfg.encoding,
                 context_window: cfg.context_window,
+                native_compaction: cfg.native_compaction,
                 cache: cfg
                     .cache_terms(&format!("upstream {}", cfg.name))
                     .map_err(UpstreamSetupError::Pricing)?,

@@ -96,6 +96,23 @@ pub fn assert_openai_error(body: &[u8]) -> serde_json::Value {
     err
 }
 
+/// The input tokens the mock bills for the Responses request `body` (asked directly, not
+/// through the proxy; the mock's reply queue gets one text reply for it).
+pub async fn billed_input_tokens(mock: &MockUpstream, body: &serde_json::Value) -> u64 {
+    mock.push(context_proxy::mock::Reply::text("x"));
+    let mut direct = body.clone();
+    direct["stream"] = serde_json::json!(false);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/responses", mock.base_url()))
+        .json(&direct)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    v["usage"]["input_tokens"].as_u64().unwrap()
+}
+
 /// Splits an SSE body into the `data:` payloads, in order.
 pub fn sse_data(text: &str) -> Vec<String> {
     text.split("\n\n")
@@ -141,6 +158,64 @@ pub fn python_with(modules: &[&str], packages: &[&str]) -> std::path::PathBuf {
     }
     assert!(has(&python), "{} cannot {import}", python.display());
     python
+}
+
+/// The directory holding the Node packages the tests need (`.node/node_modules`, as
+/// `scripts/test --install` fills it, or `$CONTEXT_PROXY_NODE_MODULES`); `packages` are
+/// installed there with npm when one is missing.
+pub fn node_modules_with(packages: &[&str]) -> std::path::PathBuf {
+    use std::process::Command;
+    if let Ok(p) = std::env::var("CONTEXT_PROXY_NODE_MODULES") {
+        return std::path::PathBuf::from(p);
+    }
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".node");
+    let modules = root.join("node_modules");
+    if packages.iter().any(|p| !modules.join(p).exists()) {
+        let ok = Command::new("npm")
+            .args([
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=error",
+                "--prefix",
+            ])
+            .arg(&root)
+            .args(packages)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "npm install {packages:?} failed");
+    }
+    modules
+}
+
+/// Runs `tests/e2e/<script>` with Node, the packages of `modules` and the proxy's `base` URL,
+/// off the runtime's threads, and reads the JSON object it prints.
+pub async fn run_node_script(
+    modules: std::path::PathBuf,
+    script: &str,
+    base: String,
+) -> serde_json::Value {
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/e2e")
+        .join(script);
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .env("NODE_PATH", modules)
+            .arg(script)
+            .arg(base)
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "Node client failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 /// Runs `tests/e2e/<script>` with `python` and the proxy's `base` URL, off the runtime's

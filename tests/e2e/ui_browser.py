@@ -91,6 +91,9 @@ def main():
         assert row.locator("td.sent").inner_text() == f"{cfg['tokens_sent']:,}", row.inner_text()
         assert row.locator("td.forwarded").inner_text() == f"{cfg['tokens_forwarded']:,}", row.inner_text()
         assert row.locator("td.reloads").inner_text() == "1", row.inner_text()
+        # Costs in dollars, with and without the proxy, as the replay's report prices them.
+        assert row.locator("td.cost-without").inner_text() == cfg["cost_without"], row.inner_text()
+        assert row.locator("td.cost-with").inner_text() == cfg["cost_with"], row.inner_text()
         if shots:
             bottom = page.evaluate("() => document.querySelector('main').getBoundingClientRect().bottom")
             page.screenshot(
@@ -102,6 +105,9 @@ def main():
         row.locator("a").first.click()
         page.wait_for_selector("#live")
         assert page.locator("figure.chart svg polyline").count() == 4
+        assert "dollars" in page.locator("#chart-cost figcaption").inner_text()
+        fig_cost = page.locator("#fig-cost").inner_text()
+        assert fig_cost == f"{cfg['cost_without']} / {cfg['cost_with']}", fig_cost
         reload_cell = page.locator("td.reloads details").first
         reload_cell.locator("summary").click()
         assert "context_read" in reload_cell.inner_text(), reload_cell.inner_text()

@@ -114,6 +114,24 @@ pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
         return json_response(StatusCode::BAD_REQUEST, &context_length_exceeded());
     }
     let cached_tokens = ctx.state.cache_prefixes(&prefix);
+    if is_compaction(&request.body) {
+        // Served natively, as OpenAI does: one compaction item, no scripted reply used.
+        if !ctx.life.sleep(delay).await {
+            return shutting_down();
+        }
+        let usage = ResponseUsage {
+            input_tokens,
+            cached_tokens,
+            output_tokens: COMPACTION_TOKENS,
+            reasoning_tokens: 0,
+        };
+        let answer = compaction_answer(ctx, &request, usage);
+        return if request.stream {
+            super::chat::sse_response(ctx, answer.to_events(), &answer.id, None)
+        } else {
+            json_response(StatusCode::OK, &answer.to_json())
+        };
+    }
     let reply = ctx
         .state
         .pop_reply()
@@ -152,6 +170,94 @@ pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
         },
     )
     .await
+}
+
+/// The output tokens the mock bills for a compaction.
+const COMPACTION_TOKENS: usize = 200;
+
+/// Whether the request's input ends with a `compaction_trigger` (`check_items` allows one
+/// only there).
+fn is_compaction(body: &Value) -> bool {
+    body["input"]
+        .as_array()
+        .and_then(|items| items.last())
+        .is_some_and(|item| item["type"] == "compaction_trigger")
+}
+
+/// The compaction item the mock makes: encrypted the way the API shows it (`gAAAAB…`).
+fn compaction_item(ctx: &Ctx) -> OutItem {
+    let serial = ctx.state.next_serial().to_string();
+    let name = ctx.config.name.as_str();
+    OutItem::Compaction {
+        id: item_id("cmp_", &[name, &serial, "compaction"]),
+        encrypted_content: encrypted_content(&[name, &serial, "compaction"]),
+    }
+}
+
+/// The response to a final `compaction_trigger`: one compaction item.
+fn compaction_answer(
+    ctx: &Ctx,
+    request: &ResponsesRequest,
+    usage: ResponseUsage,
+) -> ResponseAnswer {
+    let nothing = Completion {
+        content: None,
+        tool_calls: Vec::new(),
+        content_chunks: None,
+        thinking: None,
+    };
+    let mut answer = answer(ctx, &nothing, request, usage);
+    answer.output = vec![compaction_item(ctx)];
+    answer
+}
+
+/// Answers one `POST /v1/responses/compact` natively: every user message of the input, then
+/// one compaction item (`{"object": "response.compaction", "output": […], "usage": …}`).
+pub(crate) async fn compact(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
+    let request = match parse(body) {
+        Ok(request) => request,
+        Err(error) => return json_response(StatusCode::BAD_REQUEST, &error),
+    };
+    let encoding = Encoding::for_model(&request.model);
+    let prefix = prefix_tokens(&request.body, encoding);
+    let input_tokens = prefix.last().map_or(0, |(_, tokens)| *tokens);
+    if !ctx.life.sleep(latency(ctx, input_tokens)).await {
+        return shutting_down();
+    }
+    let mut output: Vec<Value> = match &request.body["input"] {
+        Value::String(text) => vec![serde_json::json!({"type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": text}]})],
+        Value::Array(items) => items
+            .iter()
+            .filter(|item| {
+                item["role"] == "user" && item["type"].as_str().unwrap_or("message") == "message"
+            })
+            .cloned()
+            .collect(),
+        _ => Vec::new(),
+    };
+    let item = compaction_item(ctx);
+    output.push(item.done());
+    let created_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let usage = ResponseUsage {
+        input_tokens,
+        cached_tokens: 0,
+        output_tokens: COMPACTION_TOKENS,
+        reasoning_tokens: 0,
+    };
+    let serial = ctx.state.next_serial().to_string();
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "id": item_id("resp_", &[ctx.config.name.as_str(), &serial]),
+            "object": "response.compaction",
+            "created_at": created_at,
+            "output": output,
+            "usage": usage.to_json(),
+        }),
+    )
 }
 
 /// The response to send for `completion`: a reasoning item when the request asks for
@@ -478,6 +584,45 @@ fn check_items(items: &[Value]) -> Result<(), Value> {
                 );
                 return Err(invalid(&message, "input", None));
             }
+            "reasoning" => {
+                let content = map.get("encrypted_content").and_then(Value::as_str);
+                if content.is_some_and(|c| !super::responses_wire::verified(c)) {
+                    let id = map.get("id").and_then(Value::as_str).unwrap_or("");
+                    let message = format!(
+                        "The encrypted content for item {id} could not be verified. Reason: \
+                         Encrypted content could not be decrypted or parsed."
+                    );
+                    return Err(invalid(
+                        &message,
+                        &format!("input[{i}].encrypted_content"),
+                        Some("invalid_encrypted_content"),
+                    ));
+                }
+            }
+            "compaction_trigger" if i + 1 != items.len() => {
+                let message = format!(
+                    "Invalid 'input[{i}]': a 'compaction_trigger' item must be the final input \
+                     item."
+                );
+                return Err(invalid(
+                    &message,
+                    &format!("input[{i}]"),
+                    Some("invalid_value"),
+                ));
+            }
+            "compaction" => {
+                // Only what the API encrypted itself can be decrypted.
+                let content = map.get("encrypted_content").and_then(Value::as_str);
+                if !content.is_some_and(|c| c.starts_with("gAAAAB")) {
+                    let message =
+                        format!("The encrypted content for item input[{i}] could not be verified.");
+                    return Err(invalid(
+                        &message,
+                        "input",
+                        Some("invalid_encrypted_content"),
+                    ));
+                }
+            }
             "item_reference" => {
                 let id = map.get("id").and_then(Value::as_str).unwrap_or("");
                 let message = format!(
@@ -562,6 +707,29 @@ mod tests {
     }
 
     #[test]
+    fn reasoning_the_mock_wrote_must_come_back_unchanged() {
+        let sealed = encrypted_content(&["mock", "7"]);
+        let input = |content: &str| {
+            json!({"model": "m", "input": [
+                {"role": "user", "content": "x"},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": content},
+                {"role": "assistant", "content": "y"}]})
+        };
+        assert!(parse(input(&sealed).to_string().as_bytes()).is_ok());
+        let mut changed = sealed.clone();
+        changed.replace_range(20..21, if &sealed[20..21] == "A" { "B" } else { "A" });
+        let error = error_of(input(&changed));
+        assert_eq!(error["code"], "invalid_encrypted_content");
+        assert_eq!(error["param"], "input[1].encrypted_content");
+        assert!(error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("The encrypted content for item rs_1 could not be verified."));
+        let cut = error_of(input(&sealed[..100]));
+        assert_eq!(cut["code"], "invalid_encrypted_content");
+    }
+
+    #[test]
     fn well_formed_inputs_pass() {
         let ok = json!({"model": "m", "input": [
             {"role": "developer", "content": "d"},
@@ -571,9 +739,34 @@ mod tests {
             {"type": "custom_tool_call", "call_id": "b", "name": "apply_patch", "input": "p"},
             {"type": "function_call_output", "call_id": "a", "output": "r"},
             {"type": "custom_tool_call_output", "call_id": "b", "output": "ok"},
-            {"type": "compaction", "encrypted_content": "e"}]});
+            {"type": "compaction", "encrypted_content": "gAAAABe"}]});
         assert!(parse(ok.to_string().as_bytes()).is_ok());
         assert!(parse(br#"{"model":"m","input":"hi"}"#).is_ok());
+    }
+
+    #[test]
+    fn a_trigger_stands_last_and_only_the_apis_compaction_is_read() {
+        let user = json!({"role": "user", "content": "x"});
+        let trigger = json!({"type": "compaction_trigger"});
+        assert!(parse(
+            json!({"model": "m", "input": [user, trigger]})
+                .to_string()
+                .as_bytes()
+        )
+        .is_ok());
+        let misplaced = error_of(json!({"model": "m", "input": [trigger, user]}));
+        assert_eq!(misplaced["param"], "input[0]");
+        assert!(misplaced["message"]
+            .as_str()
+            .unwrap()
+            .contains("final input item"));
+        let twice = error_of(json!({"model": "m", "input": [user, trigger, trigger]}));
+        assert_eq!(twice["param"], "input[1]");
+        let foreign = error_of(json!({"model": "m", "input": [
+            {"type": "compaction", "encrypted_content": "context-proxy.compaction.v1:ctx_x"}, user]}));
+        assert_eq!(foreign["code"], "invalid_encrypted_content");
+        assert!(is_compaction(&json!({"input": [user, trigger]})));
+        assert!(!is_compaction(&json!({"input": [user]})));
     }
 
     #[test]

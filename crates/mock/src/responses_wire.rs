@@ -37,6 +37,11 @@ pub enum OutItem {
         name: String,
         input: String,
     },
+    /// The one item answering a final `compaction_trigger`: what came before, encrypted.
+    Compaction {
+        id: String,
+        encrypted_content: String,
+    },
 }
 
 /// The usage of one response.
@@ -49,7 +54,7 @@ pub struct ResponseUsage {
 }
 
 impl ResponseUsage {
-    fn to_json(self) -> Value {
+    pub fn to_json(self) -> Value {
         json!({
             "input_tokens": self.input_tokens,
             "input_tokens_details": {"cached_tokens": self.cached_tokens},
@@ -85,10 +90,30 @@ pub fn item_id(prefix: &str, seed: &[&str]) -> String {
     format!("{prefix}{hex}")
 }
 
+/// How the mock's own `encrypted_content` starts (Fernet-looking, as the API's: `gAAAAB…`).
+const SEALED: &str = "gAAAABmk";
+/// Its body's and its check's lengths (126 characters in all, as the API's usually are).
+const SEALED_BODY: usize = 102;
+const SEALED_CHECK: usize = 16;
+
 /// An `encrypted_content` the way the API shows it: Fernet-looking base64 (`gAAAAB…`),
-/// deterministic per seed.
+/// deterministic per seed, and sealed: its last characters check the rest, so the mock knows
+/// when one it wrote comes back changed ([`verified`]).
 pub fn encrypted_content(seed: &[&str]) -> String {
-    format!("gAAAAB{}", derived_id("", 120, seed))
+    let body = derived_id("", SEALED_BODY, seed);
+    let check = derived_id("", SEALED_CHECK, &[&body]);
+    format!("{SEALED}{body}{check}")
+}
+
+/// Whether `content` is one the mock wrote, unchanged. Content the mock did not write (another
+/// server's, a test's) has no seal and is taken as it is.
+pub fn verified(content: &str) -> bool {
+    let Some(rest) = content.strip_prefix(SEALED) else {
+        return true;
+    };
+    rest.len() == SEALED_BODY + SEALED_CHECK
+        && rest.is_char_boundary(SEALED_BODY)
+        && derived_id("", SEALED_CHECK, &[&rest[..SEALED_BODY]]) == rest[SEALED_BODY..]
 }
 
 impl OutItem {
@@ -138,6 +163,10 @@ impl OutItem {
                 "input": input,
                 "name": name,
             }),
+            OutItem::Compaction {
+                id,
+                encrypted_content,
+            } => json!({"id": id, "type": "compaction", "encrypted_content": encrypted_content}),
         }
     }
 
@@ -161,6 +190,7 @@ impl OutItem {
                 "id": id, "type": "custom_tool_call", "status": "in_progress",
                 "call_id": call_id, "input": "", "name": name,
             }),
+            OutItem::Compaction { id, .. } => json!({"id": id, "type": "compaction"}),
         }
     }
 }
@@ -251,7 +281,7 @@ impl ResponseAnswer {
                 json!({"output_index": index, "item": item.added()}),
             );
             match item {
-                OutItem::Reasoning { .. } => {}
+                OutItem::Reasoning { .. } | OutItem::Compaction { .. } => {}
                 OutItem::Message { id, text, chunks } => {
                     let at = json!({"item_id": id, "output_index": index, "content_index": 0});
                     let with = |extra: Value| {

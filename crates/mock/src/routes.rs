@@ -64,6 +64,7 @@ async fn serve(ctx: &Ctx, request: Received) -> Response<MockBody> {
     match (request.method.as_str(), request.path.as_str()) {
         ("POST", "/v1/chat/completions") => chat::handle(ctx, &request.body).await,
         ("POST", "/v1/responses") => super::responses::handle(ctx, &request.body).await,
+        ("POST", "/v1/responses/compact") => super::responses::compact(ctx, &request.body).await,
         ("POST", "/v1/messages") => {
             messages::handle(ctx, &request.headers, &request.body, Endpoint::Messages).await
         }

@@ -239,8 +239,15 @@ impl ModelPrice {
     /// costs in full-price input tokens of a model priced `unit`: the figures of the replay's
     /// report.
     pub fn in_units_of(&self, unit: &ModelPrice, input: usize, output: usize) -> f64 {
-        (input as f64 * self.input_per_mtok + output as f64 * self.output_per_mtok)
-            / unit.input_per_mtok
+        self.dollars(input as f64, output as u64) / unit.dollars(1.0, 0)
+    }
+
+    /// Dollars of a call of this model whose input costs `input_units` full-price input
+    /// tokens (its input under the provider's caching: [`CachePricing::call_cost`]) and that
+    /// wrote `output` tokens. The one conversion from the table's units to dollars: the page
+    /// and the replay's report both price with it.
+    pub fn dollars(&self, input_units: f64, output: u64) -> f64 {
+        (input_units * self.input_per_mtok + output as f64 * self.output_per_mtok) / 1e6
     }
 }
 
@@ -390,6 +397,10 @@ mod tests {
         let mini = ModelPrice::of("gpt-4o-mini").unwrap();
         let big = ModelPrice::of("gpt-4o").unwrap();
         assert!((mini.in_units_of(&big, 10_000, 500) - 720.0).abs() < 1e-9);
+        // A million cached tokens of gpt-5 at a tenth, and 1 000 output tokens: $0.125 + $0.01.
+        let gpt5 = ModelPrice::of("gpt-5").unwrap();
+        let input = OPENAI_GPT5.call_cost(1_000_000, 1_000_000);
+        assert!((gpt5.dollars(input, 1_000) - 0.135).abs() < 1e-9);
     }
 
     #[test]

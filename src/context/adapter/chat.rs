@@ -54,6 +54,32 @@ pub fn content_text(message: &Value) -> Option<Cow<'_, str>> {
     }
 }
 
+/// A chat message as the summarizer reads it: its role, the call it answers, its text, its
+/// calls (the default of [`Adapter::readable`], which Messages shares).
+pub fn readable(message: &Value) -> super::Readable<'_> {
+    let calls = match field(message, "tool_calls") {
+        Some(Value::Array(calls)) => calls
+            .iter()
+            .map(|c| {
+                let text = |pointer: &str| c.pointer(pointer).and_then(Value::as_str);
+                format!(
+                    "{} {}({})",
+                    text("/id").unwrap_or(""),
+                    text("/function/name").unwrap_or(""),
+                    text("/function/arguments").unwrap_or("")
+                )
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    super::Readable {
+        who: Cow::Borrowed(role(message)),
+        answers: str_field(message, "tool_call_id"),
+        text: content_text(message),
+        calls,
+    }
+}
+
 impl Adapter for Chat {
     fn name(&self) -> &'static str {
         "chat"

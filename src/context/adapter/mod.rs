@@ -53,6 +53,19 @@ impl Wire {
     }
 }
 
+/// One item as the summarizer reads it.
+#[derive(Debug, Default)]
+pub struct Readable<'v> {
+    /// Who speaks (`user`, `assistant`, `tool`, an item type).
+    pub who: Cow<'v, str>,
+    /// The call this item answers.
+    pub answers: Option<&'v str>,
+    /// Its text, when it has one.
+    pub text: Option<Cow<'v, str>>,
+    /// The calls it makes, as `id name(arguments)`.
+    pub calls: Vec<String>,
+}
+
 /// A wire format's view of a request's conversation.
 pub trait Adapter: Send + Sync {
     /// The format's name, for logs (`chat`, …).
@@ -102,6 +115,12 @@ pub trait Adapter: Send + Sync {
 
     /// A user turn standing for moved-out items, reading `text`.
     fn marker(&self, text: String) -> Value;
+
+    /// One item as the summarizer reads it ([`crate::context::summary::render_span`]): who
+    /// speaks, the call it answers, its text, the calls it makes. By default by the chat rules.
+    fn readable<'v>(&self, item: &'v Value) -> Readable<'v> {
+        chat::readable(item)
+    }
 
     /// One item as a line of the stored record of a moved-out span.
     fn line(&self, item: &Value) -> String {

@@ -22,7 +22,7 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
-use super::{scan, Adapter, Spans};
+use super::{scan, Adapter, Readable, Spans};
 use crate::context::model::{Binding, Item, Kind};
 use crate::tokens::{field, str_field, Counter, RequestCount};
 
@@ -228,6 +228,48 @@ impl Adapter for Responses {
 
     fn text<'v>(&self, item: &'v Value) -> Option<Cow<'v, str>> {
         joined_text(field(item, text_field(item)?)?)
+    }
+
+    fn readable<'v>(&self, item: &'v Value) -> Readable<'v> {
+        let Some(kind) = item_type(item) else {
+            return Readable::default();
+        };
+        let call_id = str_field(item, "call_id").unwrap_or("");
+        match kind {
+            "message" => Readable {
+                who: Cow::Borrowed(str_field(item, "role").unwrap_or("")),
+                text: self.text(item),
+                ..Readable::default()
+            },
+            kind if CALLS.contains(&kind) => {
+                // What the call asks: its arguments, a custom tool's input, a shell action.
+                let asked = match (field(item, "arguments"), field(item, "input")) {
+                    (Some(Value::String(a)), _) | (_, Some(Value::String(a))) => a.clone(),
+                    _ => field(item, "action")
+                        .map(Value::to_string)
+                        .unwrap_or_default(),
+                };
+                let name = str_field(item, "name").unwrap_or(kind);
+                Readable {
+                    who: Cow::Borrowed("assistant"),
+                    calls: vec![format!("{call_id} {name}({asked})")],
+                    ..Readable::default()
+                }
+            }
+            kind if OUTPUTS.contains(&kind) => Readable {
+                who: Cow::Borrowed("tool"),
+                answers: str_field(item, "call_id"),
+                text: self
+                    .text(item)
+                    .or_else(|| field(item, "output").map(|o| Cow::Owned(o.to_string()))),
+                ..Readable::default()
+            },
+            // Reasoning is encrypted; other items say only what they are.
+            kind => Readable {
+                who: Cow::Borrowed(kind),
+                ..Readable::default()
+            },
+        }
     }
 
     fn whole_text<'v>(&self, item: &'v Value) -> Option<&'v str> {

@@ -48,10 +48,11 @@ use crate::routes::tool_loop;
 use crate::upstream;
 use serde_json::Value;
 
+pub use crate::routes::tool_loop::Final;
 pub use ctx::{ChatCtx, Timings};
 pub use format::Format;
 pub use request::ChatRequest;
-pub use respond::context_headers;
+pub use respond::{context_headers, respond};
 
 /// Runs the phases for one chat-completions request.
 pub async fn handle(
@@ -69,8 +70,29 @@ pub async fn run(
     request_id: HeaderValue,
     format: &'static Format,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let mut ctx = parse(&state, req, request_id, format).await?;
-    identify(&state, &mut ctx);
+    let ctx = start(&state, req, request_id, format).await?;
+    finish(state, ctx).await
+}
+
+/// parse and identify: the request read, and whose conversation it is. A route with work of
+/// its own between these and planning (the Responses API's compaction) runs them, then
+/// [`finish`].
+pub async fn start(
+    state: &Shared,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+    format: &'static Format,
+) -> Result<ChatCtx, ProxyError> {
+    let mut ctx = parse(state, req, request_id, format).await?;
+    identify(state, &mut ctx);
+    Ok(ctx)
+}
+
+/// plan → apply → forward → tool loop → respond, for a request [`start`] read.
+pub async fn finish(
+    state: Arc<Shared>,
+    mut ctx: ChatCtx,
+) -> Result<Response<ProxyBody>, ProxyError> {
     // The store calls of planning and applying share one budget: a hung store delays the
     // request once, by `op_timeout_ms`, not once per call.
     let store_time = state.store.op_timeout();
@@ -107,7 +129,7 @@ async fn parse(
     format: &'static Format,
 ) -> Result<ChatCtx, ProxyError> {
     let received = Instant::now();
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let mode = state
         .context
         .mode(
@@ -119,6 +141,15 @@ async fn parse(
         .map_err(ProxyError::InvalidRequest)?;
     let limits = &state.body_limits;
     let raw = read_limited(body, &parts.headers, limits, &state.body_budget).await?;
+    // A zstd body is decoded (its decoded size under the same limits) and goes on decoded:
+    // the proxy may rewrite it, and every upstream reads a plain body.
+    let raw = if crate::http::request_body::is_zstd(&parts.headers) {
+        let decoded = crate::http::request_body::decode_zstd(&raw, limits, &state.body_budget)?;
+        parts.headers.remove(header::CONTENT_ENCODING);
+        decoded
+    } else {
+        raw
+    };
     // A body the format cannot read as it came (compressed) goes out as it came.
     let mut unmanaged = (format.unmanaged_head)(&parts.headers);
     let peeked = match (mode, &unmanaged) {
@@ -159,28 +190,50 @@ async fn parse(
     Ok(ctx)
 }
 
+/// The body of a request only peeked at by parse, read whole after all (a route found it
+/// needs it); the bytes it goes out with do not change.
+pub fn read_whole(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
+    if !ctx.request.body.is_null() {
+        return Ok(());
+    }
+    let shape = check_json_shape(&ctx.request.raw, &state.body_limits)?;
+    crate::http::request_body::hold_parsed(&state.body_budget, shape)?;
+    ctx.request = ChatRequest::parse(ctx.request.raw.clone())?;
+    Ok(())
+}
+
 /// identify: when the context is managed (the mode, `x-context-mode` or the config's, was read
 /// by parse), the conversation (tenant from the API key, session).
 fn identify(state: &Shared, ctx: &mut ChatCtx) {
     if ctx.mode != Mode::Off {
-        // The caller's tenant: its proxy key's own when keys are required (crate::auth), else
-        // the hash of the API key it presented.
-        let tenant = match &ctx.caller {
-            Some(caller) => caller.tenant.clone(),
-            None => crate::store::Tenant::from_api_key(crate::http::headers::api_key(&ctx.headers)),
-        };
-        let session = ctx
-            .headers
-            .get(crate::context::session::SESSION_HEADER)
-            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-            .map(str::to_owned)
-            .or_else(|| (ctx.format.session_hint)(&ctx.headers, &ctx.request.body));
-        ctx.identity = state.context.identify_wire(
-            ctx.format.wire,
-            tenant,
-            session.as_deref(),
-            &ctx.request.body,
-        );
+        ctx.identity = identity_of(state, ctx);
+    }
+}
+
+/// The conversation of a parsed request, whatever its mode: the caller's tenant (its proxy
+/// key's own when keys are required (crate::auth), else the hash of the API key it presented)
+/// and the session (`x-context-session`, else the format's hint, else the opening).
+pub fn identity_of(state: &Shared, ctx: &ChatCtx) -> Option<crate::context::Identity> {
+    let session = ctx
+        .headers
+        .get(crate::context::session::SESSION_HEADER)
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+        .map(str::to_owned)
+        .or_else(|| (ctx.format.session_hint)(&ctx.headers, &ctx.request.body));
+    state.context.identify_wire(
+        ctx.format.wire,
+        tenant_of(ctx),
+        session.as_deref(),
+        &ctx.request.body,
+    )
+}
+
+/// The caller's tenant: its proxy key's own when keys are required, else the hash of the API
+/// key it presented.
+pub fn tenant_of(ctx: &ChatCtx) -> crate::store::Tenant {
+    match &ctx.caller {
+        Some(caller) => caller.tenant.clone(),
+        None => crate::store::Tenant::from_api_key(crate::http::headers::api_key(&ctx.headers)),
     }
 }
 

@@ -1,7 +1,7 @@
 //! record: what one request did, once its response is known — metrics, the comparison of the
 //! proxy's token count with the upstream's `usage`, a debug line with the timings, and the
 //! exchange handed to the traffic recorder when one runs; with `[ui] enabled`, the session's
-//! journal line for the page (`routes::ui::journal`), written on a task of its own.
+//! journal line for the page (`routes::ui::journal`), handed to its writer.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -30,7 +30,10 @@ pub fn record(
     let metrics = &state.metrics;
     let add = |c: &AtomicU64, n: usize| c.fetch_add(n as u64, Ordering::Relaxed);
     let managed = &ctx.managed;
-    add(&metrics.chat_requests, 1);
+    let route = ctx.format.wire.adapter().name();
+    if ctx.format.wire == crate::context::adapter::Wire::Chat {
+        add(&metrics.chat_requests, 1);
+    }
     add(&metrics.tokens_before, managed.report.tokens_before);
     add(&metrics.tokens_after, managed.report.tokens_after);
     if managed.body.is_some() {
@@ -60,6 +63,7 @@ pub fn record(
     };
     let report = &managed.report;
     metrics.record_chat(&crate::telemetry::metrics::ChatSample {
+        route,
         model: ctx.model.as_deref(),
         upstream: &ctx.upstream.name,
         tokens_before: report.tokens_before,
@@ -157,14 +161,11 @@ fn pending(
     }
 }
 
-/// Writes the page's journal line of a managed request (and its kept messages) on a task of
-/// its own, after the answer went out; bounded by the store's own timeouts.
+/// Hands the page's journal line of a managed request (and the bodies to keep) to the journal
+/// writer, after the answer went out.
 fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: Option<&Usage>) {
     use crate::routes::ui::journal::{self, RequestLine};
     let (Some(ui), Some(identity)) = (&state.ui, &ctx.identity) else {
-        return;
-    };
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     let t = &ctx.timings;
@@ -176,7 +177,7 @@ fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: 
         ts: crate::context::writer::rfc3339(std::time::SystemTime::now()),
         request_id: ctx.request_id().to_string(),
         event: "request".into(),
-        route: "chat".into(),
+        route: journal::route_name(ctx.format.wire).into(),
         model: ctx.model.clone(),
         upstream: ctx.upstream.name.clone(),
         status: status.as_u16(),
@@ -220,14 +221,10 @@ fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: 
     let pending = journal::Pending {
         tenant: identity.tenant.clone(),
         session: identity.session.clone(),
+        conversation: journal::conversation(ctx.format.wire),
         line,
         client_body: keep.then(|| ctx.request.raw.clone()),
         forwarded_body: if keep { forwarded } else { None },
     };
-    let store = state.context.store().clone();
-    let span = tracing::debug_span!("journal_line");
-    runtime.spawn(tracing::Instrument::instrument(
-        async move { journal::write(store.as_ref(), pending).await },
-        span,
-    ));
+    ui.journal.offer(pending);
 }

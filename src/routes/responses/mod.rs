@@ -6,14 +6,18 @@
 //!   the `session-id`, `thread-id` or older `session_id` header;
 //! - a request that depends on server-side state (`previous_response_id`, `conversation`,
 //!   `item_reference` items) carries only a delta: it goes as it came, and
-//!   `x-context-actions` says why; so does a compressed body (`Content-Encoding`, which Codex
-//!   uses in some setups);
+//!   `x-context-actions` says why; so does a body compressed otherwise than with zstd (a zstd
+//!   body, which Codex sends in some setups, is decoded by parse and managed);
 //! - the API's overflow error states no limit: the request as sent was too long, and the
 //!   retry plans under it;
 //! - a WebSocket upgrade (Codex tries one first) is answered `426 Upgrade Required` at once,
 //!   so the client falls back to HTTP without retrying.
 //!
 //! Every other `/v1/responses/…` route is forwarded verbatim by `routes::passthrough`.
+
+mod items;
+mod loop_stream;
+mod loop_wire;
 
 use std::sync::Arc;
 
@@ -25,10 +29,21 @@ use crate::context::adapter::Wire;
 use crate::http::body::{full, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::routes::chat::{self, Format};
+
+mod compaction;
+
 use crate::routes::shared::Shared;
+use compaction::{Ask, Next};
 
 /// Headers Codex names its conversation with, in the order they are read.
 const SESSION_HEADERS: [&str; 3] = ["session-id", "thread-id", "session_id"];
+
+/// `POST /v1/responses/compact`: answered by the proxy, or forwarded as it came (never
+/// managed: the upstream compacts what it is sent).
+const COMPACT: Format = Format {
+    path: "/responses/compact",
+    ..RESPONSES
+};
 
 /// The Responses API's format of the managed phases.
 pub const RESPONSES: Format = Format {
@@ -38,7 +53,7 @@ pub const RESPONSES: Format = Format {
     unmanaged_head,
     unmanaged_body,
     implied_limit,
-    tool_loop: None,
+    tool_loop: Some(&loop_wire::ResponsesLoop),
 };
 
 /// Runs the managed phases for one `POST /v1/responses`.
@@ -47,7 +62,31 @@ pub async fn handle(
     req: Request<Incoming>,
     request_id: HeaderValue,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    chat::run(state, req, request_id, &RESPONSES).await
+    run(state, req, request_id, &RESPONSES, Ask::Turn).await
+}
+
+/// Runs `POST /v1/responses/compact`: answered by the proxy's summarizer, or forwarded as it
+/// came (`compaction.rs`).
+pub async fn compact(
+    state: Arc<Shared>,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    run(state, req, request_id, &COMPACT, Ask::Compact).await
+}
+
+async fn run(
+    state: Arc<Shared>,
+    req: Request<Incoming>,
+    request_id: HeaderValue,
+    format: &'static Format,
+    ask: Ask,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let ctx = chat::start(&state, req, request_id, format).await?;
+    match compaction::prepare(&state, ctx, ask).await? {
+        Next::Answered(response) => Ok(response),
+        Next::Forward(ctx) => chat::finish(state, *ctx).await,
+    }
 }
 
 /// Whether a request on `/v1/responses` asks to become a WebSocket.
@@ -164,8 +203,8 @@ mod tests {
         .is_none());
         let mut headers = HeaderMap::new();
         assert!(unmanaged_head(&headers).is_none());
-        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("zstd"));
-        assert!(unmanaged_head(&headers).unwrap().contains("zstd"));
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert!(unmanaged_head(&headers).unwrap().contains("gzip"));
         let too_long = br#"{"error":{"message":"Your input exceeds the context window of this model.","type":"invalid_request_error","param":"input","code":"context_length_exceeded"}}"#;
         assert_eq!(implied_limit(too_long, 900), Some(900));
         assert_eq!(implied_limit(b"{}", 900), None);

@@ -1,6 +1,6 @@
 //! The per-session chart as inline SVG, drawn on the server: tokens per turn with and without
-//! the proxy, and input cost per turn with and without it. No script, no library: two
-//! polylines per panel, scaled to the largest value.
+//! the proxy, and cost per turn with and without it (in dollars when the model has list
+//! prices). No script, no library: two polylines per panel, scaled to the largest value.
 
 use maud::{html, Markup};
 
@@ -29,23 +29,37 @@ pub fn session_chart(turns: &[Turn]) -> Markup {
             })
             .collect()
     };
+    // In dollars when every turn has them (the model's list prices), else in full-price
+    // input tokens.
+    let in_dollars = turns.iter().all(|t| t.dollars.is_some());
     let costs = |with: bool| -> Vec<f64> {
         turns
             .iter()
-            .map(|t| if with { t.cost_with } else { t.cost_without })
+            .map(|t| match (in_dollars, t.dollars) {
+                (true, Some(d)) if with => d.with,
+                (true, Some(d)) => d.without,
+                _ if with => t.cost_with,
+                _ => t.cost_without,
+            })
             .collect()
+    };
+    let (cost_title, cost_label): (&str, fn(f64) -> String) = if in_dollars {
+        ("Cost per turn (dollars, input and output)", usd)
+    } else {
+        ("Input cost per turn (full-price tokens)", compact)
     };
     html! {
         div.charts {
-            (panel("Tokens per turn", "tokens", &tokens(false), &tokens(true)))
-            (panel("Input cost per turn (full-price tokens)", "cost", &costs(false), &costs(true)))
+            (panel("Tokens per turn", "tokens", &tokens(false), &tokens(true), compact))
+            (panel(cost_title, "cost", &costs(false), &costs(true), cost_label))
         }
     }
 }
 
-/// One panel: the series without the proxy and with it.
-fn panel(title: &str, id: &str, without: &[f64], with: &[f64]) -> Markup {
-    let max = without.iter().chain(with).copied().fold(1.0_f64, f64::max);
+/// One panel: the series without the proxy and with it; `label` writes the scale's top.
+fn panel(title: &str, id: &str, without: &[f64], with: &[f64], label: fn(f64) -> String) -> Markup {
+    let max = without.iter().chain(with).copied().fold(0.0_f64, f64::max);
+    let max = if max > 0.0 { max } else { 1.0 };
     let n = without.len().max(1);
     let plot_w = WIDTH - LEFT - 8.0;
     let plot_h = HEIGHT - TOP - BOTTOM;
@@ -76,7 +90,7 @@ fn panel(title: &str, id: &str, without: &[f64], with: &[f64]) -> Markup {
             svg viewBox=(format!("0 0 {WIDTH} {HEIGHT}")) role="img" aria-label=(title) {
                 line.axis x1=(LEFT) y1=(TOP) x2=(LEFT) y2=(TOP + plot_h) {}
                 line.axis x1=(LEFT) y1=(TOP + plot_h) x2=(WIDTH - 8.0) y2=(TOP + plot_h) {}
-                text.tick x=(LEFT - 6.0) y=(TOP + 4.0) text-anchor="end" { (compact(max)) }
+                text.tick x=(LEFT - 6.0) y=(TOP + 4.0) text-anchor="end" { (label(max)) }
                 text.tick x=(LEFT - 6.0) y=(TOP + plot_h) text-anchor="end" { "0" }
                 text.tick x=(LEFT) y=(HEIGHT - 4.0) { "turn 1" }
                 text.tick x=(WIDTH - 8.0) y=(HEIGHT - 4.0) text-anchor="end" { "turn " (n) }
@@ -100,5 +114,15 @@ pub fn compact(v: f64) -> String {
         format!("{:.1}k", v / 1e3)
     } else {
         format!("{v:.0}")
+    }
+}
+
+/// `$1.26`, `$0.00421`: dollars to three significant figures under a dollar.
+pub fn usd(v: f64) -> String {
+    if v >= 1.0 || v == 0.0 {
+        format!("${v:.2}")
+    } else {
+        let decimals = (2 - v.log10().floor() as i32).clamp(2, 9) as usize;
+        format!("${v:.decimals$}")
     }
 }

@@ -1,166 +1,84 @@
-//! The `request` line of a session's journal: what the proxy did for one request, written by
-//! the chat route's record phase when `[ui] enabled`, read back by the page. Older journals
-//! (only `decision` and `stored` lines) stay readable: every field has a default, and a
-//! journal without `request` lines shows its other lines.
-//!
-//! With `[ui] keep_messages`, the messages the client sent and those the model received are
-//! stored as content (kind `messages`, addressed by their hash, so a turn sent twice is kept
-//! once) and named in the line's `bodies`; erasing the session erases them
-//! ([`crate::sessions::erase`] reads `bodies`).
+//! What the page's journal needs to know of each wire: the route's name in a `request` line
+//! and the conversation a body holds, read as one list. The line and its writer are the
+//! domain's ([`crate::sessions::journal`]), re-exported here.
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::store::{ContentKind, SessionId, Store, Tenant};
+use crate::context::adapter::Wire;
 
-/// Longest part of a reload call's answer kept in the line, in characters.
-pub const RESULT_PREVIEW_CHARS: usize = 2_000;
-/// Most reload calls kept in one line (the counts stay exact).
-pub const MAX_CALLS_KEPT: usize = 32;
+pub use crate::sessions::journal::*;
 
-/// One call of the proxy's own tools, as the page shows it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ReloadCall {
-    /// The round it was made in, from 1.
-    pub round: u32,
-    pub tool: String,
-    /// Its arguments as the model wrote them (clipped).
-    pub arguments: String,
-    pub ok: bool,
-    /// Lines of stored content the answer held.
-    pub lines: usize,
-    /// The start of the answer ([`RESULT_PREVIEW_CHARS`]).
-    pub result: String,
-    /// The answer was longer than `result`.
-    pub clipped: bool,
-}
-
-/// What one request's record phase knows, as a journal line (`"event": "request"`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct RequestLine {
-    pub ts: String,
-    pub request_id: String,
-    pub event: String,
-    /// The route: `chat` for `/v1/chat/completions`.
-    pub route: String,
-    pub model: Option<String>,
-    pub upstream: String,
-    pub status: u16,
-    pub mode: String,
-    pub stream: bool,
-    /// Tokens of the request as the client sent it and as forwarded (the proxy's count).
-    pub tokens_before: usize,
-    pub tokens_after: usize,
-    /// Tokens at the start of the forwarded request the previous one also had.
-    pub kept_prefix_tokens: usize,
-    /// Whether a message the previous request had sent was rewritten.
-    pub rewrote_prefix: bool,
-    /// `minified=2,compacted=1`, `none`, or `skipped (why)`.
-    pub actions: String,
-    /// What a summary did for this request (`hit`, `computed`, `fallback`).
-    pub summary: Option<String>,
-    /// The upstream's usage, summed over every call the request made.
-    pub prompt_tokens: Option<u64>,
-    pub cached_tokens: Option<u64>,
-    pub completion_tokens: Option<u64>,
-    /// Milliseconds from the request's arrival: the proxy's own work, the first byte to the
-    /// client, the end of the answer.
-    pub proxy_ms: Option<f64>,
-    pub ttfb_ms: Option<f64>,
-    pub latency_ms: Option<f64>,
-    pub upstream_calls: u32,
-    pub reload_rounds: u32,
-    pub reload_calls: u32,
-    /// The calls themselves (at most [`MAX_CALLS_KEPT`]).
-    pub reloads: Vec<ReloadCall>,
-    /// The stored content the forwarded request refers to (its markers' references).
-    pub refs: Vec<String>,
-    /// The kept messages, when `[ui] keep_messages`.
-    pub bodies: Option<Bodies>,
-}
-
-/// The references of one request's kept messages.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Bodies {
-    /// The `messages` the client sent.
-    pub client: Option<String>,
-    /// The `messages` of the first upstream call (the client's when nothing changed).
-    pub forwarded: Option<String>,
-}
-
-impl RequestLine {
-    /// The line of a journal record, when it is a `request` line.
-    pub fn of(record: &Value) -> Option<RequestLine> {
-        if record.get("event")? != "request" {
-            return None;
-        }
-        serde_json::from_value(record.clone()).ok()
+/// The name of a wire's route in the journal (`route`).
+pub fn route_name(wire: Wire) -> &'static str {
+    match wire {
+        Wire::Chat => "chat",
+        Wire::Responses => "responses",
+        Wire::Messages => "messages",
     }
 }
 
-/// The `messages` array of a request body, as JSON text, when it has one.
-fn messages_of(body: &[u8]) -> Option<String> {
+/// The conversation of a request body as the page keeps it, as JSON text: the list of its
+/// messages or items in the wire's own shape (chat's and Anthropic's `messages`, the Responses
+/// API's `input`), with the instructions first as a `system` message when the wire keeps
+/// them apart (Anthropic's `system`, the Responses API's `instructions`), so both sides of
+/// the side-by-side view are one list.
+fn messages_of(body: &[u8], wire: Wire) -> Option<String> {
     let value: Value = serde_json::from_slice(body).ok()?;
-    let messages = value.get("messages")?;
-    messages.is_array().then(|| messages.to_string())
-}
-
-/// What a finished request leaves for the journal: the line and, when kept, the bodies.
-pub struct Pending {
-    pub tenant: Tenant,
-    pub session: SessionId,
-    pub line: RequestLine,
-    /// The client's body, and the forwarded one when it differs, to keep (`keep_messages`).
-    pub client_body: Option<bytes::Bytes>,
-    pub forwarded_body: Option<bytes::Bytes>,
-}
-
-/// Stores the kept messages and appends the line. Failures only warn: the page is never a
-/// reason for a request to fail, and this runs after the answer went out.
-pub async fn write(store: &dyn Store, mut pending: Pending) {
-    if let Some(client_body) = &pending.client_body {
-        let (tenant, session) = (&pending.tenant, &pending.session);
-        let client = keep(store, tenant, session, client_body).await;
-        let forwarded = match &pending.forwarded_body {
-            Some(body) => keep(store, tenant, session, body).await,
-            None => client.clone(),
-        };
-        pending.line.bodies = Some(Bodies { client, forwarded });
-    }
-    let record = match serde_json::to_value(&pending.line) {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot write the request's journal line");
-            return;
-        }
+    let (list, instructions) = match wire {
+        Wire::Chat => (value.get("messages")?, None),
+        Wire::Responses => (value.get("input")?, value.get("instructions")),
+        Wire::Messages => (value.get("messages")?, value.get("system")),
     };
-    if let Err(e) = store
-        .append_log(&pending.tenant, &pending.session, &record)
-        .await
-    {
-        tracing::warn!(error = %e, "cannot append to the session log");
+    let mut items = match list {
+        Value::Array(items) => items.clone(),
+        // The Responses API's `input` may be one string: the user's message.
+        Value::String(text) => vec![serde_json::json!({"role": "user", "content": text})],
+        _ => return None,
+    };
+    if let Some(system) = instructions.filter(|v| !v.is_null()) {
+        items.insert(0, serde_json::json!({"role": "system", "content": system}));
+    }
+    Some(Value::Array(items).to_string())
+}
+
+/// The reader of `wire`'s conversation, for [`Pending::conversation`].
+pub fn conversation(wire: Wire) -> fn(&[u8]) -> Option<String> {
+    match wire {
+        Wire::Chat => |body| messages_of(body, Wire::Chat),
+        Wire::Responses => |body| messages_of(body, Wire::Responses),
+        Wire::Messages => |body| messages_of(body, Wire::Messages),
     }
 }
 
-/// Stores the `messages` of `body`; their reference, when stored.
-async fn keep(
-    store: &dyn Store,
-    tenant: &Tenant,
-    session: &SessionId,
-    body: &bytes::Bytes,
-) -> Option<String> {
-    let text = messages_of(body)?;
-    match store
-        .put_content(tenant, session, ContentKind::Messages, &text)
-        .await
-    {
-        Ok(r) => Some(r.as_str().to_string()),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot keep a request's messages for the page");
-            None
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each wire's conversation is kept as one list, its instructions first.
+    #[test]
+    fn each_wire_keeps_one_list_with_its_instructions_first() {
+        let chat =
+            br#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}"#;
+        assert_eq!(
+            messages_of(chat, Wire::Chat).unwrap(),
+            r#"[{"role":"system","content":"s"},{"role":"user","content":"u"}]"#
+        );
+        let responses = br#"{"instructions":"be brief","input":[{"type":"function_call_output","call_id":"c","output":"x"}]}"#;
+        assert_eq!(
+            messages_of(responses, Wire::Responses).unwrap(),
+            r#"[{"role":"system","content":"be brief"},{"type":"function_call_output","call_id":"c","output":"x"}]"#
+        );
+        let one = br#"{"input":"hi"}"#;
+        assert_eq!(
+            messages_of(one, Wire::Responses).unwrap(),
+            r#"[{"role":"user","content":"hi"}]"#
+        );
+        let messages = br#"{"system":[{"type":"text","text":"sys"}],"messages":[{"role":"user","content":"u"}]}"#;
+        assert_eq!(
+            messages_of(messages, Wire::Messages).unwrap(),
+            r#"[{"role":"system","content":[{"type":"text","text":"sys"}]},{"role":"user","content":"u"}]"#
+        );
+        assert_eq!(messages_of(br#"{"input":"hi"}"#, Wire::Chat), None);
+        assert_eq!(messages_of(b"not json", Wire::Messages), None);
     }
 }

@@ -147,6 +147,9 @@ where
         names: names.as_ref(),
         viewer: &viewer,
     };
+    // What the writer still holds is written first: the page never shows less than was
+    // answered (nor leaves a line to come back after an erasure).
+    ui.journal.flush().await;
     let result = match (method, path.as_str()) {
         (Method::GET, "/ui/") => ctx.list(&query).await,
         (Method::GET, "/ui/session") => ctx.session(&query).await,

@@ -8,9 +8,9 @@ use std::collections::HashSet;
 use maud::{html, Markup, DOCTYPE};
 use serde_json::Value;
 
-use super::chart::{compact, session_chart};
+use super::chart::{compact, session_chart, usd};
 use super::journal::{ReloadCall, RequestLine};
-use super::view::{Totals, Turn};
+use super::view::{Dollars, Totals, Turn};
 
 /// Who is looking, as the header says it.
 pub struct Viewer<'a> {
@@ -104,6 +104,15 @@ fn percent(share: Option<f64>) -> String {
     share.map_or("–".into(), |s| format!("{:.0}%", s * 100.0))
 }
 
+/// A cost without the proxy (`with`: false) or with it: in dollars when the model has list
+/// prices, else in full-price input tokens.
+fn cost(units: f64, dollars: Option<Dollars>, with: bool) -> String {
+    match dollars {
+        Some(d) => usd(if with { d.with } else { d.without }),
+        None => format!("{} tok", compact(units)),
+    }
+}
+
 /// `63104` as `63,104`.
 pub fn num(n: impl Into<u64>) -> String {
     let digits = n.into().to_string();
@@ -188,8 +197,8 @@ pub fn session_list(
                                 td.num.forwarded { (num(r.totals.tokens_after)) }
                                 td.num { (percent(r.totals.saved_share())) }
                                 td.num { (percent(r.totals.cached_share())) }
-                                td.num { (compact(r.totals.cost_without)) }
-                                td.num { (compact(r.totals.cost_with)) }
+                                td.num.cost-without { (cost(r.totals.cost_without, r.totals.dollars, false)) }
+                                td.num.cost-with { (cost(r.totals.cost_with, r.totals.dollars, true)) }
                                 td.num.reloads { (r.totals.reload_rounds) }
                                 td.num { (r.totals.summaries) }
                                 td { (r.totals.last_at.as_deref().map_or("–".into(), when)) }
@@ -271,7 +280,7 @@ fn figures(t: &Totals) -> Markup {
             div { dt { "Forwarded" } dd { (num(t.tokens_after)) } }
             div { dt { "Saved" } dd { (percent(t.saved_share())) } }
             div { dt { "Cached" } dd { (percent(t.cached_share())) } }
-            div { dt { "Cost without / with" } dd { (compact(t.cost_without)) " / " (compact(t.cost_with)) } }
+            div { dt { "Cost without / with" } dd #fig-cost { (cost(t.cost_without, t.dollars, false)) " / " (cost(t.cost_with, t.dollars, true)) } }
             div { dt { "Reload rounds" } dd { (t.reload_rounds) } }
             div { dt { "Summaries" } dd { (t.summaries) } }
         }
@@ -338,7 +347,7 @@ fn turn_row(query: &str, turn: &Turn) -> Markup {
             }
             td.num { (num(l.tokens_before as u64)) " → " (num(l.tokens_after as u64)) }
             td.num { (num(l.kept_prefix_tokens as u64)) }
-            td.num { (compact(turn.cost_without)) " / " (compact(turn.cost_with)) }
+            td.num.cost { (cost(turn.cost_without, turn.dollars, false)) " / " (cost(turn.cost_with, turn.dollars, true)) }
             td.num { (ms(l.latency_ms)) }
             td.num { (ms(l.ttfb_ms)) }
             td.reloads {
@@ -433,6 +442,7 @@ pub fn request_page(viewer: &Viewer, r: &RequestView) -> Markup {
             }
             h1 { "Request " code { (l.request_id) } }
             dl.figures {
+                div { dt { "Route" } dd #route { (route_path(&l.route)) } }
                 div { dt { "Model" } dd { (l.model.as_deref().unwrap_or("–")) } }
                 div { dt { "Actions" } dd { (l.actions) } }
                 div { dt { "Tokens" } dd { (num(l.tokens_before as u64)) " → " (num(l.tokens_after as u64)) } }
@@ -462,6 +472,16 @@ pub fn request_page(viewer: &Viewer, r: &RequestView) -> Markup {
     }
 }
 
+/// The path a journal's `route` names.
+fn route_path(route: &str) -> &str {
+    match route {
+        "chat" | "" => "/v1/chat/completions",
+        "responses" => "/v1/responses",
+        "messages" => "/v1/messages",
+        other => other,
+    }
+}
+
 fn side_row(r: &RequestView, row: &Row) -> Markup {
     let none = HashSet::new();
     match row {
@@ -486,39 +506,142 @@ fn side_row(r: &RequestView, row: &Row) -> Markup {
     }
 }
 
-/// A message's text: its `content` (a string, or the text of its parts).
-pub fn message_text(m: &Value) -> String {
-    match m.get("content") {
+/// One message or item of any of the three wires, as the page shows it. The shapes do not
+/// collide, so one reading serves them all: chat's messages (`role`, `content`, `tool_calls`,
+/// `tool_call_id`), the Responses API's items (`message`, `function_call`,
+/// `function_call_output`, `reasoning`) and Anthropic's messages (content blocks `text`,
+/// `tool_use`, `tool_result`, `thinking`).
+#[derive(Debug, Default, PartialEq)]
+pub struct Shown {
+    pub role: String,
+    /// The tool call it answers (chat's `tool_call_id`, the Responses API's `call_id`,
+    /// Anthropic's `tool_use_id`), or the call it makes.
+    pub id: Option<String>,
+    /// Tool calls it makes: name and arguments.
+    pub calls: Vec<(String, String)>,
+    pub text: String,
+}
+
+/// The text of a `content`: a string, or the text of its parts (a `tool_result` block's own
+/// content included).
+fn content_text(content: Option<&Value>) -> String {
+    match content {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
             .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .filter_map(|p| match p.get("type").and_then(Value::as_str) {
+                Some("tool_result") => Some(content_text(p.get("content"))),
+                Some("thinking") => p
+                    .get("thinking")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                _ => p.get("text").and_then(Value::as_str).map(str::to_string),
+            })
             .collect::<Vec<_>>()
             .join("\n"),
         _ => String::new(),
     }
 }
 
+fn str_of(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// How the page shows `m` (see [`Shown`]).
+pub fn shown(m: &Value) -> Shown {
+    match m.get("type").and_then(Value::as_str) {
+        Some("function_call") => {
+            return Shown {
+                role: "assistant".into(),
+                id: str_of(m, "call_id"),
+                calls: vec![(
+                    str_of(m, "name").unwrap_or_else(|| "?".into()),
+                    str_of(m, "arguments").unwrap_or_default(),
+                )],
+                text: String::new(),
+            }
+        }
+        Some("function_call_output") => {
+            return Shown {
+                role: "tool".into(),
+                id: str_of(m, "call_id"),
+                calls: Vec::new(),
+                text: content_text(m.get("output")),
+            }
+        }
+        Some("reasoning") => {
+            return Shown {
+                role: "reasoning".into(),
+                text: content_text(m.get("summary")),
+                ..Shown::default()
+            }
+        }
+        _ => {}
+    }
+    let content = m.get("content");
+    let blocks = content.and_then(Value::as_array);
+    let of_type = |t: &str| {
+        blocks.map_or(Vec::new(), |b| {
+            b.iter()
+                .filter(|p| p.get("type").and_then(Value::as_str) == Some(t))
+                .collect::<Vec<_>>()
+        })
+    };
+    let results = of_type("tool_result");
+    let all_results = blocks.is_some_and(|b| !b.is_empty() && results.len() == b.len());
+    let mut calls: Vec<(String, String)> = of_type("tool_use")
+        .into_iter()
+        .map(|c| {
+            let input = c.get("input").map(Value::to_string).unwrap_or_default();
+            (str_of(c, "name").unwrap_or_else(|| "?".into()), input)
+        })
+        .collect();
+    if let Some(list) = m.get("tool_calls").and_then(Value::as_array) {
+        calls.extend(list.iter().map(|c| {
+            let at = |p: &str| c.pointer(p).and_then(Value::as_str).unwrap_or("");
+            (
+                at("/function/name").to_string(),
+                at("/function/arguments").to_string(),
+            )
+        }));
+    }
+    let role = str_of(m, "role").unwrap_or_else(|| "?".into());
+    Shown {
+        // Anthropic's tool results come in a user message: shown as the tool's.
+        role: if all_results { "tool".into() } else { role },
+        id: str_of(m, "tool_call_id")
+            .or_else(|| results.first().and_then(|r| str_of(r, "tool_use_id"))),
+        calls,
+        text: content_text(content),
+    }
+}
+
+/// A message's text, as [`shown`] reads it.
+pub fn message_text(m: &Value) -> String {
+    shown(m).text
+}
+
 /// One message: role, tool calls, and its text (the first [`INLINE_LINES`] lines; the rest
 /// opens paged). On the model's side, a line naming a reference of `refs` is a marker: it
 /// is highlighted and the reference is a link to the stored original.
 fn message(r: &RequestView, side: &str, index: usize, m: &Value, refs: &HashSet<String>) -> Markup {
-    let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
-    let text = message_text(m);
+    let Shown {
+        role,
+        id,
+        calls,
+        text,
+    } = shown(m);
     let total = text.lines().count();
     html! {
-        div.message.(role_class(role)) {
+        div.message.(role_class(&role)) {
             div.meta {
                 span.role { (role) }
-                @if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) { " " code { (id) } }
+                @if let Some(id) = &id { " " code { (id) } }
             }
-            @if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+            @if !calls.is_empty() {
                 ul.tool-calls {
-                    @for c in calls {
-                        li {
-                            code { (c.pointer("/function/name").and_then(Value::as_str).unwrap_or("?")) }
-                            " " code.args { (c.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("")) }
-                        }
+                    @for (name, args) in &calls {
+                        li { code { (name) } " " code.args { (args) } }
                     }
                 }
             }
@@ -654,12 +777,64 @@ mod tests {
         assert!(html.contains("href=\"/ui/ref?t=a&amp;r=ctx_abc"), "{html}");
     }
 
+    /// The three wires' messages and items read as one: role, the call they answer or make,
+    /// their calls and their text.
+    #[test]
+    fn every_wire_is_shown_by_one_reading() {
+        use serde_json::json;
+        let chat_call = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]});
+        assert_eq!(shown(&chat_call).calls, [("read".into(), "{}".into())]);
+        let chat_result = json!({"role": "tool", "tool_call_id": "c1", "content": "a\nb"});
+        let s = shown(&chat_result);
+        assert_eq!(
+            (s.role.as_str(), s.id.as_deref(), s.text.as_str()),
+            ("tool", Some("c1"), "a\nb")
+        );
+        let call = json!({"type": "function_call", "call_id": "c2", "name": "grep", "arguments": "{\"p\":1}"});
+        let s = shown(&call);
+        assert_eq!(
+            (s.role.as_str(), s.id.as_deref()),
+            ("assistant", Some("c2"))
+        );
+        assert_eq!(s.calls, [("grep".into(), "{\"p\":1}".into())]);
+        let output =
+            json!({"type": "function_call_output", "call_id": "c2", "output": "[stored as ctx_x]"});
+        assert_eq!(shown(&output).role, "tool");
+        assert_eq!(shown(&output).text, "[stored as ctx_x]");
+        let message = json!({"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "one"}, {"type": "input_text", "text": "two"}]});
+        assert_eq!(shown(&message).text, "one\ntwo");
+        let reasoning =
+            json!({"type": "reasoning", "summary": [{"type": "summary_text", "text": "thought"}]});
+        assert_eq!(shown(&reasoning).role, "reasoning");
+        assert_eq!(shown(&reasoning).text, "thought");
+        let tool_use = json!({"role": "assistant", "content": [
+            {"type": "text", "text": "reading"},
+            {"type": "tool_use", "id": "tu1", "name": "read", "input": {"path": "a"}}]});
+        let s = shown(&tool_use);
+        assert_eq!((s.role.as_str(), s.text.as_str()), ("assistant", "reading"));
+        assert_eq!(s.calls, [("read".into(), r#"{"path":"a"}"#.into())]);
+        let tool_result = json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "tu1", "content": [{"type": "text", "text": "body"}]}]});
+        let s = shown(&tool_result);
+        assert_eq!(
+            (s.role.as_str(), s.id.as_deref(), s.text.as_str()),
+            ("tool", Some("tu1"), "body")
+        );
+        assert_eq!(message_text(&tool_result), "body");
+    }
+
     #[test]
     fn numbers_and_times_read_easily() {
         assert_eq!(num(0u64), "0");
         assert_eq!(num(999u64), "999");
         assert_eq!(num(63_104u64), "63,104");
         assert_eq!(num(113_725_000u64), "113,725,000");
+        assert_eq!(usd(1.256), "$1.26");
+        assert_eq!(usd(0.0042149), "$0.00421");
+        assert_eq!(usd(0.5), "$0.500");
+        assert_eq!(usd(0.0), "$0.00");
         assert_eq!(when("2026-11-26T01:19:43.016Z"), "2026-11-26 01:19:43");
         assert_eq!(when("t1"), "t1");
     }

@@ -6,12 +6,16 @@
 //! caching (`CachePricing::call_cost`, in full-price input tokens), the shared prefix being,
 //! with the proxy, the prefix it kept (`kept_prefix_tokens`) and, without it, the previous
 //! request of the client (a client resends its whole history, so the previous request is the
-//! prefix of this one).
+//! prefix of this one). In dollars with the model's list prices ([`ModelPrice::dollars`], the
+//! replay's conversion too): the input so priced, plus the output the upstream reported
+//! (`completion_tokens`, every call of the request), the same with and without the proxy
+//! (the answer is the client's either way). A model missing from the price table has no
+//! dollar figure; the page then shows full-price input tokens.
 
 use serde_json::Value;
 
 use super::journal::RequestLine;
-use crate::pricing::CachePricing;
+use crate::pricing::{CachePricing, ModelPrice};
 
 /// The numbers of one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +28,15 @@ pub struct Turn {
     /// Input cost with the proxy and without it, in full-price input tokens.
     pub cost_with: f64,
     pub cost_without: f64,
+    /// The same in dollars (input and output), when the model has list prices.
+    pub dollars: Option<Dollars>,
+}
+
+/// A cost in dollars, with the proxy and without it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Dollars {
+    pub with: f64,
+    pub without: f64,
 }
 
 /// A session's totals over its requests.
@@ -36,6 +49,8 @@ pub struct Totals {
     pub cached_tokens: u64,
     pub cost_with: f64,
     pub cost_without: f64,
+    /// The sum of the turns' dollars, when every turn has them.
+    pub dollars: Option<Dollars>,
     pub reload_rounds: u64,
     pub summaries: u64,
     pub model: Option<String>,
@@ -94,7 +109,22 @@ impl Reader {
             line.kept_prefix_tokens.min(line.tokens_after),
         );
         self.previous_before = Some(line.tokens_before);
+        let dollars = line.model.as_deref().and_then(ModelPrice::of).map(|list| {
+            let output = line.completion_tokens.unwrap_or(0);
+            Dollars {
+                with: list.dollars(cost_with, output),
+                without: list.dollars(cost_without, output),
+            }
+        });
         let t = &mut self.totals;
+        t.dollars = match (t.turns, t.dollars, dollars) {
+            (0, _, turn) => turn,
+            (_, Some(sum), Some(turn)) => Some(Dollars {
+                with: sum.with + turn.with,
+                without: sum.without + turn.without,
+            }),
+            _ => None,
+        };
         t.turns += 1;
         t.tokens_before += line.tokens_before as u64;
         t.tokens_after += line.tokens_after as u64;
@@ -113,6 +143,7 @@ impl Reader {
             line,
             cost_with,
             cost_without,
+            dollars,
         });
     }
 }
@@ -150,5 +181,39 @@ mod tests {
         assert_eq!(r.totals.summaries, 2);
         assert_eq!(r.totals.last_at.as_deref(), Some("t"));
         assert_eq!(r.totals.saved_share(), Some(1.0 - 2200.0 / 4000.0));
+    }
+
+    /// Dollars are the units at the model's list prices, plus its output; a turn of a model
+    /// the table does not know leaves the session without a dollar total.
+    #[test]
+    fn dollars_follow_the_list_prices_of_the_model() {
+        let price = CachePricing {
+            cached_read_rate: 0.1,
+            cache_write_premium: 0.0,
+            min_cacheable_prefix: 0,
+            cache_ttl_secs: 300,
+        };
+        let pricing = move |_: &str, _: Option<&str>| price;
+        let line = |model: &str, before: usize, out: u64| {
+            json!({"event": "request", "model": model, "tokens_before": before,
+                   "tokens_after": before, "kept_prefix_tokens": 0, "upstream": "u",
+                   "completion_tokens": out})
+        };
+        let mut r = Reader::default();
+        // gpt-5: $1.25 in, $10 out per million.
+        r.read(0, &line("gpt-5", 1_000_000, 1_000), &pricing);
+        let d = r.turns[0].dollars.unwrap();
+        assert!((d.without - 1.26).abs() < 1e-9, "{d:?}");
+        assert!((d.with - 1.26).abs() < 1e-9);
+        // Without: 1M cached at a tenth, 1M new; with: nothing kept, 2M at full price.
+        r.read(1, &line("gpt-5", 2_000_000, 0), &pricing);
+        let d = r.turns[1].dollars.unwrap();
+        assert!((d.without - (0.125 + 1.25)).abs() < 1e-9, "{d:?}");
+        assert!((d.with - 2.5).abs() < 1e-9);
+        let total = r.totals.dollars.unwrap();
+        assert!((total.with - 3.76).abs() < 1e-9);
+        r.read(2, &line("my-local-llama", 10, 0), &pricing);
+        assert_eq!(r.turns[2].dollars, None);
+        assert_eq!(r.totals.dollars, None);
     }
 }

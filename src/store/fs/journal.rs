@@ -1,5 +1,5 @@
 //! The session journal, `<session>/context.jsonl`: one JSON record per line, appended with one
-//! `write` each; a line torn by a crash is skipped when reading and never glued to the next.
+//! `write` per call (one record, or the lines of a batch); a line torn by a crash is skipped when reading and never glued to the next.
 
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
@@ -14,7 +14,7 @@ impl Tree {
         &self,
         tenant: &Tenant,
         session: &SessionId,
-        line: &str,
+        line: &[u8],
     ) -> Result<(), StoreError> {
         let now = self.clock.now();
         let session_dir = self.session_dir(tenant, session);
@@ -43,7 +43,7 @@ impl Tree {
                     buf.push(b'\n');
                 }
             }
-            buf.extend_from_slice(line.as_bytes());
+            buf.extend_from_slice(line);
             buf.push(b'\n');
             file.write_all(&buf)?;
             file.set_modified(now)?;

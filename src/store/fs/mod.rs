@@ -159,7 +159,34 @@ impl Store for FsStore {
             .map_err(|e| StoreError::Internal(format!("cannot serialize a log record: {e}")))?;
         let (t, s) = (tenant.clone(), session.clone());
         self.tree
-            .run("append_log", move |tree| tree.append_log(&t, &s, &line))
+            .run("append_log", move |tree| {
+                tree.append_log(&t, &s, line.as_bytes())
+            })
+            .await
+    }
+
+    /// One open and one `write` for all of `records`.
+    async fn append_logs(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        records: &[serde_json::Value],
+    ) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut lines = Vec::new();
+        for record in records {
+            if !lines.is_empty() {
+                lines.push(b'\n');
+            }
+            // Compact JSON has no raw newline: one record is one line.
+            serde_json::to_writer(&mut lines, record)
+                .map_err(|e| StoreError::Internal(format!("cannot serialize a log record: {e}")))?;
+        }
+        let (t, s) = (tenant.clone(), session.clone());
+        self.tree
+            .run("append_logs", move |tree| tree.append_log(&t, &s, &lines))
             .await
     }
 

@@ -246,6 +246,38 @@ impl Store for RedisStore {
             .map_err(failed("append_log"))
     }
 
+    /// One `RPUSH` of every line, with the journal's expiry, in one transaction.
+    async fn append_logs(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        records: &[serde_json::Value],
+    ) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let lines = records
+            .iter()
+            .map(serde_json::to_string)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StoreError::Internal(format!("cannot serialize a log record: {e}")))?;
+        let key = self.log_key(tenant, session);
+        let mut conn = self.conn().await?;
+        redis::pipe()
+            .atomic()
+            .cmd("RPUSH")
+            .arg(&key)
+            .arg(lines)
+            .ignore()
+            .cmd("EXPIRE")
+            .arg(&key)
+            .arg(self.ttl_secs)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(failed("append_logs"))
+    }
+
     async fn read_log(
         &self,
         tenant: &Tenant,

@@ -1,0 +1,422 @@
+//! Compaction on the Responses API through the real proxy, the way Codex asks for it: a
+//! streaming (or JSON) `POST /v1/responses` whose final input item is a `compaction_trigger`,
+//! and `POST /v1/responses/compact`. The proxy answers both with its summarizer (a second mock,
+//! recognisable by its prompt) and a `compaction` item it seals; the next turn's sealed item is
+//! expanded into the summary before the strict mock (which cannot read it, as OpenAI could not)
+//! sees it. Also the 400s, a sealed item of another key, OpenAI's own compaction left alone,
+//! and `native_compaction` forwarding it all to an upstream that compacts itself.
+
+mod common;
+
+use common::{assert_openai_error, sse_data, Harness};
+use context_proxy::app::config::Config;
+use context_proxy::context::compaction::SEAL_PREFIX;
+use context_proxy::context::summary::PROMPT_OPENING;
+use context_proxy::context::Mode;
+use context_proxy::mock::{MockConfig, MockUpstream, Reply};
+use context_proxy::upstream::UpstreamConfig;
+use serde_json::{json, Value};
+
+const SUMMARY: &str =
+    "## Task overview\nMake the tests in tests/parse.rs pass.\n\n## Current state\n\
+src/parse.rs fixed (off-by-one at line 42).\n\n## Important discoveries\ncargo test -p parse \
+shows 3 failures before the fix.\n\n## Next steps\nRun the whole suite.\n\n## Context to preserve\n\
+The user wants small commits.";
+
+struct Setup {
+    h: Harness,
+    summarizer: MockUpstream,
+}
+
+async fn start(edit: impl FnOnce(&mut Config)) -> Setup {
+    let summarizer = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let base = summarizer.base_url();
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.upstreams.push(UpstreamConfig {
+            name: "summ".into(),
+            base_url: base,
+            models: vec!["summarizer-*".into()],
+            ..UpstreamConfig::default()
+        });
+        c.context.mode = Mode::Auto;
+        let s = &mut c.context.summarizer;
+        s.enabled = true;
+        s.upstream = Some("summ".into());
+        s.model = Some("summarizer-1".into());
+        s.timeout_ms = 5_000;
+        edit(c);
+    })
+    .await;
+    Setup { h, summarizer }
+}
+
+/// A short Codex-shaped history: the task, a shell call with its output, an apply_patch.
+fn history() -> Vec<Value> {
+    vec![
+        json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>workspace-write</permissions>"}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "make the tests in tests/parse.rs pass"}]}),
+        json!({"type": "reasoning", "summary": [], "encrypted_content": "gAAAABreasoning1"}),
+        json!({"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{\"cmd\":[\"cargo\",\"test\"]}"}),
+        json!({"type": "function_call_output", "call_id": "call_1", "output": "test result: FAILED. 3 failed"}),
+        json!({"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": "*** Begin Patch\n*** Update File: src/parse.rs\n*** End Patch"}),
+        json!({"type": "custom_tool_call_output", "call_id": "call_p", "output": "Success."}),
+        json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Fixed the off-by-one.", "annotations": []}]}),
+    ]
+}
+
+fn body(input: Vec<Value>, stream: bool) -> Value {
+    json!({
+        "model": "gpt-5-codex",
+        "instructions": "You are Codex.",
+        "input": input,
+        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}, "strict": false}],
+        "store": false,
+        "stream": stream,
+        "prompt_cache_key": "thread-1",
+        "include": ["reasoning.encrypted_content"],
+    })
+}
+
+fn with_trigger(mut input: Vec<Value>) -> Vec<Value> {
+    input.push(json!({"type": "compaction_trigger"}));
+    input
+}
+
+async fn post(h: &Harness, path: &str, body: &Value, key: &str) -> reqwest::Response {
+    h.client
+        .post(h.url(path))
+        .header("authorization", format!("Bearer {key}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The summarizer requests the summarizer mock received.
+fn summarizer_calls(s: &Setup) -> usize {
+    s.summarizer
+        .received()
+        .iter()
+        .filter(|r| {
+            r.json()["messages"][0]["content"]
+                .as_str()
+                .is_some_and(|p| p.starts_with(PROMPT_OPENING))
+        })
+        .count()
+}
+
+fn assert_sealed(item: &Value) {
+    assert_eq!(item["type"], "compaction", "{item}");
+    let sealed = item["encrypted_content"].as_str().unwrap();
+    assert!(sealed.starts_with(SEAL_PREFIX), "{sealed}");
+    assert!(item["id"].as_str().unwrap().starts_with("cmp_"));
+}
+
+#[tokio::test]
+async fn a_compaction_trigger_gets_one_sealed_item_streamed_then_expanded_next_turn() {
+    let s = start(|_| {}).await;
+    s.summarizer.push(Reply::text(SUMMARY));
+    let resp = post(
+        &s.h,
+        "/v1/responses",
+        &body(with_trigger(history()), true),
+        "sk-a",
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    assert!(resp.headers()["x-context-actions"]
+        .to_str()
+        .unwrap()
+        .starts_with("compaction"));
+    let text = resp.text().await.unwrap();
+    let events: Vec<Value> = sse_data(&text)
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    for (n, e) in events.iter().enumerate() {
+        assert_eq!(e["sequence_number"], n, "{e}");
+    }
+    assert!(text.contains("event: response.completed\n"));
+    let item = events[3]["item"].clone();
+    assert_sealed(&item);
+    let completed = &events[4]["response"];
+    assert_eq!(completed["status"], "completed");
+    assert_eq!(completed["output"], json!([item]));
+    assert_eq!(completed["store"], false);
+    let usage = &completed["usage"];
+    assert!(usage["input_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap())
+    );
+    // The upstream never saw the trigger; the summarizer was asked once, about the history.
+    assert!(s.h.mock.received().is_empty());
+    assert_eq!(summarizer_calls(&s), 1);
+    let asked = s.summarizer.received()[0].json()["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        asked.contains("make the tests in tests/parse.rs pass"),
+        "{asked}"
+    );
+    assert!(
+        asked.contains("call_1 shell({\"cmd\":[\"cargo\",\"test\"]})"),
+        "{asked}"
+    );
+    assert!(asked.contains("test result: FAILED"), "{asked}");
+    assert!(
+        !asked.contains("workspace-write"),
+        "instructions are not summarized: {asked}"
+    );
+
+    // The same request again, as JSON: the same item, no second summary.
+    let resp = post(
+        &s.h,
+        "/v1/responses",
+        &body(with_trigger(history()), false),
+        "sk-a",
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["output"], json!([item]));
+    assert_eq!(summarizer_calls(&s), 1, "a summary is never computed twice");
+
+    // Next turn, as Codex builds it: the user messages kept, the compaction item, new work.
+    let next = vec![
+        history()[1].clone(),
+        item.clone(),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "now run the whole suite"}]}),
+    ];
+    s.h.mock.push(Reply::text("Running it."));
+    let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
+    let status = resp.status();
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    let sent = s.h.mock.received()[0].json();
+    let expanded = &sent["input"][1];
+    assert_eq!(expanded["role"], "user");
+    let text = expanded["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("src/parse.rs fixed (off-by-one at line 42)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ctx_"),
+        "the marker names the stored originals: {text}"
+    );
+    assert!(!sent.to_string().contains(SEAL_PREFIX));
+    assert_eq!(sent["input"][0], history()[1]);
+
+    // A second compaction merges the first summary into the new one.
+    s.summarizer.push(Reply::text(
+        SUMMARY.replace("Run the whole suite.", "Commit."),
+    ));
+    let again = with_trigger(vec![
+        history()[1].clone(),
+        item.clone(),
+        json!({"role": "user", "content": "now run the whole suite"}),
+    ]);
+    let v: Value = post(&s.h, "/v1/responses", &body(again, false), "sk-a")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_sealed(&v["output"][0]);
+    assert_ne!(v["output"][0], item);
+    let asked = s.summarizer.received()[1].json()["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        asked.starts_with("Previous summary:\n\n## Task overview"),
+        "{asked}"
+    );
+    assert!(
+        asked.contains("now run the whole suite") && !asked.contains("test result: FAILED"),
+        "{asked}"
+    );
+}
+
+#[tokio::test]
+async fn responses_compact_keeps_the_user_messages_and_seals_the_rest() {
+    let s = start(|_| {}).await;
+    s.summarizer.push(Reply::text(SUMMARY));
+    let request =
+        json!({"model": "gpt-5-codex", "instructions": "You are Codex.", "input": history()});
+    let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "response.compaction");
+    assert!(v["id"].as_str().unwrap().starts_with("resp_"));
+    let output = v["output"].as_array().unwrap();
+    assert_eq!(output.len(), 2, "{v}");
+    assert_eq!(output[0], history()[1]);
+    assert_sealed(&output[1]);
+    assert!(v["usage"]["output_tokens"].as_u64().unwrap() > 0);
+    assert!(s.h.mock.received().is_empty());
+    // The window it returned is a valid input for the next turn.
+    let mut next = output.clone();
+    next.push(json!({"role": "user", "content": "go on"}));
+    let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
+    assert_eq!(resp.status(), 200);
+    let sent = s.h.mock.received()[0].json();
+    assert!(sent["input"][1]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("## Task overview"));
+}
+
+#[tokio::test]
+async fn a_misplaced_or_second_trigger_and_a_sealed_item_of_another_key_are_400s() {
+    let s = start(|_| {}).await;
+    let mut misplaced = history();
+    misplaced.insert(2, json!({"type": "compaction_trigger"}));
+    let twice = with_trigger(with_trigger(history()));
+    for input in [misplaced, twice] {
+        let resp = post(&s.h, "/v1/responses", &body(input, true), "sk-a").await;
+        assert_eq!(resp.status(), 400);
+        let error = assert_openai_error(&resp.bytes().await.unwrap());
+        assert_eq!(error["type"], "invalid_request_error");
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap()
+                .contains("compaction_trigger"),
+            "{error}"
+        );
+    }
+    // A sealed item made for key a, presented with key b; then one changed by a byte.
+    s.summarizer.push(Reply::text(SUMMARY));
+    let v: Value = post(
+        &s.h,
+        "/v1/responses",
+        &body(with_trigger(history()), false),
+        "sk-a",
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let item = v["output"][0].clone();
+    let next = vec![item.clone(), json!({"role": "user", "content": "go on"})];
+    let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-b").await;
+    assert_eq!(resp.status(), 400);
+    let error = assert_openai_error(&resp.bytes().await.unwrap());
+    assert!(
+        error["message"].as_str().unwrap().contains("input[0]"),
+        "{error}"
+    );
+    let mut changed = item.clone();
+    let content = changed["encrypted_content"].as_str().unwrap().to_owned();
+    let last = if content.ends_with('a') { "b" } else { "a" };
+    changed["encrypted_content"] = json!(format!("{}{last}", &content[..content.len() - 1]));
+    let resp = post(
+        &s.h,
+        "/v1/responses",
+        &body(
+            vec![changed, json!({"role": "user", "content": "go on"})],
+            false,
+        ),
+        "sk-a",
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    assert!(
+        s.h.mock.received().is_empty(),
+        "nothing unreadable reaches the upstream"
+    );
+}
+
+#[tokio::test]
+async fn an_openai_compaction_item_goes_as_it_came() {
+    let s = start(|_| {}).await;
+    let input = vec![
+        json!({"role": "user", "content": "make the tests pass"}),
+        json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAABopenai\u{2b}=="}),
+        json!({"role": "user", "content": "go on"}),
+    ];
+    let raw = body(input, false).to_string();
+    s.h.mock.push(Reply::text("ok"));
+    let resp =
+        s.h.client
+            .post(s.h.url("/v1/responses"))
+            .header("authorization", "Bearer sk-a")
+            .header("content-type", "application/json")
+            .body(raw.clone())
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(s.h.mock.received()[0].body, raw.as_bytes());
+}
+
+#[tokio::test]
+async fn native_compaction_forwards_both_to_an_upstream_that_compacts_itself() {
+    let s = start(|c| c.upstreams[0].native_compaction = true).await;
+    let resp = post(
+        &s.h,
+        "/v1/responses",
+        &body(with_trigger(history()), true),
+        "sk-a",
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["x-context-actions"]
+        .to_str()
+        .unwrap()
+        .contains("natively"));
+    let text = resp.text().await.unwrap();
+    let done: Vec<Value> = sse_data(&text)
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter(|e| e["type"] == "response.output_item.done")
+        .collect();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0]["item"]["type"], "compaction");
+    let native = done[0]["item"].clone();
+    assert!(native["encrypted_content"]
+        .as_str()
+        .unwrap()
+        .starts_with("gAAAAB"));
+    assert_eq!(
+        s.h.mock.received()[0].json()["input"],
+        json!(with_trigger(history()))
+    );
+
+    let request = json!({"model": "gpt-5-codex", "input": history()});
+    let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "response.compaction");
+    assert!(v["output"][1]["encrypted_content"]
+        .as_str()
+        .unwrap()
+        .starts_with("gAAAAB"));
+    assert_eq!(s.h.mock.received()[1].path, "/v1/responses/compact");
+    assert_eq!(summarizer_calls(&s), 0);
+
+    // The upstream reads its own item back on the next turn.
+    s.h.mock.push(Reply::text("ok"));
+    let next = vec![
+        history()[1].clone(),
+        native,
+        json!({"role": "user", "content": "go on"}),
+    ];
+    let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
+    assert_eq!(resp.status(), 200);
+}

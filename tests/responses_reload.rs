@@ -1,0 +1,430 @@
+//! The proxy's own tools on the Responses API, through the real proxy and the mock's strict
+//! Responses API scripted to call them: offered as flat function tools after the client's when
+//! a marker names a reference; the model's `function_call`s of them answered by the proxy and
+//! hidden, in JSON and in live SSE (one `response.created`, `output_index` contiguous over the
+//! client's items, one increasing `sequence_number`, unique item ids, exactly one terminal
+//! event whose `output` is the client's items, usage summed); a mixed round gives the client
+//! its own call and keeps the proxy's, with the reasoning bound to it, to put back byte for
+//! byte next turn; after the last round the tools are withdrawn.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::Harness;
+use context_proxy::app::config::Config;
+use context_proxy::context::settings::WindowEntry;
+use context_proxy::mock::{MockConfig, Reply};
+use context_proxy::store::ContentRef;
+use serde_json::{json, Value};
+
+fn numbered_lines(prefix: &str, n: usize) -> String {
+    (1..=n)
+        .map(|i| format!("{prefix} line {i}: let value_{i} = compute({i}) * 2;\n"))
+        .collect()
+}
+
+fn file_a() -> String {
+    numbered_lines("a.rs", 600)
+}
+
+fn ref_a() -> String {
+    ContentRef::of(&file_a()).as_str().to_string()
+}
+
+/// A Codex-shaped input whose large shell output gets moved out (the forwarded request then
+/// names a reference), ending with a user question.
+fn input() -> Vec<Value> {
+    vec![
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Read a.rs."}]}),
+        json!({"type": "function_call", "call_id": "call_a", "name": "shell", "arguments": "{\"cmd\":[\"cat\",\"a.rs\"]}"}),
+        json!({"type": "function_call_output", "call_id": "call_a", "output": file_a()}),
+        json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "It defines compute-based values.", "annotations": []}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is on line 7 of a.rs?"}]}),
+    ]
+}
+
+fn body(input: Vec<Value>, stream: bool) -> Value {
+    json!({
+        "model": "gpt-5",
+        "instructions": "You are a coding agent.",
+        "input": input,
+        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {"cmd": {"type": "array", "items": {"type": "string"}}}, "required": ["cmd"], "additionalProperties": false}, "strict": true}],
+        "reasoning": {"effort": "medium"},
+        "include": ["reasoning.encrypted_content"],
+        "store": false,
+        "stream": stream,
+        "prompt_cache_key": "thread-reload",
+    })
+}
+
+fn managed(c: &mut Config) {
+    c.context.keep_recent_messages = 2;
+    c.context.compact_batch_tokens = 1000;
+    c.context
+        .model_windows
+        .insert("gpt-5".into(), WindowEntry::Window(400_000));
+}
+
+async fn harness() -> Harness {
+    Harness::start_with(MockConfig::default(), managed).await
+}
+
+fn read(r: &str, offset: usize, limit: usize) -> (String, Value) {
+    (
+        "context_read".into(),
+        json!({"ref": r, "offset": offset, "limit": limit}),
+    )
+}
+
+async fn post(h: &Harness, body: &Value) -> reqwest::Response {
+    h.client
+        .post(h.url("/v1/responses"))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer sk-test-client")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The proxy's tool names appear nowhere in what the client receives.
+fn assert_invisible(bytes: &[u8]) {
+    let text = String::from_utf8_lossy(bytes);
+    for name in ["context_read", "context_search"] {
+        assert!(!text.contains(name), "the client saw {name}: {text}");
+    }
+}
+
+fn tool_names(body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| t["name"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// The events of a Responses stream, each checked against the rules the SDK helpers and Codex
+/// depend on; returns the terminal event.
+fn check_stream(text: &str) -> (Vec<Value>, Value) {
+    let mut events = Vec::new();
+    for frame in text.split("\n\n").filter(|f| !f.trim().is_empty()) {
+        let kind = frame
+            .lines()
+            .find_map(|l| l.strip_prefix("event: "))
+            .unwrap_or_else(|| panic!("a frame without `event:`: {frame}"));
+        let data = frame
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .unwrap_or_else(|| panic!("a frame without `data:`: {frame}"));
+        let event: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(event["type"], kind, "{frame}");
+        events.push(event);
+    }
+    assert!(!events.is_empty());
+    assert_eq!(events[0]["type"], "response.created", "{text}");
+    let count = |t: &str| events.iter().filter(|e| e["type"] == t).count();
+    assert_eq!(count("response.created"), 1, "{text}");
+    assert!(count("response.in_progress") <= 1, "{text}");
+    // One sequence, from 0, by one.
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(event["sequence_number"], i as u64, "{text}");
+    }
+    // Items: added in order 0, 1, …; every item event refers to an added item; ids unique.
+    let mut added = 0u64;
+    let mut ids = HashSet::new();
+    let mut done_items = Vec::new();
+    for event in &events {
+        let Some(index) = event["output_index"].as_u64() else {
+            continue;
+        };
+        if event["type"] == "response.output_item.added" {
+            assert_eq!(index, added, "{text}");
+            added += 1;
+            let id = event["item"]["id"].as_str().unwrap().to_string();
+            assert!(ids.insert(id), "an item id twice: {text}");
+        } else {
+            assert!(index < added, "an event of an item never added: {text}");
+        }
+        if event["type"] == "response.output_item.done" {
+            done_items.push(event["item"].clone());
+        }
+    }
+    // Exactly one terminal event, the last.
+    let terminal = [
+        "response.completed",
+        "response.failed",
+        "response.incomplete",
+    ];
+    let ends: Vec<&Value> = events
+        .iter()
+        .filter(|e| terminal.contains(&e["type"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(ends.len(), 1, "{text}");
+    let last = events.last().unwrap().clone();
+    assert!(terminal.contains(&last["type"].as_str().unwrap()), "{text}");
+    // Its output is the items the client got, in order; its id the stream's.
+    assert_eq!(
+        last["response"]["output"],
+        Value::Array(done_items),
+        "{text}"
+    );
+    assert_eq!(last["response"]["id"], events[0]["response"]["id"]);
+    (events, last)
+}
+
+#[tokio::test]
+async fn json_a_read_is_answered_by_the_proxy_and_hidden() {
+    let h = harness().await;
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 5, 3)]));
+    h.mock.push(Reply::text("Line 7 computes value_7."));
+    let resp = post(&h, &body(input(), false)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-context-reload"],
+        "rounds=1,calls=1,failed=0"
+    );
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let answer: Value = serde_json::from_slice(&bytes).unwrap();
+    // The client's items only: the answer's reasoning and message.
+    let kinds: Vec<&str> = answer["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["reasoning", "message"]);
+    assert_eq!(
+        answer["output"][1]["content"][0]["text"],
+        "Line 7 computes value_7."
+    );
+    assert_eq!(tool_names(&answer), ["shell"]);
+
+    // The upstream was offered the flat tools after the client's, then got the round back.
+    let received = h.mock.received();
+    assert_eq!(received.len(), 2);
+    let first = received[0].json();
+    assert_eq!(
+        tool_names(&first),
+        ["shell", "context_read", "context_search"]
+    );
+    assert_eq!(first["tools"][1]["strict"], false);
+    assert!(first.to_string().contains(&ref_a()));
+    let second = received[1].json();
+    let items = second["input"].as_array().unwrap();
+    let n = items.len();
+    assert_eq!(items[n - 3]["type"], "reasoning");
+    assert_eq!(items[n - 2]["type"], "function_call");
+    assert_eq!(items[n - 2]["name"], "context_read");
+    assert_eq!(items[n - 1]["type"], "function_call_output");
+    assert_eq!(items[n - 1]["call_id"], items[n - 2]["call_id"]);
+    let output = items[n - 1]["output"].as_str().unwrap();
+    assert!(
+        output.starts_with(&format!("[context_read {}: lines 5–7 of 600", ref_a())),
+        "{output}"
+    );
+    assert!(output.contains("a.rs line 7: let value_7"));
+
+    // Usage summed over both upstream calls.
+    let expected = common::billed_input_tokens(&h.mock, &first).await
+        + common::billed_input_tokens(&h.mock, &second).await;
+    assert_eq!(answer["usage"]["input_tokens"], expected);
+    assert!(answer["usage"]["input_tokens_details"]["cached_tokens"].is_u64());
+    assert!(answer["usage"]["output_tokens_details"].is_object());
+}
+
+#[tokio::test]
+async fn nothing_is_offered_when_nothing_is_stored() {
+    let h = harness().await;
+    h.mock.push(Reply::text("Hi."));
+    let short = vec![json!({"role": "user", "content": "hello"})];
+    let resp = post(&h, &body(short.clone(), false)).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("x-context-reload").is_none());
+    let received = h.mock.received();
+    assert_eq!(tool_names(&received[0].json()), ["shell"]);
+}
+
+#[tokio::test]
+async fn stream_a_read_continues_one_response_live() {
+    let h = harness().await;
+    h.mock.push(Reply::text_and_tool_calls(
+        "Let me look.",
+        vec![read(&ref_a(), 7, 1)],
+    ));
+    h.mock
+        .push(Reply::text("Line 7 computes value_7.").stream_chunks(4));
+    let resp = post(&h, &body(input(), true)).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let (events, last) = check_stream(&text);
+    assert_eq!(last["type"], "response.completed");
+    // Each round's reasoning and text (the mock reasons before the text, so the reasoning
+    // goes with the text, not with the proxy's call after it); never the proxy's call.
+    let output = last["response"]["output"].as_array().unwrap();
+    let kinds: Vec<&str> = output.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["reasoning", "message", "reasoning", "message"],
+        "{text}"
+    );
+    let said: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(said, "Let me look.Line 7 computes value_7.");
+    assert_eq!(tool_names(&last["response"]), ["shell"]);
+    assert_eq!(tool_names(&events[0]["response"]), ["shell"]);
+
+    let received = h.mock.received();
+    assert_eq!(received.len(), 2);
+    let (first, second) = (received[0].json(), received[1].json());
+    let expected = common::billed_input_tokens(&h.mock, &first).await
+        + common::billed_input_tokens(&h.mock, &second).await;
+    assert_eq!(last["response"]["usage"]["input_tokens"], expected);
+}
+
+/// Turn 1 of a mixed round: the model reads back and calls the client's tool in one answer.
+async fn mixed_turn(h: &Harness, stream: bool) -> Vec<Value> {
+    h.mock.push(Reply::tool_calls(vec![
+        read(&ref_a(), 7, 1),
+        ("shell".into(), json!({"cmd": ["cargo", "test"]})),
+    ]));
+    let resp = post(h, &body(input(), stream)).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let output = if stream {
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        let (_, last) = check_stream(&text);
+        last["response"]["output"].clone()
+    } else {
+        serde_json::from_slice::<Value>(&bytes).unwrap()["output"].clone()
+    };
+    output.as_array().unwrap().clone()
+}
+
+async fn mixed_round_restored_next_turn(stream: bool) {
+    let h = harness().await;
+    let got = mixed_turn(&h, stream).await;
+    // The client's call only; the reasoning before the proxy's call went with it.
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["type"], "function_call");
+    assert_eq!(got[0]["name"], "shell");
+    let call_id = got[0]["call_id"].as_str().unwrap().to_string();
+    let upstream_turn1 = h.mock.received()[0].json();
+
+    // Turn 2 and turn 3: the client sends its history back with its own output.
+    let mut next = input();
+    next.extend(got.iter().cloned());
+    next.push(json!({"type": "function_call_output", "call_id": call_id, "output": "12 passed"}));
+    let mut restored = Vec::new();
+    for reply in ["All 12 tests pass.", "Still passing."] {
+        h.mock.push(Reply::text(reply));
+        let resp = post(&h, &body(next.clone(), stream)).await;
+        assert_eq!(resp.status(), 200);
+        let bytes = resp.bytes().await.unwrap();
+        assert_invisible(&bytes);
+        let received = h.mock.received();
+        let sent = received.last().unwrap().json();
+        let items = sent["input"].as_array().unwrap().clone();
+        let at = items
+            .iter()
+            .position(|i| i["name"] == "context_read")
+            .expect("the proxy's call put back");
+        // reasoning, the proxy's call, the client's call, the proxy's output, the client's.
+        let run: Vec<String> = items[at - 1..at + 4].iter().map(Value::to_string).collect();
+        assert!(run[0].contains("\"type\":\"reasoning\""), "{run:?}");
+        assert!(run[0].contains("\"encrypted_content\":\"gAAAAB"), "{run:?}");
+        assert_eq!(items[at + 1]["call_id"], call_id.as_str());
+        assert_eq!(items[at + 2]["type"], "function_call_output");
+        assert_eq!(items[at + 2]["call_id"], items[at]["call_id"]);
+        assert!(items[at + 2]["output"]
+            .as_str()
+            .unwrap()
+            .contains("a.rs line 7: let value_7"));
+        assert_eq!(items[at + 3]["output"], "12 passed");
+        restored.push(run);
+    }
+    // The reasoning and the call put back are the ones the model wrote in turn 1 (its answer
+    // is not recorded, but its reasoning is derived from the turn's serial: the mock checks
+    // that every reasoning item it gets back is one it sent).
+    assert!(!upstream_turn1
+        .to_string()
+        .contains("context_read\",\"arguments"));
+    // Put back byte for byte, the same on every later turn.
+    assert_eq!(restored[0], restored[1]);
+}
+
+#[tokio::test]
+async fn json_mixed_round_gives_the_client_its_call_and_restores_the_proxys() {
+    mixed_round_restored_next_turn(false).await;
+}
+
+#[tokio::test]
+async fn stream_mixed_round_gives_the_client_its_call_and_restores_the_proxys() {
+    mixed_round_restored_next_turn(true).await;
+}
+
+/// A model that calls the proxy's tool every time, with `max_rounds = 1`.
+async fn relentless(stream: bool) -> (Harness, reqwest::Response) {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        managed(c);
+        c.context.reload.max_rounds = 1;
+    })
+    .await;
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 1, 1)]));
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 2, 1)]));
+    let resp = post(&h, &body(input(), stream)).await;
+    (h, resp)
+}
+
+#[tokio::test]
+async fn after_the_last_round_the_tools_are_withdrawn_json() {
+    let (h, resp) = relentless(false).await;
+    assert_eq!(resp.status(), 502);
+    let body = resp.bytes().await.unwrap();
+    let error = common::assert_openai_error(&body);
+    assert_eq!(error["code"], "tool_loop_exhausted");
+    let received = h.mock.received();
+    assert_eq!(received.len(), 2);
+    assert_eq!(tool_names(&received[1].json()), ["shell"]);
+}
+
+#[tokio::test]
+async fn after_the_last_round_the_tools_are_withdrawn_stream() {
+    let (h, resp) = relentless(true).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let (_, last) = check_stream(std::str::from_utf8(&bytes).unwrap());
+    assert_eq!(last["type"], "response.failed");
+    assert_eq!(last["response"]["error"]["code"], "tool_loop_exhausted");
+    assert_eq!(h.mock.received().len(), 2);
+}
+
+#[tokio::test]
+async fn an_upstream_failure_in_round_two_ends_the_stream_with_response_failed() {
+    let h = harness().await;
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 7, 1)]));
+    h.mock.push(Reply::error(
+        500,
+        json!({"error": {"message": "The server had an error.", "type": "server_error", "param": null, "code": "server_error"}}),
+    ));
+    let resp = post(&h, &body(input(), true)).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    let (_, last) = check_stream(std::str::from_utf8(&bytes).unwrap());
+    assert_eq!(last["type"], "response.failed");
+    assert_eq!(last["response"]["status"], "failed");
+    assert_eq!(last["response"]["error"]["code"], "server_error");
+    assert_eq!(
+        last["response"]["error"]["message"],
+        "The server had an error."
+    );
+}
