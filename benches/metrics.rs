@@ -54,6 +54,7 @@ fn run(threads: usize, requests: usize) -> f64 {
                     completion_tokens: 20,
                     total_tokens: 820,
                     cached_tokens: Some(512),
+                    cache_creation_tokens: None,
                     raw: serde_json::Map::new(),
                 };
                 let models = ["gpt-4o", "gpt-4o-mini", "o3"];

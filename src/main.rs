@@ -272,7 +272,11 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Bench(args)) => {
             Ok(runtime(0)?.block_on(context_proxy_drive::bench::run(args))?)
         }
-        Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(args)?),
+        // Claude Code sessions carry thinking signed as the mock upstream signs it.
+        Some(Command::GenTraffic(args)) => Ok(context_proxy::traffic::run(
+            args,
+            &context_proxy::mock::rules::signed_thinking,
+        )?),
         Some(Command::Replay(args)) => {
             Ok(runtime(0)?.block_on(context_proxy_drive::replay::run(*args))?)
         }

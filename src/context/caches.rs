@@ -91,8 +91,9 @@ pub fn last_seen() -> Cache<Identity, Instant> {
         .build()
 }
 
-/// Sessions warned that their budget costs more than going direct (once per session).
-pub fn warned() -> Cache<Identity, ()> {
+/// Something remembered per session, as long as when it was last seen: whether it was warned
+/// that its budget costs more than going direct (once per session), its counting factor.
+pub fn per_session<V: Clone + Send + Sync + 'static>() -> Cache<Identity, V> {
     Cache::builder()
         .max_capacity(LAST_SEEN)
         .time_to_live(LAST_SEEN_TTL)

@@ -153,6 +153,20 @@ impl ContextManager {
         self
     }
 
+    /// An answer's usage reported `actual` prompt tokens for a request counted as `estimated`:
+    /// corrects the conversation's estimate on a wire without a public tokenizer
+    /// ([`Planner::observe_usage`]); the factor now in use, for such a wire.
+    pub fn observe_usage(
+        &self,
+        identity: &Identity,
+        wire: adapter::Wire,
+        estimated: usize,
+        actual: usize,
+    ) -> Option<f64> {
+        self.planner
+            .observe_usage(identity, wire, estimated, actual)
+    }
+
     /// Notes that the upstream accepted `tenant`'s key (a 2xx answer).
     pub fn accepted(&self, tenant: &Tenant) {
         self.vetting.accepted(tenant);
@@ -293,28 +307,16 @@ impl ContextManager {
         self.apply_to(identity, plan, body, None, request_id).await
     }
 
-    /// [`ContextManager::apply`] for an Anthropic Messages request, whose decision is written
-    /// into its bytes `raw` ([`adapter::messages::write_bytes`]): untouched messages keep their
-    /// bytes, and a decision that would break a rule of the API leaves the request unmanaged.
-    pub async fn apply_messages(
+    /// [`ContextManager::apply`], writing the decision into the request's bytes when
+    /// `written_into` gives them (an Anthropic Messages request, whose decision is written by
+    /// [`adapter::messages::write_bytes`]): untouched messages keep their bytes, and a decision
+    /// that would break a rule of the API leaves the request unmanaged.
+    pub async fn apply_to(
         &self,
         identity: Option<&Identity>,
         plan: Plan,
         body: &mut Value,
-        raw: &[u8],
-        rules: adapter::messages::WriteRules,
-        request_id: &str,
-    ) -> Managed {
-        self.apply_to(identity, plan, body, Some((raw, rules)), request_id)
-            .await
-    }
-
-    async fn apply_to(
-        &self,
-        identity: Option<&Identity>,
-        plan: Plan,
-        body: &mut Value,
-        bytes_of: Option<(&[u8], adapter::messages::WriteRules)>,
+        written_into: Option<(&[u8], adapter::messages::WriteRules)>,
         request_id: &str,
     ) -> Managed {
         let Plan {
@@ -339,7 +341,7 @@ impl ContextManager {
         };
         // Written into the original bytes before anything is stored: a decision that cannot
         // be written stores nothing.
-        let written = match (&bytes_of, &decided.outcome.messages) {
+        let written = match (&written_into, &decided.outcome.messages) {
             (Some((raw, rules)), Some(items)) => {
                 match adapter::messages::write_bytes(raw, body, &messages, items, *rules) {
                     Ok(written) => Some(written),

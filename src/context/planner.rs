@@ -14,6 +14,7 @@ use xxhash_rust::xxh3::xxh3_128;
 
 use super::adapter;
 use super::engine::{self, Decision, Env, Input, Report, Skipped};
+use super::estimate::{self, Calibration};
 use super::session::{Decisions, Identity, Prefixes};
 use super::settings::{self, ContextConfig, Mode, RequestLimits, Settings};
 use super::{caches, limits, markers, summary, summary_store, transforms};
@@ -101,6 +102,8 @@ pub(super) struct MarkerSlot {
     index: usize,
     marker: String,
     encoding: Encoding,
+    /// The wire (its adapter writes and counts the marker item).
+    wire: adapter::Wire,
 }
 
 /// What the engine decided for a request, with what the writer needs to record it.
@@ -197,6 +200,9 @@ pub struct Planner {
     last_seen: Cache<Identity, Instant>,
     /// Sessions already warned that their budget costs more than going direct.
     warned: Cache<Identity, ()>,
+    /// Each Messages conversation's counting factor, learned from its answers' usage (there
+    /// is no public Claude tokenizer: [`estimate`]).
+    calibrations: Cache<Identity, Calibration>,
     /// Whether other processes serve the same sessions (a shared store): then this process
     /// sees only some of a session's requests, and never judges its cache expired.
     shared: bool,
@@ -209,6 +215,8 @@ struct CachedEnv<'a> {
     adapter: &'a dyn adapter::Adapter,
     references: &'a caches::PerMessage<ContentRef>,
     transformed: &'a caches::PerMessage<Option<Arc<transforms::Lossless>>>,
+    /// The wire `adapter` reads.
+    wire: adapter::Wire,
 }
 
 impl Env for CachedEnv<'_> {
@@ -250,7 +258,8 @@ impl Planner {
             transformed: caches::transformed(),
             learned: limits::LearnedLimits::new(),
             last_seen: caches::last_seen(),
-            warned: caches::warned(),
+            warned: caches::per_session(),
+            calibrations: caches::per_session(),
             shared: false,
         }
     }
@@ -283,6 +292,45 @@ impl Planner {
         let previous = self.last_seen.get(id);
         self.last_seen.insert(id.clone(), Instant::now());
         previous
+    }
+
+    /// How much `identity`'s answers correct the counts of `wire`'s adapter: the learned
+    /// factor over the default one for an estimated wire (Messages), else 1.
+    fn scale(&self, wire: adapter::Wire, identity: &Identity) -> f64 {
+        match (wire, self.calibrations.get(identity)) {
+            (adapter::Wire::Messages, Some(c)) if c.learned => c.factor / estimate::DEFAULT_FACTOR,
+            _ => 1.0,
+        }
+    }
+
+    /// An answer to `identity`'s request reported `actual` prompt tokens (Anthropic's input,
+    /// cache writes and cache reads together) for a request the proxy counted as `estimated`:
+    /// the conversation's counting factor follows ([`Calibration::observe`]). Only an estimated
+    /// wire (Messages) is corrected; returns the factor now in use.
+    pub fn observe_usage(
+        &self,
+        identity: &Identity,
+        wire: adapter::Wire,
+        estimated: usize,
+        actual: usize,
+    ) -> Option<f64> {
+        if wire != adapter::Wire::Messages {
+            return None;
+        }
+        let before = self.calibrations.get(identity).unwrap_or_default();
+        // The BPE tokens behind the estimate: counts are in the default estimate's units.
+        let raw = (estimated as f64 / estimate::DEFAULT_FACTOR).round() as usize;
+        let after = before.observe(raw, actual);
+        if after != before {
+            self.calibrations.insert(identity.clone(), after);
+        }
+        tracing::debug!(
+            estimated,
+            actual,
+            factor = after.factor,
+            "the Messages estimate corrected from the answer's usage"
+        );
+        Some(after.factor)
     }
 
     /// Says once per session, in a warning, that its budget forces cuts that cost more than
@@ -527,11 +575,20 @@ impl Planner {
         };
         let (mut settings, cache_warm) =
             self.settings_for(identity, route, model, mode, body).await;
+        // A calibrated estimate: the counts stay in the default estimate's units (a marker
+        // stating a size stays byte-stable from one request to the next) and the budget is
+        // brought to them.
+        let scale = self.scale(route.wire, identity);
+        if scale != 1.0 {
+            settings.budget = ((settings.budget as f64 / scale) as usize).max(1);
+            settings.target = (settings.target as f64 / scale) as usize;
+        }
         let env = CachedEnv {
             counter: &counter,
             adapter,
             references: &self.references,
             transformed: &self.transformed,
+            wire: route.wire,
         };
         if !self.summary_ahead(route, mode, count.total, &settings)
             && engine::nothing_to_do(
@@ -683,10 +740,10 @@ impl Planner {
             let Some(messages) = outcome.messages.as_mut() else {
                 return (SummaryPlan::None, None);
             };
-            let Some(Value::String(marker)) = messages
+            let Some(marker) = messages
                 .get(moved.start)
-                .and_then(|m| m.get("content"))
-                .cloned()
+                .and_then(|m| env.adapter.text(m))
+                .map(|t| t.into_owned())
             else {
                 return (SummaryPlan::None, None);
             };
@@ -694,6 +751,7 @@ impl Planner {
                 index: moved.start,
                 marker,
                 encoding: counter.encoding(),
+                wire: env.wire,
             };
             let exact = ready.iter().find(|r| r.prefix_len == moved.end);
             let previous = ready
@@ -772,11 +830,13 @@ fn place_into(
     let Some(m) = messages.get_mut(slot.index) else {
         return false;
     };
-    let before = counter.count_message(m);
-    if let Some(c) = m.get_mut("content") {
-        *c = Value::String(summary::message_text(&slot.marker, &summary));
-    }
-    let after = counter.count_message(m);
+    // The marker item in the wire's shape (a user text block on Messages), counted as the
+    // engine counted it.
+    let adapter = slot.wire.adapter();
+    let count = |m: &Value| adapter.count_item(counter, m);
+    let before = count(m);
+    *m = adapter.with_text(m, summary::message_text(&slot.marker, &summary));
+    let after = count(m);
     outcome.report.tokens_after = (outcome.report.tokens_after + after).saturating_sub(before);
     true
 }

@@ -43,6 +43,8 @@ pub struct Pending {
     pub session: Option<String>,
     pub tenant: Option<String>,
     pub mode: &'static str,
+    /// The route's name (`chat`, `responses`, `messages`, `count_tokens`).
+    pub route: &'static str,
     /// The body as received.
     pub request: Bytes,
     /// The body sent upstream, when it differs from `request`.
@@ -227,10 +229,12 @@ fn json(bytes: &[u8]) -> Value {
 fn exchange(p: Pending) -> Exchange {
     let request = json(&p.request);
     let stream = request.get("stream") == Some(&Value::Bool(true));
-    let response = p
-        .response
-        .as_ref()
-        .map(|body| if stream { assemble(body) } else { json(body) });
+    let anthropic = matches!(p.route, "messages" | "count_tokens");
+    let response = p.response.as_ref().map(|body| match (stream, anthropic) {
+        (false, _) => json(body),
+        (true, false) => assemble(body),
+        (true, true) => crate::wire::anthropic::assemble(body).unwrap_or_else(|| json(body)),
+    });
     Exchange {
         at_ms: p
             .at
@@ -239,6 +243,7 @@ fn exchange(p: Pending) -> Exchange {
         request_id: p.request_id,
         session: p.session,
         tenant: p.tenant,
+        route: (p.route != "chat").then(|| p.route.to_string()),
         mode: p.mode.to_string(),
         request,
         forwarded: p.forwarded.as_deref().map(json),
@@ -318,6 +323,7 @@ event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_num
             session: Some("s".into()),
             tenant: None,
             mode: "off",
+            route: "chat",
             request: Bytes::from(format!(
                 r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"hello {n}"}}]}}"#
             )),

@@ -136,6 +136,7 @@ pub struct Metrics {
     model_tokens_kept_prefix: Family<ModelLabels, Counter>,
     upstream_prompt_tokens: Family<ModelLabels, Counter>,
     upstream_cached_tokens: Family<ModelLabels, Counter>,
+    upstream_cache_creation_tokens: Family<ModelLabels, Counter>,
     upstream_completion_tokens: Family<ModelLabels, Counter>,
     actions: Family<KindLabels, Counter>,
     store_errors: Family<BackendLabels, Counter>,
@@ -252,7 +253,12 @@ impl Default for Metrics {
         let upstream_cached_tokens = model_counter(
             &mut registry,
             "context_proxy_upstream_cached_tokens",
-            "usage.prompt_tokens_details.cached_tokens reported by the upstream, by model.",
+            "usage.prompt_tokens_details.cached_tokens (Anthropic: cache_read_input_tokens) reported by the upstream, by model.",
+        );
+        let upstream_cache_creation_tokens = model_counter(
+            &mut registry,
+            "context_proxy_upstream_cache_creation_tokens",
+            "Anthropic's usage.cache_creation_input_tokens (prompt tokens written to the cache, billed at a premium) reported by the upstream, by model.",
         );
         let upstream_completion_tokens = model_counter(
             &mut registry,
@@ -330,6 +336,7 @@ impl Default for Metrics {
             model_tokens_kept_prefix,
             upstream_prompt_tokens,
             upstream_cached_tokens,
+            upstream_cache_creation_tokens,
             upstream_completion_tokens,
             actions,
             store_errors,
@@ -506,6 +513,10 @@ impl Metrics {
             add(
                 &self.upstream_cached_tokens,
                 usage.cached_tokens.unwrap_or(0),
+            );
+            add(
+                &self.upstream_cache_creation_tokens,
+                usage.cache_creation_tokens.unwrap_or(0),
             );
         }
         for (kind, n) in [

@@ -56,16 +56,13 @@ impl Observer for () {}
 
 /// The client's response for `incoming`.
 pub fn relay(incoming: Incoming) -> http::Response<ProxyBody> {
-    relay_observed(incoming, ())
+    relay_observed(incoming, (), StreamErrors::OpenAi)
 }
 
 /// [`relay`], showing every chunk and the end of the body to `observer`. The observer is told
-/// the end exactly once, also when the client goes away and the body is dropped.
-pub fn relay_observed(incoming: Incoming, observer: impl Observer) -> http::Response<ProxyBody> {
-    relay_with(incoming, observer, StreamErrors::OpenAi)
-}
-
-fn relay_with(
+/// the end exactly once, also when the client goes away and the body is dropped. A stream that
+/// fails mid-way ends with an error event in the shape of `errors` (the client's API's).
+pub fn relay_observed(
     mut incoming: Incoming,
     observer: impl Observer,
     errors: StreamErrors,
@@ -85,15 +82,6 @@ fn relay_with(
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
-}
-
-/// [`relay`] for an Anthropic client: a stream that fails mid-way ends with Anthropic's
-/// `error` event, carrying `request_id`.
-pub fn relay_anthropic(incoming: Incoming, request_id: &str) -> http::Response<ProxyBody> {
-    let errors = StreamErrors::Anthropic {
-        request_id: request_id.to_string(),
-    };
-    relay_with(incoming, (), errors)
 }
 
 /// Whether `headers` say the body is an event stream (`text/event-stream`).
@@ -120,12 +108,13 @@ pub fn ends_event(chunk: &[u8]) -> bool {
 }
 
 /// A response built by the proxy (`status`, end-to-end `headers`, the body as `chunks`),
-/// relayed the same way as an upstream's, with `observer`.
+/// relayed the same way as an upstream's, with `observer` and `errors`.
 pub fn respond_observed(
     status: http::StatusCode,
     headers: http::HeaderMap,
     chunks: impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
     observer: impl Observer,
+    errors: StreamErrors,
 ) -> http::Response<ProxyBody> {
     respond_with(status, headers, chunks, observer, StreamErrors::OpenAi)
 }

@@ -115,6 +115,84 @@ pub fn usage_of(body: &[u8]) -> Option<Usage> {
     usage
 }
 
+/// A Messages stream assembled into the message it carried (for the recorder): the
+/// `message_start` message with each block built from its start and deltas (`text_delta`,
+/// `thinking_delta`, `signature_delta`, `input_json_delta` parsed when the block stops), and
+/// `message_delta`'s stop reason and usage. `None` when the body holds no `message_start`.
+pub fn assemble(body: &[u8]) -> Option<Value> {
+    let text = String::from_utf8_lossy(body);
+    let mut message: Option<Value> = None;
+    let mut blocks: Vec<Value> = Vec::new();
+    let mut partial: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data:") else {
+            continue;
+        };
+        let Ok(event) = serde_json::from_str::<Value>(data.trim()) else {
+            continue;
+        };
+        let index = event.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        match event.get("type").and_then(Value::as_str) {
+            Some("message_start") => message = event.get("message").cloned(),
+            Some("content_block_start") => {
+                if blocks.len() <= index {
+                    blocks.resize(index + 1, Value::Null);
+                    partial.resize(index + 1, String::new());
+                }
+                blocks[index] = event.get("content_block").cloned().unwrap_or(Value::Null);
+            }
+            Some("content_block_delta") => {
+                let (Some(block), Some(delta)) = (blocks.get_mut(index), event.get("delta")) else {
+                    continue;
+                };
+                let piece = |key: &str| delta.get(key).and_then(Value::as_str).unwrap_or("");
+                let mut append = |key: &str, more: &str| {
+                    if let Some(Value::String(s)) = block.get_mut(key) {
+                        s.push_str(more);
+                    } else if let Value::Object(map) = block {
+                        map.insert(key.into(), more.into());
+                    }
+                };
+                match delta.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => append("text", piece("text")),
+                    Some("thinking_delta") => append("thinking", piece("thinking")),
+                    Some("signature_delta") => append("signature", piece("signature")),
+                    Some("input_json_delta") => partial[index].push_str(piece("partial_json")),
+                    _ => {}
+                }
+            }
+            Some("content_block_stop") => {
+                if let (Some(block), Some(json)) = (blocks.get_mut(index), partial.get(index)) {
+                    if !json.is_empty() {
+                        block["input"] = serde_json::from_str(json).unwrap_or(Value::Null);
+                    }
+                }
+            }
+            Some("message_delta") => {
+                let Some(m) = message.as_mut() else { continue };
+                if let Some(Value::Object(delta)) = event.get("delta") {
+                    for (k, v) in delta {
+                        m[k.as_str()] = v.clone();
+                    }
+                }
+                if let (Some(Value::Object(later)), Some(Value::Object(usage))) =
+                    (event.get("usage"), m.get_mut("usage"))
+                {
+                    for (k, v) in later {
+                        if !v.is_null() {
+                            usage.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut message = message?;
+    message["content"] = Value::Array(blocks);
+    Some(message)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +233,31 @@ mod tests {
         let u = usage_of(sse).unwrap();
         assert_eq!((u.prompt(), u.output_tokens), (105, 42));
         assert_eq!(usage_of(b"nothing"), None);
+    }
+
+    #[test]
+    fn a_stream_is_assembled_into_its_message() {
+        let sse = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hm\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"Eq1\"}}\n\n",
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"Read\",\"input\":{}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"p\\\":\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"1}\"}}\n\n",
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":9}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        let m = assemble(sse.as_bytes()).unwrap();
+        assert_eq!(
+            m["content"],
+            json!([{"type":"thinking","thinking":"hm","signature":"Eq1"},
+                {"type":"tool_use","id":"toolu_1","name":"Read","input":{"p":1}}])
+        );
+        assert_eq!(m["stop_reason"], "tool_use");
+        assert_eq!(m["usage"], json!({"input_tokens":5,"output_tokens":9}));
+        assert_eq!(assemble(b"data: {}\n\n"), None);
     }
 }

@@ -59,6 +59,10 @@ struct UsageOnly {
     /// A Responses API event carries its usage in its `response` (`response.completed`).
     #[serde(default)]
     response: Option<ResponseUsageOnly>,
+    /// An Anthropic stream's `message_start` carries it in its `message` (small: its content
+    /// comes later); any other `message` member is ignored.
+    #[serde(default)]
+    message: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -68,14 +72,13 @@ struct ResponseUsageOnly {
 }
 
 impl UsageOnly {
-    fn usage(&self) -> Option<Usage> {
-        self.usage.as_ref().and_then(Usage::from_json).or_else(|| {
-            self.response
-                .as_ref()?
-                .usage
-                .as_ref()
-                .and_then(Usage::from_json)
-        })
+    fn usage(&self) -> Option<&Value> {
+        let response = self.response.as_ref().and_then(|r| r.usage.as_ref());
+        let message = self.message.as_ref().and_then(|m| m.get("usage"));
+        [self.usage.as_ref(), response, message]
+            .into_iter()
+            .flatten()
+            .find(|v| v.is_object())
     }
 }
 
@@ -156,13 +159,13 @@ impl UsageTap {
         let State::Sse(reader) = &mut self.state else {
             return;
         };
-        let mut found = None;
         let mut failed = false;
         let events = if at_end {
             reader.finish()
         } else {
             reader.feed(&[])
         };
+        let mut seen = Vec::new();
         for event in events {
             let Ok(event) = event else {
                 failed = true;
@@ -173,20 +176,31 @@ impl UsageTap {
                 continue;
             };
             if let Ok(parsed) = serde_json::from_str::<UsageOnly>(data) {
-                found = parsed.usage().or(found);
+                seen.push(parsed);
             }
         }
-        if let Some(usage) = found {
-            self.usage = Some(usage);
+        for parsed in seen {
+            self.take(parsed);
         }
         if failed {
             self.state = State::Done;
         }
     }
 
+    /// The usage `parsed` reports: it replaces the last one seen, or, in an Anthropic stream,
+    /// updates it (`message_delta` reports the output so far, often alone).
     fn take(&mut self, parsed: UsageOnly) {
-        if let Some(usage) = parsed.usage() {
-            self.usage = Some(usage);
+        let Some(value) = parsed.usage() else {
+            return;
+        };
+        let updated = match (&self.usage, value.as_object()) {
+            (Some(before), Some(later)) if before.cache_creation_tokens.is_some() => {
+                Some(before.updated(later))
+            }
+            _ => Usage::from_json(value),
+        };
+        if updated.is_some() {
+            self.usage = updated;
         }
     }
 }
@@ -304,6 +318,28 @@ mod tests {
                 tap.finish();
                 assert_eq!(tap.prompt_tokens(), Some(1200), "cut at {cut}");
                 assert_eq!(tap.usage().unwrap().cached_tokens, Some(1024));
+            }
+        }
+    }
+
+    #[test]
+    fn reads_anthropics_usage_in_json_and_in_its_stream() {
+        let body = br#"{"type":"message","content":[],"usage":{"input_tokens":25,"cache_creation_input_tokens":1000,"cache_read_input_tokens":12000,"output_tokens":7}}"#;
+        let stream = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":1000,\"cache_read_input_tokens\":12000,\"output_tokens\":1}}}\n\n",
+            "event: ping\ndata: {\"type\":\"ping\"}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":7}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        for body in [&body[..], stream.as_bytes()] {
+            for cut in 0..=body.len() {
+                let mut tap = tap_split(body, cut);
+                tap.finish();
+                let usage = tap.usage().unwrap();
+                assert_eq!(usage.prompt_tokens, 13_025, "cut at {cut}");
+                assert_eq!(usage.completion_tokens, 7, "cut at {cut}");
+                assert_eq!(usage.cached_tokens, Some(12_000));
+                assert_eq!(usage.cache_creation_tokens, Some(1_000));
             }
         }
     }

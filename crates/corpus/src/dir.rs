@@ -257,6 +257,9 @@ mod tests {
             stream: false,
             messages,
             request_ends: ends,
+            api: None,
+            fields: None,
+            mark_newest: false,
         }
     }
 

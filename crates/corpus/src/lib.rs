@@ -26,7 +26,7 @@ pub use dir::{
     file_name, load_dir, read_index, stats, write_dir, CorpusIndex, CorpusStats, IndexEntry,
     Origin, SizeBucket, FORMAT_VERSION,
 };
-pub use session::Session;
+pub use session::{with_newest_marked, Session, MESSAGES_API};
 
 /// The kind of agent a session comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -38,6 +38,10 @@ pub struct Exchange {
     /// The tenant: a hash of the API key, never the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The proxy's route: `messages` (`/v1/messages`), `count_tokens`, `responses`; absent:
+    /// chat completions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
     /// Context management mode of the request.
     pub mode: String,
     /// The request body as received (`null` when it was not JSON).

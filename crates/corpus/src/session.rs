@@ -3,6 +3,12 @@
 //! Histories repeat from one request to the next, so a session stores its messages once and
 //! the end of each request: request `k` is `messages[..request_ends[k]]`, and the message at
 //! `request_ends[k]` is the assistant reply the model gave to it (a mock upstream can replay it).
+//!
+//! A session speaks chat completions, or Anthropic Messages (`messages` API, as Claude Code
+//! does): then its messages are Messages' (content blocks, `tool_use` / `tool_result`), its
+//! other top-level fields (`system`, `max_tokens`, `thinking`, `metadata`) are in `fields`, and
+//! Claude Code's moving cache breakpoint is put on the newest block of each request
+//! (`mark_newest`), which is why the stored messages carry none.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -22,6 +28,62 @@ pub struct Session {
     pub messages: Vec<Value>,
     /// End (exclusive) of each request's history in `messages`, strictly increasing.
     pub request_ends: Vec<usize>,
+    /// The API the requests speak: [`MESSAGES_API`], or chat completions when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<String>,
+    /// Further top-level fields of every request (Messages: `system`, `max_tokens`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fields: Option<serde_json::Map<String, Value>>,
+    /// Each request's newest block carries a cache breakpoint, as Claude Code puts it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mark_newest: bool,
+}
+
+/// [`Session::api`] of Anthropic Messages sessions.
+pub const MESSAGES_API: &str = "messages";
+
+/// The history of one request: its messages, the newest block marked when asked.
+struct History<'a> {
+    messages: &'a [Value],
+    mark_newest: bool,
+}
+
+impl Serialize for History<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.messages.len()))?;
+        let (last, head) = match self.messages.split_last() {
+            Some((last, head)) if self.mark_newest => (Some(last), head),
+            _ => (None, self.messages),
+        };
+        for m in head {
+            seq.serialize_element(m)?;
+        }
+        if let Some(last) = last {
+            seq.serialize_element(&with_newest_marked(last))?;
+        }
+        seq.end()
+    }
+}
+
+/// `message` with a cache breakpoint on its last block (a string content becomes a block).
+pub fn with_newest_marked(message: &Value) -> Value {
+    let mut m = message.clone();
+    let marker = serde_json::json!({"type": "ephemeral"});
+    match m.get_mut("content") {
+        Some(Value::String(text)) => {
+            let block =
+                serde_json::json!([{"type": "text", "text": text, "cache_control": marker}]);
+            m["content"] = block;
+        }
+        Some(Value::Array(blocks)) => {
+            if let Some(Value::Object(last)) = blocks.last_mut() {
+                last.insert("cache_control".into(), marker);
+            }
+        }
+        _ => {}
+    }
+    m
 }
 
 #[derive(Serialize)]
@@ -33,7 +95,9 @@ struct StreamOptions {
 #[derive(Serialize)]
 struct RequestView<'a> {
     model: &'a str,
-    messages: &'a [Value],
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    fields: Option<&'a serde_json::Map<String, Value>>,
+    messages: History<'a>,
     tools: &'a Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     stream: Option<bool>,
@@ -47,13 +111,23 @@ impl Session {
         self.request_ends.len()
     }
 
+    /// Whether the requests speak Anthropic Messages.
+    pub fn is_messages(&self) -> bool {
+        self.api.as_deref() == Some(MESSAGES_API)
+    }
+
     fn view(&self, end: usize) -> RequestView<'_> {
         RequestView {
             model: &self.model,
-            messages: &self.messages[..end],
+            fields: self.fields.as_ref(),
+            messages: History {
+                messages: &self.messages[..end],
+                mark_newest: self.mark_newest,
+            },
             tools: &self.tools,
             stream: self.stream.then_some(true),
-            stream_options: self.stream.then_some(StreamOptions {
+            // Messages streams carry their usage anyway.
+            stream_options: (self.stream && !self.is_messages()).then_some(StreamOptions {
                 include_usage: true,
             }),
         }
@@ -90,12 +164,23 @@ impl Session {
             .and_then(|&end| self.messages.get(end))
     }
 
-    /// The content of every tool message.
+    /// The content of every tool message (Messages: of every `tool_result` block).
     pub fn tool_results(&self) -> impl Iterator<Item = &str> + '_ {
-        self.messages
-            .iter()
-            .filter(|m| m["role"] == "tool")
-            .filter_map(|m| m["content"].as_str())
+        self.messages.iter().flat_map(|m| {
+            let blocks = m["content"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let results = blocks
+                .iter()
+                .filter(|b| b["type"] == "tool_result")
+                .filter_map(|b| b["content"].as_str());
+            (m["role"] == "tool")
+                .then(|| m["content"].as_str())
+                .flatten()
+                .into_iter()
+                .chain(results)
+        })
     }
 
     /// Size in bytes of the body of every request, in order, computed from the size of each
@@ -124,6 +209,9 @@ impl Session {
         let id = &self.id;
         if self.request_ends.is_empty() {
             return Err(format!("session {id}: no requests"));
+        }
+        if self.is_messages() {
+            return self.validate_messages();
         }
         let declared: Vec<&str> = self
             .tools
@@ -222,6 +310,57 @@ impl Session {
     }
 }
 
+impl Session {
+    /// [`Session::validate`] of a Messages session: requests end on a user message and are
+    /// answered by an assistant message; each `tool_use` is answered by a `tool_result` opening
+    /// the next message, in order, naming a declared tool.
+    fn validate_messages(&self) -> Result<(), String> {
+        let id = &self.id;
+        let declared: Vec<&str> = self
+            .tools
+            .as_array()
+            .map(|tools| tools.iter().filter_map(|t| t["name"].as_str()).collect())
+            .unwrap_or_default();
+        let mut prev = 0;
+        for (k, &end) in self.request_ends.iter().enumerate() {
+            if end <= prev || end >= self.messages.len() {
+                return Err(format!("session {id}: request {k} ends at {end}"));
+            }
+            if self.messages[end - 1]["role"] != "user" || self.messages[end]["role"] != "assistant"
+            {
+                return Err(format!(
+                    "session {id}: request {k} is not a user turn answered"
+                ));
+            }
+            prev = end;
+        }
+        let blocks = |m: &Value| m["content"].as_array().cloned().unwrap_or_default();
+        for (i, m) in self.messages.iter().enumerate() {
+            let calls: Vec<Value> = blocks(m)
+                .into_iter()
+                .filter(|b| b["type"] == "tool_use")
+                .collect();
+            if calls.is_empty() {
+                continue;
+            }
+            let next = self.messages.get(i + 1).map(blocks).unwrap_or_default();
+            for (j, call) in calls.iter().enumerate() {
+                let name = call["name"].as_str().unwrap_or("");
+                if !declared.contains(&name) || !call["input"].is_object() {
+                    return Err(format!("session {id}: message {i}: bad call to {name:?}"));
+                }
+                let answered = next
+                    .get(j)
+                    .is_some_and(|r| r["type"] == "tool_result" && r["tool_use_id"] == call["id"]);
+                if !answered {
+                    return Err(format!("session {id}: message {i}: call {j} unanswered"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +382,9 @@ mod tests {
                 json!({"role": "assistant", "content": "done"}),
             ],
             request_ends: vec![2, 4],
+            api: None,
+            fields: None,
+            mark_newest: false,
         }
     }
 

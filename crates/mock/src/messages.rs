@@ -13,7 +13,7 @@ use tracing::debug;
 use super::anthropic::{self, AnswerBlock, MessageAnswer, MessageUsage, DEFAULT_THINKING};
 use super::chat::{json_response, latency, raw_response, unwrap_hold};
 use super::ctx::Ctx;
-use super::prompt_cache::{self, ENCODING};
+use super::prompt_cache::{self, claude_tokens};
 use super::rules::{self, Endpoint};
 use super::script::{Completion, Reply};
 use super::sse::{self, StreamPlan};
@@ -200,11 +200,9 @@ fn answer(
     usage.output_tokens = content
         .iter()
         .map(|block| match block {
-            AnswerBlock::Thinking { thinking, .. } => ENCODING.count(thinking),
-            AnswerBlock::Text(text) => ENCODING.count(text),
-            AnswerBlock::ToolUse { name, input, .. } => {
-                ENCODING.count(name) + ENCODING.count(input)
-            }
+            AnswerBlock::Thinking { thinking, .. } => claude_tokens(thinking),
+            AnswerBlock::Text(text) => claude_tokens(text),
+            AnswerBlock::ToolUse { name, input, .. } => claude_tokens(name) + claude_tokens(input),
         })
         .sum::<usize>()
         .max(1);

@@ -2,10 +2,12 @@
 //! system, messages), each counted, the conversation's running digest after each, and a prompt
 //! cache that reads and writes at `cache_control` breakpoints the way Anthropic's does.
 //!
-//! Counting: there is no public Claude tokenizer, so the mock counts with the real `cl100k_base`
+//! Counting: there is no public Claude tokenizer, so the mock models one: the real `cl100k_base`
 //! BPE (a tokenizer the proxy does not use for Claude, so its estimate is tested against a
-//! different one), plus 3 tokens per message and 3 for the reply, and 1,600 per image or
-//! document.
+//! different one) times [`CLAUDE_RATIO_PERCENT`] / 100, per block, rounded up — Claude's tokenizers give more
+//! tokens than OpenAI's on the same text, by about 1.15× over `cl100k_base` in the heuristic
+//! counters use (`docs/messages-wire.md`, "Counting") — plus 3 tokens per message and 3 for the
+//! reply, and 1,600 per image or document.
 //!
 //! Caching: a breakpoint writes the prefix ending at its block (when it is at least
 //! [`MIN_CACHEABLE`] tokens); a request reads the longest written prefix that ends at one of
@@ -25,6 +27,18 @@ use context_proxy_tokens::Encoding;
 
 /// The tokenizer standing in for Claude's.
 pub const ENCODING: Encoding = Encoding::Cl100kBase;
+/// Claude's tokens per [`ENCODING`] token, in hundredths (1.15×).
+pub const CLAUDE_RATIO_PERCENT: usize = 115;
+
+/// The tokens the modelled Claude tokenizer gives `text`.
+pub fn claude_tokens(text: &str) -> usize {
+    claude_of(ENCODING.count(text))
+}
+
+/// `bpe` tokens of [`ENCODING`] as Claude's, rounded up.
+fn claude_of(bpe: usize) -> usize {
+    (bpe * CLAUDE_RATIO_PERCENT).div_ceil(100)
+}
 /// Tokens every message costs besides its blocks.
 pub const TOKENS_PER_MESSAGE: usize = 3;
 /// Tokens that prime the reply.
@@ -111,13 +125,13 @@ fn breakpoint(block: &Value) -> Option<bool> {
 
 /// The tokens of one content block.
 pub(crate) fn block_tokens(block: &Value) -> usize {
-    let count = |v: &Value| v.as_str().map_or(0, |text| ENCODING.count(text));
+    let count = |v: &Value| v.as_str().map_or(0, claude_tokens);
     match block["type"].as_str() {
         Some("text") => count(&block["text"]),
         Some("thinking") => count(&block["thinking"]),
         Some("redacted_thinking") => count(&block["data"]),
         Some("tool_use" | "server_tool_use") => {
-            count(&block["name"]) + ENCODING.count(&block["input"].to_string())
+            count(&block["name"]) + claude_tokens(&block["input"].to_string())
         }
         Some("tool_result") => {
             TOKENS_PER_MESSAGE
@@ -127,7 +141,7 @@ pub(crate) fn block_tokens(block: &Value) -> usize {
                     .sum::<usize>()
         }
         Some("image" | "document") => TOKENS_PER_MEDIA,
-        _ => ENCODING.count(&block.to_string()),
+        _ => claude_tokens(&block.to_string()),
     }
 }
 
@@ -138,7 +152,7 @@ pub(crate) fn blocks(request: &Value) -> Vec<Block> {
     for tool in array(&request["tools"]) {
         prefix.block(tool);
         out.push(Block {
-            tokens: ENCODING.count(&tool.to_string()),
+            tokens: claude_tokens(&tool.to_string()),
             digest: prefix.digest(),
             breakpoint: breakpoint(tool),
         });

@@ -26,7 +26,9 @@ pub struct GenTrafficArgs {
     #[arg(long, default_value_t = TrafficConfig::default().max_result_bytes)]
     pub max_result_bytes: usize,
     /// `mixed`: coding, research and support sessions taking turns; `support`: support-desk
-    /// sessions only (a long fixed policy prompt, 20 tool schemas, 5 to 30 short requests).
+    /// sessions only (a long fixed policy prompt, 20 tool schemas, 5 to 30 short requests);
+    /// `claude-code`: Claude Code sessions on Anthropic Messages (60 requests or more, thinking
+    /// signed as the mock upstream signs it).
     #[arg(long, value_enum, default_value_t = Shape::Mixed)]
     pub shape: Shape,
 }
@@ -96,11 +98,12 @@ pub fn summary(stats: &CorpusStats, out: &std::path::Path, gen_ms: u128, write_m
     )
 }
 
-/// Generates the corpus `args` describe, writes it to `args.out`, and prints a summary.
-pub fn run(args: GenTrafficArgs) -> io::Result<()> {
+/// Generates the corpus `args` describe (thinking blocks signed by `sign`), writes it to
+/// `args.out`, and prints a summary.
+pub fn run(args: GenTrafficArgs, sign: crate::claude_code::Signer<'_>) -> io::Result<()> {
     let cfg = args.config();
     let started = Instant::now();
-    let sessions = generate_shape(&cfg, args.shape);
+    let sessions = generate_shape(&cfg, args.shape, sign);
     let generated = started.elapsed();
     let index = write_dir(&args.out, &cfg, &sessions)?;
     let written = started.elapsed() - generated;

@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 mod chat;
+pub mod claude_code;
 pub mod cli;
 mod code;
 mod coding;
@@ -122,6 +123,9 @@ pub fn generate_session(cfg: &TrafficConfig, index: usize) -> Session {
         stream,
         messages,
         request_ends,
+        api: None,
+        fields: None,
+        mark_newest: false,
     }
 }
 
@@ -146,6 +150,9 @@ pub fn generate_support_session(cfg: &TrafficConfig, index: usize) -> Session {
         stream,
         messages,
         request_ends,
+        api: None,
+        fields: None,
+        mark_newest: false,
     }
 }
 
@@ -160,14 +167,24 @@ pub enum Shape {
     Mixed,
     /// Support-desk sessions only ([`generate_support_session`]).
     Support,
+    /// Claude Code sessions on Anthropic Messages ([`claude_code::generate_session`]).
+    ClaudeCode,
 }
 
-/// Every session of `shape` for `cfg`, in index order.
-pub fn generate_shape(cfg: &TrafficConfig, shape: Shape) -> Vec<Session> {
+/// Every session of `shape` for `cfg`, in index order; Claude Code's thinking blocks are
+/// signed by `sign` (the upstream's signer, [`claude_code::Signer`]).
+pub fn generate_shape(
+    cfg: &TrafficConfig,
+    shape: Shape,
+    sign: claude_code::Signer<'_>,
+) -> Vec<Session> {
     match shape {
         Shape::Mixed => generate(cfg),
         Shape::Support => (0..cfg.sessions)
             .map(|i| generate_support_session(cfg, i))
+            .collect(),
+        Shape::ClaudeCode => (0..cfg.sessions)
+            .map(|i| claude_code::generate_session(cfg, i, sign))
             .collect(),
     }
 }

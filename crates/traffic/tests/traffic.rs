@@ -195,7 +195,7 @@ fn support_desk_sessions_have_the_promised_shape() {
         sessions: 40,
         ..TrafficConfig::default()
     };
-    let sessions = traffic::generate_shape(&cfg, traffic::Shape::Support);
+    let sessions = traffic::generate_shape(&cfg, traffic::Shape::Support, &unsigned);
     assert_eq!(sessions.len(), 40);
     let system = &sessions[0].messages[0];
     let policy = counter.count_message(system);
@@ -241,11 +241,16 @@ fn support_desk_sessions_have_the_promised_shape() {
     );
     // Deterministic, and the mixed corpus of the seed is untouched.
     assert_eq!(
-        traffic::generate_shape(&cfg, traffic::Shape::Support),
+        traffic::generate_shape(&cfg, traffic::Shape::Support, &unsigned),
         sessions
     );
     assert_eq!(
-        traffic::generate_shape(&cfg, traffic::Shape::Mixed),
+        traffic::generate_shape(&cfg, traffic::Shape::Mixed, &unsigned),
         traffic::generate(&cfg)
     );
+}
+
+/// A thinking block the shapes other than Claude Code's never ask for.
+fn unsigned(_: &serde_json::Value, text: &str) -> serde_json::Value {
+    serde_json::json!({"type": "thinking", "thinking": text, "signature": ""})
 }

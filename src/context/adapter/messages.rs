@@ -33,7 +33,7 @@ use std::ops::Range;
 use serde_json::{json, Map, Value};
 
 use super::scan;
-use super::{splice, Adapter, Piece, Spans};
+use super::{splice, Adapter, Piece, Readable, Spans};
 use crate::context::estimate::{self, scaled, DEFAULT_FACTOR};
 pub use crate::context::estimate::{block_type, blocks};
 use crate::context::model::{Binding, Kind};
@@ -337,6 +337,40 @@ impl Adapter for Messages {
         without_origin(item).to_string()
     }
 
+    /// Text and tool results (`(result of id)`) as its text, tool calls as its calls
+    /// (`id name(input)`); thinking is left out (the model's own reasoning is not the
+    /// conversation).
+    fn readable<'v>(&self, item: &'v Value) -> Readable<'v> {
+        let mut lines = Vec::new();
+        let mut calls = Vec::new();
+        for block in blocks(field(item, "content")).iter() {
+            match block_type(block) {
+                "text" => lines.push(str_field(block, "text").unwrap_or("").to_string()),
+                "tool_use" | "server_tool_use" | "mcp_tool_use" => calls.push(format!(
+                    "{} {}({})",
+                    str_field(block, "id").unwrap_or(""),
+                    str_field(block, "name").unwrap_or(""),
+                    field(block, "input")
+                        .map(Value::to_string)
+                        .unwrap_or_default()
+                )),
+                "tool_result" => lines.push(format!(
+                    "(result of {})\n{}",
+                    str_field(block, "tool_use_id").unwrap_or(""),
+                    content_text(field(block, "content")).unwrap_or_default()
+                )),
+                "thinking" | "redacted_thinking" => {}
+                other => lines.push(format!("[{other} block]")),
+            }
+        }
+        Readable {
+            who: Cow::Borrowed(str_field(item, "role").unwrap_or("user")),
+            answers: None,
+            text: (!lines.is_empty()).then(|| Cow::Owned(lines.join("\n"))),
+            calls,
+        }
+    }
+
     fn spans(&self, raw: &[u8]) -> Option<Spans> {
         let list = scan::member(raw, b"messages")?;
         let items = scan::elements(raw, list.clone())?;
@@ -461,6 +495,25 @@ pub fn binds_thinking(model: &str) -> bool {
         "claude-haiku-3",
     ];
     !OLDER.iter().any(|prefix| model.starts_with(prefix))
+}
+
+/// Whether adding tools to `body` would invalidate thinking blocks the API cannot be asked to
+/// drop: the model binds each thinking block to the tools before it, the conversation thinks
+/// (its config or its blocks), and `drop_block` is not allowed.
+pub fn tools_would_unbind(rules: WriteRules, body: &Value) -> bool {
+    if !rules.binds_thinking || rules.drop_block_allowed {
+        return false;
+    }
+    let thinking_on = body
+        .get("thinking")
+        .and_then(|t| t.get("type"))
+        .and_then(Value::as_str)
+        .is_some_and(|t| t != "disabled");
+    let has_blocks = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .is_some_and(|messages| messages.iter().any(has_thinking));
+    thinking_on || has_blocks
 }
 
 fn is_thinking(block: &Value) -> bool {

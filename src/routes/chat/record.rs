@@ -56,6 +56,15 @@ pub fn record(
     // Only one upstream call's usage is comparable with the proxy's count of the request.
     if let (true, 1, Some(billed)) = (managed.counted, upstream_calls, billed) {
         metrics.record_usage(managed.report.tokens_after, billed);
+        // Without a public tokenizer, the answer's usage corrects the conversation's estimate.
+        if let Some(identity) = &ctx.identity {
+            state.context.observe_usage(
+                identity,
+                ctx.format.wire,
+                managed.report.tokens_after,
+                billed as usize,
+            );
+        }
     }
     let t = &ctx.timings;
     let between = |from: Option<std::time::Instant>, to: Option<std::time::Instant>| {
@@ -142,6 +151,7 @@ fn pending(
         session,
         tenant: ctx.identity.as_ref().map(|i| i.tenant.as_str().to_string()),
         mode: ctx.mode.as_str(),
+        route: ctx.format.name,
         request: ctx.request.raw.clone(),
         forwarded,
         response,
@@ -177,7 +187,7 @@ fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: 
         ts: crate::context::writer::rfc3339(std::time::SystemTime::now()),
         request_id: ctx.request_id().to_string(),
         event: "request".into(),
-        route: journal::route_name(ctx.format.wire).into(),
+        route: ctx.format.name.into(),
         model: ctx.model.clone(),
         upstream: ctx.upstream.name.clone(),
         status: status.as_u16(),

@@ -16,7 +16,7 @@ use crate::context::{
 };
 use crate::http::body::ProxyBody;
 use crate::routes::shared::Shared;
-use crate::upstream::relay::{relay_observed, respond_observed, End, Observer};
+use crate::upstream::relay::{relay_observed, respond_observed, End, Observer, StreamErrors};
 use crate::wire::UsageTap;
 
 /// Response headers: the proxy's tool rounds, the upstream's cached tokens, what a summary did
@@ -49,6 +49,13 @@ pub fn respond(state: Arc<Shared>, ctx: ChatCtx, answer: Answer) -> Response<Pro
         .recorder
         .as_ref()
         .map(|r| Kept::new(r.max_response_bytes()));
+    let errors = if ctx.format.anthropic_errors {
+        StreamErrors::Anthropic {
+            request_id: ctx.request_id().to_string(),
+        }
+    } else {
+        StreamErrors::OpenAi
+    };
     let reader = |status| Reader {
         state,
         ctx: Some(ctx),
@@ -59,17 +66,23 @@ pub fn respond(state: Arc<Shared>, ctx: ChatCtx, answer: Answer) -> Response<Pro
     let mut response = match answer {
         Answer::Relay(incoming) => {
             let status = incoming.status;
-            relay_observed(incoming, reader(status))
+            relay_observed(incoming, reader(status), errors)
         }
         Answer::Json(done) => {
             let chunks = futures_util::stream::iter([Ok(done.body)]);
-            respond_observed(done.status, done.headers, chunks, reader(done.status))
+            respond_observed(
+                done.status,
+                done.headers,
+                chunks,
+                reader(done.status),
+                errors,
+            )
         }
         Answer::Stream {
             status,
             headers,
             events,
-        } => respond_observed(status, headers, events, reader(status)),
+        } => respond_observed(status, headers, events, reader(status), errors),
     };
     for (name, value) in headers {
         response.headers_mut().insert(name, value);

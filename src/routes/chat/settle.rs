@@ -24,7 +24,16 @@ pub async fn settle(state: &Shared, ctx: &mut ChatCtx) {
         identity: identity.clone(),
         job,
         upstream: ctx.upstream.clone(),
-        authorization: ctx.headers.get(http::header::AUTHORIZATION).cloned(),
+        // The summarizer speaks chat completions: a key sent as `x-api-key` (Anthropic's
+        // clients) goes as a bearer token, which Anthropic's OpenAI-compatible endpoint takes.
+        authorization: ctx
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .cloned()
+            .or_else(|| {
+                crate::http::headers::api_key(&ctx.headers)
+                    .and_then(|key| http::HeaderValue::from_str(&format!("Bearer {key}")).ok())
+            }),
         model: ctx.request.model().unwrap_or("").to_string(),
     };
     let job = match std::mem::take(&mut plan.summary) {

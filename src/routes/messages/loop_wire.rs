@@ -12,6 +12,8 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::loop_stream;
+use crate::context::adapter::messages::{binds_thinking, with_drop_block};
+use crate::context::adapter::messages_added::with_tools;
 use crate::http::error::ProxyError;
 use crate::proxy_tools::{self, hidden, ToolNames};
 use crate::routes::tool_loop::{EventStream, LoopWire, Round, Split, Turn};
@@ -115,6 +117,17 @@ impl LoopWire for MessagesLoop {
 
     fn merges_rounds(&self) -> bool {
         true
+    }
+
+    fn inject_bytes(&self, raw: &[u8], body: &Value, names: &ToolNames) -> Option<Vec<u8>> {
+        let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+        let mut raw = raw.to_vec();
+        if binds_thinking(model) && body.get("thinking").is_some_and(Value::is_object) {
+            // The tools change the prefix every earlier thinking block is bound to: the API
+            // drops those blocks instead of refusing the request (offered only when allowed).
+            raw = with_drop_block(&raw, body)?;
+        }
+        with_tools(&raw, &proxy_tools::messages_definitions(names))
     }
 
     fn error_body(&self, error: &ProxyError, request_id: &str) -> Bytes {

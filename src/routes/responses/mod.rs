@@ -47,6 +47,7 @@ const COMPACT: Format = Format {
 
 /// The Responses API's format of the managed phases.
 pub const RESPONSES: Format = Format {
+    name: "responses",
     wire: Wire::Responses,
     path: "/responses",
     session_hint,
@@ -54,6 +55,8 @@ pub const RESPONSES: Format = Format {
     unmanaged_body,
     implied_limit,
     tool_loop: Some(&loop_wire::ResponsesLoop),
+    write_rules: chat::format::serialized,
+    anthropic_errors: false,
 };
 
 /// Runs the managed phases for one `POST /v1/responses`.

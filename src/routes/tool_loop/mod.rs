@@ -85,6 +85,14 @@ pub trait LoopWire: Send + Sync {
     /// The client's stream, relaying `first` and each later round live.
     fn stream(&self, round: Round, first: Incoming) -> EventStream;
 
+    /// `raw`, the bytes of a request written into the client's bytes (`body` parsed from
+    /// them), with the proxy's tools added; `None` when the format serializes its body instead
+    /// (the tools are in `body`, [`LoopWire::inject`]) or they cannot be written.
+    fn inject_bytes(&self, raw: &[u8], body: &Value, names: &ToolNames) -> Option<Vec<u8>> {
+        let _ = (raw, body, names);
+        None
+    }
+
     /// The body of an error the loop answers itself (`ToolLoopExhausted`), in the route's
     /// API's shape.
     fn error_body(&self, error: &ProxyError, request_id: &str) -> Bytes {

@@ -1,21 +1,11 @@
-//! What the page's journal needs to know of each wire: the route's name in a `request` line
-//! and the conversation a body holds, read as one list. The line and its writer are the
-//! domain's ([`crate::sessions::journal`]), re-exported here.
+//! What the page's journal needs to know of each wire: the conversation a body holds, read
+//! as one list. The line and its writer are the domain's ([`crate::sessions::journal`]), re-exported here.
 
 use serde_json::Value;
 
 use crate::context::adapter::Wire;
 
 pub use crate::sessions::journal::*;
-
-/// The name of a wire's route in the journal (`route`).
-pub fn route_name(wire: Wire) -> &'static str {
-    match wire {
-        Wire::Chat => "chat",
-        Wire::Responses => "responses",
-        Wire::Messages => "messages",
-    }
-}
 
 /// The conversation of a request body as the page keeps it, as JSON text: the list of its
 /// messages or items in the wire's own shape (chat's and Anthropic's `messages`, the Responses

@@ -28,7 +28,7 @@ use serde_json::Value;
 use context_proxy_pricing::CachePricing;
 use context_proxy_tokens::{CountSettings, Counter, Encoding};
 use cost::{Pricing, SummarizerCalls};
-use report::{report, Report, Side};
+use report::{report, BilledSide, Report, Side};
 use send::{drive, DriveOptions};
 use source::Session;
 
@@ -201,7 +201,7 @@ pub async fn mock_received(
         .map_err(|e| ReplayError::Mock(e.to_string()))?;
     let mut received = Received::default();
     for r in list.as_array().into_iter().flatten() {
-        if r["path"] != "/v1/chat/completions" {
+        if r["path"] != "/v1/chat/completions" && r["path"] != "/v1/messages" {
             continue;
         }
         let body = r["body"]
@@ -375,6 +375,10 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
     };
     let direct = if args.compare {
         let upstream = upstream.clone().ok_or(ReplayError::NoUpstream)?;
+        // Both runs start with the mock's prompt cache empty.
+        if let Some(mock) = &mock {
+            reset_mock(&client, mock).await?;
+        }
         let started = Instant::now();
         let outcomes = drive(
             &client,
@@ -437,7 +441,9 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
     };
     let mut report = report(&outcomes, duration, without, with, headline.name);
     report.sessions = sessions.iter().map(|s| s.id.clone()).collect();
+    report.billed = BilledSide::of(&outcomes, &headline.terms);
     if let Some((direct, seconds)) = direct {
+        report.billed_direct = BilledSide::of(&direct, &headline.terms);
         report.direct_latency_ms = Some(report::Percentiles::of(
             direct.iter().map(|o| o.latency_ms).collect(),
         ));

@@ -250,6 +250,40 @@ pub struct Report {
     pub extra_upstream_calls: Option<usize>,
     /// The sessions' ids, in the order of `without_proxy.per_session`.
     pub sessions: Vec<String>,
+    /// Anthropic Messages traffic: what the answers' usage billed through the target, priced
+    /// with the headline provider's cache terms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub billed: Option<BilledSide>,
+    /// The same, going directly to the upstream (`--compare`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub billed_direct: Option<BilledSide>,
+}
+
+/// The usage Anthropic's answers reported, summed, and its cost in full-price input tokens
+/// (cache writes at 1 + the write premium, one-hour writes at 2×, reads at the read rate).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct BilledSide {
+    /// Answers that reported a usage.
+    pub answers: usize,
+    #[serde(flatten)]
+    pub usage: super::send::Billed,
+    pub cost: f64,
+}
+
+impl BilledSide {
+    /// The usage of `outcomes`' answers, priced with `terms`; `None` when none reported one.
+    pub fn of(
+        outcomes: &[Outcome],
+        terms: &context_proxy_pricing::CachePricing,
+    ) -> Option<BilledSide> {
+        let mut side = BilledSide::default();
+        for billed in outcomes.iter().filter_map(|o| o.billed.as_ref()) {
+            side.answers += 1;
+            side.usage.add(billed);
+        }
+        side.cost = side.usage.cost(terms);
+        (side.answers > 0).then_some(side)
+    }
 }
 
 /// Builds the report from the outcomes of the run through the target.
@@ -304,6 +338,8 @@ pub fn report(
         with_proxy,
         extra_upstream_calls: extra,
         sessions: Vec::new(),
+        billed: None,
+        billed_direct: None,
     }
 }
 
@@ -410,6 +446,33 @@ impl Report {
             w.map(|w| w.cached_share),
             true,
         );
+        if let Some(billed) = &self.billed {
+            let direct = self.billed_direct.as_ref();
+            let _ = writeln!(
+                out,
+                "\n{:<22}{:>16}{:>16}{:>9}",
+                "anthropic usage", "direct", "with proxy", "change"
+            );
+            let field = |b: &BilledSide, f: fn(&BilledSide) -> f64| f(b);
+            for (name, f) in [
+                (
+                    "input",
+                    (|b: &BilledSide| b.usage.input as f64) as fn(&BilledSide) -> f64,
+                ),
+                ("cache writes", |b| b.usage.cache_write as f64),
+                ("cache reads", |b| b.usage.cache_read as f64),
+                ("output", |b| b.usage.output as f64),
+                ("cost", |b| b.cost),
+            ] {
+                let proxied = field(billed, f);
+                match direct {
+                    Some(d) => row(&mut out, name, field(d, f), Some(proxied), false),
+                    None => {
+                        let _ = writeln!(out, "{name:<22}{:>16}{proxied:>16.0}", "-");
+                    }
+                }
+            }
+        }
         for (name, cost) in &wo.cost {
             row(
                 &mut out,

@@ -12,12 +12,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::source::Session;
+use super::source::{Api, Session};
 
 /// How to send.
 #[derive(Debug, Clone)]
 pub struct DriveOptions {
-    /// `…/chat/completions` of the proxy or the upstream.
+    /// `…/chat/completions` of the proxy or the upstream (Anthropic's requests go to
+    /// `…/messages` beside it).
     pub url: String,
     pub concurrency: usize,
     /// Requests per second over all sessions (open loop).
@@ -53,7 +54,96 @@ pub struct Outcome {
     pub tokens_after: Option<u64>,
     /// Rounds of the proxy's own tools (`x-context-reload: rounds=…`).
     pub reload_rounds: u64,
+    /// What an Anthropic answer's usage billed (Messages requests).
+    pub billed: Option<Billed>,
 }
+
+/// An Anthropic answer's usage: input, cache writes (5-minute and one-hour), cache reads and
+/// output tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Billed {
+    pub input: u64,
+    pub cache_write: u64,
+    pub cache_write_1h: u64,
+    pub cache_read: u64,
+    pub output: u64,
+}
+
+impl Billed {
+    /// Reads a `usage` object onto `self` (fields it lacks keep their value: a stream's
+    /// `message_delta` often reports `output_tokens` alone).
+    fn read(&mut self, usage: &serde_json::Value) {
+        self.input = n_of(usage, "input_tokens", self.input);
+        self.cache_write = n_of(usage, "cache_creation_input_tokens", self.cache_write);
+        self.cache_read = n_of(usage, "cache_read_input_tokens", self.cache_read);
+        self.output = n_of(usage, "output_tokens", self.output);
+        if let Some(split) = usage.get("cache_creation") {
+            self.cache_write_1h = n_of(split, "ephemeral_1h_input_tokens", self.cache_write_1h);
+        }
+    }
+
+    /// The usage of an answer, JSON or an event stream.
+    pub fn of_answer(body: &[u8]) -> Option<Billed> {
+        let mut billed = None::<Billed>;
+        if let Ok(message) = serde_json::from_slice::<serde_json::Value>(body) {
+            let usage = message.get("usage")?;
+            billed.get_or_insert_default().read(usage);
+            return billed;
+        }
+        for line in String::from_utf8_lossy(body).lines() {
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(data.trim()) else {
+                continue;
+            };
+            let usage = event
+                .get("message")
+                .and_then(|m| m.get("usage"))
+                .or_else(|| event.get("usage"));
+            if let Some(usage) = usage.filter(|u| u.is_object()) {
+                billed.get_or_insert_default().read(usage);
+            }
+        }
+        billed
+    }
+
+    /// The cost in full-price input tokens under `terms` (a one-hour write costs 2×).
+    pub fn cost(&self, terms: &context_proxy_pricing::CachePricing) -> f64 {
+        let five = self.cache_write.saturating_sub(self.cache_write_1h);
+        self.input as f64
+            + five as f64 * (1.0 + terms.cache_write_premium)
+            + self.cache_write_1h as f64 * 2.0
+            + self.cache_read as f64 * terms.cached_read_rate
+    }
+
+    pub fn add(&mut self, other: &Billed) {
+        self.input += other.input;
+        self.cache_write += other.cache_write;
+        self.cache_write_1h += other.cache_write_1h;
+        self.cache_read += other.cache_read;
+        self.output += other.output;
+    }
+}
+
+fn n_of(v: &serde_json::Value, key: &str, old: u64) -> u64 {
+    v.get(key).and_then(|v| v.as_u64()).unwrap_or(old)
+}
+
+/// The URL of `api` beside `chat_url` (`…/chat/completions`).
+pub fn url_for(chat_url: &str, api: Api) -> String {
+    let base = chat_url
+        .strip_suffix("/chat/completions")
+        .unwrap_or(chat_url);
+    match api {
+        Api::Chat => chat_url.to_string(),
+        Api::Messages => format!("{base}/messages"),
+        Api::CountTokens => format!("{base}/messages/count_tokens"),
+    }
+}
+
+/// Longest answer read for its usage.
+const MAX_ANSWER_BYTES: usize = 16 << 20;
 
 /// Sends every session and returns every outcome, ordered by session then index.
 pub async fn drive(
@@ -125,8 +215,15 @@ pub async fn drive(
                         _ => now,
                     };
                     tokio::time::sleep_until(slot.into()).await;
-                    let mut outcome =
-                        send(&client, &options, &session.id, &request.body, slot).await;
+                    let mut outcome = send(
+                        &client,
+                        &options,
+                        &session.id,
+                        &request.body,
+                        request.api,
+                        slot,
+                    )
+                    .await;
                     outcome.session = s;
                     outcome.index = index;
                     outcome.stream = request.stream;
@@ -178,14 +275,28 @@ async fn send(
     options: &DriveOptions,
     session: &str,
     body: &bytes::Bytes,
+    api: Api,
     slot: Instant,
 ) -> Outcome {
     let sent = Instant::now();
     let ms = |from: Instant| from.elapsed().as_secs_f64() * 1e3;
-    let response = client
-        .post(&options.url)
-        .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {}", options.api_key))
+    let request = client
+        .post(url_for(&options.url, api))
+        .header("content-type", "application/json");
+    // Anthropic's clients send their key as `x-api-key`, with the API version and Claude
+    // Code's betas.
+    let request = if api.is_anthropic() {
+        request
+            .header("x-api-key", &options.api_key)
+            .header("anthropic-version", "2023-06-01")
+            .header(
+                "anthropic-beta",
+                "claude-code-20250219,interleaved-thinking-2025-05-14",
+            )
+    } else {
+        request.header("authorization", format!("Bearer {}", options.api_key))
+    };
+    let response = request
         .header(
             context_proxy_contract::SESSION_HEADER,
             format!("{}{session}", options.run_id),
@@ -217,10 +328,14 @@ async fn send(
         ..Outcome::default()
     };
     let mut first = None;
+    let mut answer = Vec::new();
     loop {
         match resp.chunk().await {
-            Ok(Some(_)) => {
+            Ok(Some(chunk)) => {
                 first.get_or_insert_with(|| ms(sent));
+                if api == Api::Messages && answer.len() + chunk.len() <= MAX_ANSWER_BYTES {
+                    answer.extend_from_slice(&chunk);
+                }
             }
             Ok(None) => break,
             Err(_) => {
@@ -228,6 +343,9 @@ async fn send(
                 break;
             }
         }
+    }
+    if api == Api::Messages && (200..300).contains(&outcome.status) {
+        outcome.billed = Billed::of_answer(&answer);
     }
     outcome.ttfb_ms = first.unwrap_or_else(|| ms(sent));
     outcome.latency_ms = ms(slot);

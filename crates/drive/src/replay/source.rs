@@ -15,6 +15,34 @@ use serde_json::Value;
 
 use context_proxy_corpus::recording;
 
+/// The API a request speaks, and so the path it goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Api {
+    /// `…/chat/completions`.
+    #[default]
+    Chat,
+    /// Anthropic's `…/messages`.
+    Messages,
+    /// Anthropic's `…/messages/count_tokens`.
+    CountTokens,
+}
+
+impl Api {
+    /// The API of a recorded exchange's route (`messages`, `count_tokens`; absent: chat).
+    pub fn of_route(route: Option<&str>) -> Api {
+        match route {
+            Some("messages") => Api::Messages,
+            Some("count_tokens") => Api::CountTokens,
+            _ => Api::Chat,
+        }
+    }
+
+    /// Whether the request speaks Anthropic's API.
+    pub fn is_anthropic(self) -> bool {
+        self != Api::Chat
+    }
+}
+
 /// One request of a session.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -22,6 +50,7 @@ pub struct Request {
     /// When it was sent, in ms after the session's first request (recordings only).
     pub offset_ms: Option<u64>,
     pub stream: bool,
+    pub api: Api,
 }
 
 /// Requests that must go in order, each after the previous one's answer.
@@ -40,11 +69,12 @@ impl Session {
     }
 }
 
-fn request(body: &Value, offset_ms: Option<u64>) -> Request {
+fn request(body: &Value, offset_ms: Option<u64>, api: Api) -> Request {
     Request {
         body: Bytes::from(body.to_string()),
         offset_ms,
         stream: body.get("stream") == Some(&Value::Bool(true)),
+        api,
     }
 }
 
@@ -76,6 +106,11 @@ pub fn load(path: &Path) -> io::Result<Vec<Session>> {
                         body: Bytes::from(s.request_body(k)),
                         offset_ms: None,
                         stream: s.stream,
+                        api: if s.is_messages() {
+                            Api::Messages
+                        } else {
+                            Api::Chat
+                        },
                     })
                     .collect(),
             })
@@ -109,7 +144,11 @@ pub fn from_recording(exchanges: &[recording::Exchange]) -> Vec<Session> {
             (x.at_ms, Vec::new())
         });
         let offset = x.at_ms.saturating_sub(entry.0);
-        entry.1.push(request(&x.request, Some(offset)));
+        entry.1.push(request(
+            &x.request,
+            Some(offset),
+            Api::of_route(x.route.as_deref()),
+        ));
     }
     order
         .into_iter()
@@ -142,7 +181,7 @@ fn from_jsonl(reader: impl BufRead) -> io::Result<Vec<Session>> {
                 order.push(session);
                 Vec::new()
             })
-            .push(request(&body, None));
+            .push(request(&body, None, Api::Chat));
     }
     Ok(order
         .into_iter()
