@@ -116,30 +116,6 @@ pub fn respond_observed(
     observer: impl Observer,
     errors: StreamErrors,
 ) -> http::Response<ProxyBody> {
-    respond_with(status, headers, chunks, observer, StreamErrors::OpenAi)
-}
-
-/// [`respond_observed`] for an Anthropic client: a stream that fails mid-way ends with
-/// Anthropic's `error` event, carrying `request_id`.
-pub fn respond_anthropic(
-    status: http::StatusCode,
-    headers: http::HeaderMap,
-    chunks: impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
-    request_id: &str,
-) -> http::Response<ProxyBody> {
-    let errors = StreamErrors::Anthropic {
-        request_id: request_id.to_string(),
-    };
-    respond_with(status, headers, chunks, (), errors)
-}
-
-fn respond_with(
-    status: http::StatusCode,
-    headers: http::HeaderMap,
-    chunks: impl Stream<Item = Result<Bytes, BodyError>> + Send + 'static,
-    observer: impl Observer,
-    errors: StreamErrors,
-) -> http::Response<ProxyBody> {
     let is_event_stream = is_event_stream(&headers);
     let length = content_length(&headers);
     let body = relay_body(chunks, is_event_stream, length, observer, errors);
