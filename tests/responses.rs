@@ -443,3 +443,50 @@ async fn a_45_turn_codex_session_stays_valid_and_its_prefix_stable() {
         "the prefix moved {rewrites} times in 45 turns"
     );
 }
+
+#[tokio::test]
+async fn a_generated_codex_session_replays_valid_with_a_stable_prefix() {
+    // gen-traffic --shape codex: the whole input every turn, store false, encrypted reasoning,
+    // shell and apply_patch calls; replayed through the proxy on a small window.
+    let cfg = context_proxy::traffic::TrafficConfig {
+        seed: 11,
+        sessions: 1,
+        max_turns: 45,
+        max_result_bytes: 20_000,
+    };
+    let session = context_proxy::traffic::generate_codex_session(&cfg, 0);
+    assert!(session.request_count() >= 40);
+    let h = small_window().await;
+    let mut previous: Option<Vec<Value>> = None;
+    let (mut rewrites, mut managed) = (0, 0);
+    for k in 0..session.request_count() {
+        let mut body = session.request(k);
+        body["stream"] = json!(false);
+        let resp = post(&h, &body).await;
+        let status = resp.status();
+        let before: usize = header(&resp, "x-context-tokens-before").parse().unwrap();
+        let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
+        let text = resp.text().await.unwrap();
+        // The strict mock accepted every forwarded input (pairing, reasoning, item types).
+        assert_eq!(status, 200, "request {k}: {text}");
+        managed += usize::from(after < before);
+        let sent = h.mock.received().last().unwrap().json();
+        assert_eq!(sent["instructions"], body["instructions"]);
+        let sent: Vec<Value> = sent["input"].as_array().unwrap().clone();
+        if let Some(before) = &previous {
+            if sent.len() < before.len() || sent[..before.len()] != before[..] {
+                rewrites += 1;
+            }
+        }
+        previous = Some(sent);
+    }
+    assert!(
+        managed > 0,
+        "a 40-turn Codex session on a 16k window was never managed"
+    );
+    assert!(
+        rewrites * 4 <= session.request_count(),
+        "the prefix moved {rewrites} times in {} requests",
+        session.request_count()
+    );
+}

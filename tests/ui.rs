@@ -585,3 +585,71 @@ async fn the_context_routes_see_and_erase_the_lines_that_wait() {
     let (status, _, body) = get(&h, "/ui/session?s=s-del", Some("sk-alice")).await;
     assert_eq!(status, 404, "{body}");
 }
+
+/// An Anthropic Messages request is on the page too: its route named, its blocks read as
+/// messages (the system prompt first, the tool_use call, the tool_result with the marker
+/// where its content was). A count of tokens is no turn: it leaves no line.
+#[tokio::test]
+async fn a_messages_request_is_shown_block_by_block() {
+    let h = started().await;
+    let ref_a = ContentRef::of(&file_a()).as_str().to_string();
+    let body = json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "system": "You are a coding agent.",
+        "messages": [
+            {"role": "user", "content": "Read the file."},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_a", "name": "read_file", "input": {"path": "a.rs"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_a", "content": file_a()}]},
+            {"role": "assistant", "content": "Read."},
+            {"role": "user", "content": "What is on line 7?"}
+        ]
+    });
+    let post = |path: &'static str| {
+        h.client
+            .post(h.url(path))
+            .header("x-api-key", "sk-alice")
+            .header("anthropic-version", "2023-06-01")
+            .header("x-context-session", "s-messages")
+            .json(&body)
+    };
+    h.mock.push(Reply::text("Line 7."));
+    let resp = post("/v1/messages").send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let actions = resp.headers()["x-context-actions"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(actions.contains("compacted"), "{actions}");
+    resp.bytes().await.unwrap();
+    let session = wait_turns(&h, "sk-alice", "s-messages", 1).await;
+    let resp = post("/v1/messages/count_tokens").send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    let index = session
+        .split("/ui/request?")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .replace("&amp;", "&");
+    let (status, _, side) = get(&h, &format!("/ui/request?{index}"), Some("sk-alice")).await;
+    assert_eq!(status, 200, "{side}");
+    assert!(side.contains("/v1/messages"), "{side}");
+    assert!(
+        side.contains("You are a coding agent."),
+        "the system prompt: {side}"
+    );
+    assert!(side.contains("<code>read_file</code>"), "the call: {side}");
+    assert!(
+        side.contains("<code>toolu_a</code>"),
+        "the result's call: {side}"
+    );
+    assert!(side.contains("<mark class=\"marker\">"), "{side}");
+    assert!(side.contains(&format!("r={ref_a}\"")), "{side}");
+    assert!(!side.contains("<script>alert"), "{side}");
+    // The count left no turn (the page writes what waits before it reads).
+    let (_, _, again) = get(&h, "/ui/session?s=s-messages", Some("sk-alice")).await;
+    assert!(again.contains("id=\"turn-1\"") && !again.contains("id=\"turn-2\""));
+}

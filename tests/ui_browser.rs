@@ -1,11 +1,12 @@
 //! The page in a real browser: Debian's chromium driven by Playwright for Python
 //! (`tests/e2e/ui_browser.py`; `scripts/test` installs both, nothing downloads a browser). A
 //! compacting proxy in front of the mock serves a scripted session with a reload round and a
-//! hostile tool result; the script logs in and checks what a person would: the session listed
-//! with the right figures, the reload round, a new request appearing live, the marker where the
-//! content was and its reference opening the original, paged; that no script of the content
-//! runs (dialogs and console errors are listened for); that another key sees nothing of it;
-//! that erasure removes it; and how fast a 500-turn session's page first renders.
+//! hostile tool result (and the same conversation on the Responses API); the script logs in
+//! and checks what a person would: the session listed with the right figures and costs in
+//! dollars, the reload round, a new request appearing live, the marker where the content was
+//! and its reference opening the original, paged, on both routes; that no script of the
+//! content runs (dialogs and console errors are listened for); that another key sees nothing
+//! of it; that erasure removes it; and how fast a 500-turn session's page first renders.
 //! `UI_SCREENSHOTS=DIR` also saves the README's screenshots there.
 
 mod common;
@@ -61,6 +62,23 @@ fn messages() -> Vec<Value> {
         json!({"role": "assistant", "content": "Read."}),
         json!({"role": "user", "content": "What is on line 7?"}),
     ]
+}
+
+/// [`messages`] as a Responses API request: the instructions apart, the call and its output
+/// as items.
+fn responses_body() -> Value {
+    json!({
+        "model": "gpt-4o",
+        "instructions": "You are a coding agent.",
+        "store": false,
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Read the file."}]},
+            {"type": "function_call", "call_id": "call_a", "name": "read_file", "arguments": "{\"path\":\"a.rs\"}"},
+            {"type": "function_call_output", "call_id": "call_a", "output": file_a()},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Read."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is on line 7?"}]}
+        ]
+    })
 }
 
 /// Tokens before and after (the proxy's headers) and the completion tokens of every call
@@ -183,6 +201,20 @@ async fn the_page_in_a_real_browser() {
     assert_ne!(cost_without, cost_with);
     assert!(forwarded < sent, "the session was compacted");
     wait_turns(&h, "s-browser", 1).await;
+    // The same conversation on the Responses API, in a session of its own.
+    h.mock.push(Reply::text("Line 7."));
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .header("authorization", "Bearer sk-alice")
+        .header("x-context-session", "responses-ui")
+        .json(&responses_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    wait_turns(&h, "responses-ui", 1).await;
     let store = StoreConfig {
         backend: Backend::Fs,
         path: dir.path().to_path_buf(),
@@ -208,6 +240,7 @@ async fn the_page_in_a_real_browser() {
         "fake_ref": "ctx_aaaaaaaaaaaaaaaaaaaaaaaa",
         "hostile_visible": ["<script>alert('xss')</script>", "<img src=x onerror=alert(2)>", "javascript:alert(3)"],
         "big_session": "big-500",
+        "responses_session": "responses-ui",
         "screenshots": screenshots,
     });
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/ui_browser.py");

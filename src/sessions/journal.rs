@@ -186,6 +186,8 @@ pub struct JournalWriter {
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Lines dropped or not written, shared with `/metrics`.
     dropped: Arc<AtomicU64>,
+    /// Ends the task's wait for more lines (a flush, the stop).
+    wake: Arc<tokio::sync::Notify>,
 }
 
 impl JournalWriter {
@@ -197,15 +199,17 @@ impl JournalWriter {
         dropped: Arc<AtomicU64>,
     ) -> Arc<JournalWriter> {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
+        let wake = Arc::new(tokio::sync::Notify::new());
         let span = tracing::info_span!("journal_writer");
         let task = tokio::spawn(tracing::Instrument::instrument(
-            write_loop(store, rx, config, dropped.clone()),
+            write_loop(store, rx, config, dropped.clone(), wake.clone()),
             span,
         ));
         Arc::new(JournalWriter {
             queue: Mutex::new(Some(tx)),
             task: Mutex::new(Some(task)),
             dropped,
+            wake,
         })
     }
 
@@ -234,6 +238,7 @@ impl JournalWriter {
         let Some(tx) = self.sender() else { return };
         let (done, wait) = oneshot::channel();
         if tx.send(Msg::Flush(done)).await.is_ok() {
+            self.wake.notify_one();
             let _ = wait.await;
         }
     }
@@ -248,6 +253,7 @@ impl Service for JournalWriter {
     /// Closes the queue; the task writes what is queued and ends; waits for it.
     async fn stop(&self) {
         drop(self.queue.lock().unwrap_or_else(|e| e.into_inner()).take());
+        self.wake.notify_one();
         let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(task) = task {
             if task.await.is_err() {
@@ -257,19 +263,24 @@ impl Service for JournalWriter {
     }
 }
 
-/// Gathers lines (up to `config.flush` after the first, at most `config.batch`, or until a
-/// flush is asked) and writes them; ends when the queue is closed and empty.
+/// Gathers lines and writes them; ends when the queue is closed and empty. After the first
+/// line of a batch the task sleeps until `config.flush` has passed (or a flush or the stop is
+/// asked: `wake`), then takes what queued meanwhile, at most `config.batch` lines: a line
+/// offered while it sleeps wakes nothing (waking the task for every line cost the request
+/// path as much as writing it). When a batch was full, the next one does not wait.
 async fn write_loop(
     store: Arc<dyn Store>,
     mut rx: mpsc::Receiver<Msg>,
     config: WriterConfig,
     dropped: Arc<AtomicU64>,
+    wake: Arc<tokio::sync::Notify>,
 ) {
     let mut batch: Vec<Pending> = Vec::new();
     let mut waiting: Vec<oneshot::Sender<()>> = Vec::new();
+    let mut behind = false;
     while let Some(first) = rx.recv().await {
-        let deadline = tokio::time::Instant::now() + config.flush;
         let mut next = Some(first);
+        let mut slept = behind;
         while let Some(msg) = next.take() {
             match msg {
                 Msg::Line(pending) => batch.push(*pending),
@@ -284,14 +295,19 @@ async fn write_loop(
             next = match rx.try_recv() {
                 Ok(msg) => Some(msg),
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    tokio::time::timeout_at(deadline, rx.recv())
-                        .await
-                        .ok()
-                        .flatten()
+                Err(mpsc::error::TryRecvError::Empty) if !slept => {
+                    slept = true;
+                    let deadline = tokio::time::sleep(config.flush);
+                    tokio::select! {
+                        () = deadline => {}
+                        () = wake.notified() => {}
+                    }
+                    rx.try_recv().ok()
                 }
+                Err(mpsc::error::TryRecvError::Empty) => None,
             };
         }
+        behind = batch.len() >= config.batch;
         let written = batch.len();
         let failed = write_batch(store.as_ref(), std::mem::take(&mut batch)).await;
         if failed > 0 {

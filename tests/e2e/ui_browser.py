@@ -149,6 +149,24 @@ def main():
         assert page.locator("ol.stored").get_attribute("start") == "501"
         watch.check()
 
+        # A Responses API request, item by item: the route named, the call's output replaced
+        # by its marker, the reference a link, the hostile output shown as text.
+        if cfg.get("responses_session"):
+            page.goto(base + "/ui/session?s=" + cfg["responses_session"])
+            page.locator("#turn-1 a", has_text="side by side").click()
+            page.wait_for_selector("table.side-by-side")
+            assert page.locator("#route").inner_text() == "/v1/responses", page.locator("#route").inner_text()
+            mark = page.locator("td.proxy mark.marker").first
+            assert mark.count() == 1, page.content()
+            assert mark.locator("a.ref").first.inner_text() == cfg["ref"]
+            body_text = page.locator("table.side-by-side").inner_text()
+            assert "read_file" in body_text and "call_a" in body_text, body_text[:2000]
+            for needle in cfg["hostile_visible"]:
+                assert needle in body_text, f"{needle!r} not shown as text"
+            assert page.locator("table.side-by-side script").count() == 0
+            assert page.locator("table.side-by-side img").count() == 0
+            watch.check()
+
         # Another key sees nothing of it.
         other_ctx = browser.new_context()
         other = other_ctx.new_page()

@@ -250,6 +250,8 @@ mod tests {
         ends.push(messages.len());
         messages.push(json!({"role": "assistant", "content": "done"}));
         Session {
+            wire: crate::Wire::Chat,
+            instructions: None,
             id: id.into(),
             kind: AgentKind::Coding,
             model: "gpt-4o".into(),

@@ -18,6 +18,7 @@
 
 mod dir;
 pub mod recording;
+mod responses;
 mod session;
 
 use serde::{Deserialize, Serialize};
@@ -49,6 +50,24 @@ impl AgentKind {
             AgentKind::Research => "research",
             AgentKind::Support => "support",
         }
+    }
+}
+
+/// The API a session's requests are written for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Wire {
+    /// Chat completions: `messages` (`POST /v1/chat/completions`).
+    #[default]
+    Chat,
+    /// The Responses API the way Codex sends it: `instructions` and `input` items, `store`
+    /// false, the whole input every turn (`POST /v1/responses`).
+    Responses,
+}
+
+impl Wire {
+    pub fn is_chat(&self) -> bool {
+        *self == Wire::Chat
     }
 }
 

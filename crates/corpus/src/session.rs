@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::AgentKind;
+use crate::{AgentKind, Wire};
 
 /// One agent conversation, stored compactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,6 +28,13 @@ pub struct Session {
     pub messages: Vec<Value>,
     /// End (exclusive) of each request's history in `messages`, strictly increasing.
     pub request_ends: Vec<usize>,
+    /// The API of its requests; on the Responses API `messages` are input items and
+    /// `request_ends[k]` is where the model's output items for request `k` begin.
+    #[serde(default, skip_serializing_if = "Wire::is_chat")]
+    pub wire: Wire,
+    /// Responses sessions: the `instructions` every request carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
     /// The API the requests speak: [`MESSAGES_API`], or chat completions when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api: Option<String>,
@@ -37,6 +44,37 @@ pub struct Session {
     /// Each request's newest block carries a cache breakpoint, as Claude Code puts it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mark_newest: bool,
+}
+
+/// A Responses request body borrowing the session, shaped as Codex sends it.
+#[derive(Serialize)]
+struct ResponsesView<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instructions: Option<&'a str>,
+    input: &'a [Value],
+    tools: &'a Value,
+    tool_choice: &'static str,
+    parallel_tool_calls: bool,
+    reasoning: Reasoning,
+    store: bool,
+    stream: bool,
+    include: [&'static str; 1],
+    prompt_cache_key: &'a str,
+}
+
+#[derive(Serialize)]
+struct Reasoning {
+    effort: &'static str,
+    summary: &'static str,
+}
+
+/// A request of either API.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum View<'a> {
+    Chat(RequestView<'a>),
+    Responses(ResponsesView<'a>),
 }
 
 /// [`Session::api`] of Anthropic Messages sessions.
@@ -116,19 +154,37 @@ impl Session {
         self.api.as_deref() == Some(MESSAGES_API)
     }
 
-    fn view(&self, end: usize) -> RequestView<'_> {
-        RequestView {
-            model: &self.model,
-            fields: self.fields.as_ref(),
-            messages: History {
-                messages: &self.messages[..end],
-                mark_newest: self.mark_newest,
-            },
-            tools: &self.tools,
-            stream: self.stream.then_some(true),
-            // Messages streams carry their usage anyway.
-            stream_options: (self.stream && !self.is_messages()).then_some(StreamOptions {
-                include_usage: true,
+    fn view(&self, end: usize) -> View<'_> {
+        match self.wire {
+            Wire::Chat => View::Chat(RequestView {
+                model: &self.model,
+                fields: self.fields.as_ref(),
+                messages: History {
+                    messages: &self.messages[..end],
+                    mark_newest: self.mark_newest,
+                },
+                tools: &self.tools,
+                stream: self.stream.then_some(true),
+                // Messages streams carry their usage anyway.
+                stream_options: (self.stream && !self.is_messages()).then_some(StreamOptions {
+                    include_usage: true,
+                }),
+            }),
+            Wire::Responses => View::Responses(ResponsesView {
+                model: &self.model,
+                instructions: self.instructions.as_deref(),
+                input: &self.messages[..end],
+                tools: &self.tools,
+                tool_choice: "auto",
+                parallel_tool_calls: true,
+                reasoning: Reasoning {
+                    effort: "medium",
+                    summary: "auto",
+                },
+                store: false,
+                stream: self.stream,
+                include: ["reasoning.encrypted_content"],
+                prompt_cache_key: &self.id,
             }),
         }
     }
@@ -164,9 +220,11 @@ impl Session {
             .and_then(|&end| self.messages.get(end))
     }
 
-    /// The content of every tool message (Messages: of every `tool_result` block).
+    /// The content of every tool message (Messages: of every `tool_result` block; the
+    /// Responses API: of every output item).
     pub fn tool_results(&self) -> impl Iterator<Item = &str> + '_ {
-        self.messages.iter().flat_map(|m| {
+        let responses = self.wire == Wire::Responses;
+        self.messages.iter().flat_map(move |m| {
             let blocks = m["content"]
                 .as_array()
                 .map(Vec::as_slice)
@@ -175,10 +233,15 @@ impl Session {
                 .iter()
                 .filter(|b| b["type"] == "tool_result")
                 .filter_map(|b| b["content"].as_str());
+            let output = m["type"].as_str().is_some_and(|t| t.ends_with("_output"));
+            let output = (responses && output)
+                .then(|| m["output"].as_str())
+                .flatten();
             (m["role"] == "tool")
                 .then(|| m["content"].as_str())
                 .flatten()
                 .into_iter()
+                .chain(output)
                 .chain(results)
         })
     }
@@ -206,6 +269,9 @@ impl Session {
     /// order, by exactly one tool message with its id; no tool message stands alone; every
     /// call names a declared tool and carries a JSON object as `arguments`.
     pub fn validate(&self) -> Result<(), String> {
+        if self.wire == Wire::Responses {
+            return crate::responses::validate(self);
+        }
         let id = &self.id;
         if self.request_ends.is_empty() {
             return Err(format!("session {id}: no requests"));
@@ -368,6 +434,8 @@ mod tests {
 
     fn sample() -> Session {
         Session {
+            wire: Wire::Chat,
+            instructions: None,
             id: "t".into(),
             kind: AgentKind::Support,
             model: "gpt-4o".into(),

@@ -222,6 +222,8 @@ pub fn generate_session(cfg: &TrafficConfig, index: usize, sign: Signer<'_>) -> 
         _ => Vec::new(),
     };
     Session {
+        wire: context_proxy_corpus::Wire::Chat,
+        instructions: None,
         id: format!("{index:03}-claude-code"),
         kind: AgentKind::Coding,
         model,

@@ -28,7 +28,10 @@ pub struct GenTrafficArgs {
     /// `mixed`: coding, research and support sessions taking turns; `support`: support-desk
     /// sessions only (a long fixed policy prompt, 20 tool schemas, 5 to 30 short requests);
     /// `claude-code`: Claude Code sessions on Anthropic Messages (60 requests or more, thinking
-    /// signed as the mock upstream signs it).
+    /// signed as the mock upstream signs it);
+    /// `codex`: coding sessions on the Responses API as Codex CLI sends them (`store: false`,
+    /// the whole input every turn, encrypted reasoning, `shell` calls, `apply_patch` custom
+    /// calls, 40 requests and more).
     #[arg(long, value_enum, default_value_t = Shape::Mixed)]
     pub shape: Shape,
 }

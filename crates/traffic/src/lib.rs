@@ -23,6 +23,7 @@ mod chat;
 pub mod claude_code;
 pub mod cli;
 mod code;
+mod codex;
 mod coding;
 mod prose;
 mod records;
@@ -116,6 +117,8 @@ pub fn generate_session(cfg: &TrafficConfig, index: usize) -> Session {
     }
     let (messages, request_ends) = t.finish();
     Session {
+        wire: corpus::Wire::Chat,
+        instructions: None,
         id: format!("{index:03}-{kind}"),
         kind,
         model,
@@ -143,6 +146,8 @@ pub fn generate_support_session(cfg: &TrafficConfig, index: usize) -> Session {
     support::run_desk(&mut rng, &mut t, requests);
     let (messages, request_ends) = t.finish();
     Session {
+        wire: corpus::Wire::Chat,
+        instructions: None,
         id: format!("{index:03}-desk"),
         kind: AgentKind::Support,
         model,
@@ -156,6 +161,12 @@ pub fn generate_support_session(cfg: &TrafficConfig, index: usize) -> Session {
     }
 }
 
+/// Codex session number `index` of `cfg`'s seed: a coding session written the way Codex CLI
+/// sends it on the Responses API (`codex.rs`), between 40 requests and `max_turns`.
+pub fn generate_codex_session(cfg: &TrafficConfig, index: usize) -> Session {
+    codex::session(cfg.seed, index, cfg.max_turns, cfg.max_result_bytes)
+}
+
 /// Separates the support desk's random streams from the mixed corpus's.
 const SUPPORT_STREAM: u64 = 0x5eed_de5c;
 
@@ -167,6 +178,9 @@ pub enum Shape {
     Mixed,
     /// Support-desk sessions only ([`generate_support_session`]).
     Support,
+    /// Codex-shaped coding sessions on the Responses API, 40 requests and more each
+    /// ([`generate_codex_session`]).
+    Codex,
     /// Claude Code sessions on Anthropic Messages ([`claude_code::generate_session`]).
     ClaudeCode,
 }
@@ -182,6 +196,9 @@ pub fn generate_shape(
         Shape::Mixed => generate(cfg),
         Shape::Support => (0..cfg.sessions)
             .map(|i| generate_support_session(cfg, i))
+            .collect(),
+        Shape::Codex => (0..cfg.sessions)
+            .map(|i| generate_codex_session(cfg, i))
             .collect(),
         Shape::ClaudeCode => (0..cfg.sessions)
             .map(|i| claude_code::generate_session(cfg, i, sign))

@@ -178,6 +178,10 @@ fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: 
     let (Some(ui), Some(identity)) = (&state.ui, &ctx.identity) else {
         return;
     };
+    // A count of tokens is no turn of the conversation, and is not billed as one.
+    if ctx.format.name == "count_tokens" {
+        return;
+    }
     let t = &ctx.timings;
     let ms = |at: Option<std::time::Instant>| {
         at.map(|at| at.duration_since(t.received).as_secs_f64() * 1e3)

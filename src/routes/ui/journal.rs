@@ -1,5 +1,6 @@
 //! What the page's journal needs to know of each wire: the conversation a body holds, read
-//! as one list. The line and its writer are the domain's ([`crate::sessions::journal`]), re-exported here.
+//! as one list. The line and its writer are the domain's ([`crate::sessions::journal`]),
+//! re-exported here.
 
 use serde_json::Value;
 

@@ -478,6 +478,7 @@ fn route_path(route: &str) -> &str {
         "chat" | "" => "/v1/chat/completions",
         "responses" => "/v1/responses",
         "messages" => "/v1/messages",
+        "count_tokens" => "/v1/messages/count_tokens",
         other => other,
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Providers cache the longest prefix a request shares with an earlier one. Per upstream call
 //! of a session, the tokens that repeat the previous call's prefix (same model, same tools,
-//! then the longest run of leading messages equal byte for byte) are priced at the provider's
+//! instructions, then the longest run of leading messages or input items equal byte for byte)
+//! are priced at the provider's
 //! cached rate; the rest at the full rate, plus the provider's cache-write premium. A prefix
 //! shorter than the provider's minimum is not cached. Costs are in units of one full-price
 //! input token, so they compare across providers as "tokens you pay for". The prices are the
@@ -59,29 +60,56 @@ impl CallKind {
 /// the proxy's take a longer one).
 const PROXY_TOOLS: [&str; 2] = ["context_read", "context_search"];
 
+/// Whether `body` is a Responses API request (`input` items, no `messages`).
+fn is_responses(body: &Value) -> bool {
+    body.get("messages").is_none() && body.get("input").is_some()
+}
+
+/// The conversation of `body`: chat's `messages`, or the Responses API's `input` items.
+fn conversation(body: &Value) -> Option<&Vec<Value>> {
+    let key = if is_responses(body) {
+        "input"
+    } else {
+        "messages"
+    };
+    body.get(key).and_then(Value::as_array)
+}
+
+/// The name of the tool the call answered by `last` made, when `last` is a tool result.
+fn answered_call<'a>(messages: &'a [Value], last: &Value) -> Option<&'a str> {
+    if last["role"] == "tool" {
+        let id = &last["tool_call_id"];
+        return messages.iter().rev().find_map(|m| {
+            m["tool_calls"]
+                .as_array()?
+                .iter()
+                .find(|c| &c["id"] == id)
+                .and_then(|c| c["function"]["name"].as_str())
+        });
+    }
+    if last["type"] == "function_call_output" {
+        let id = &last["call_id"];
+        return messages
+            .iter()
+            .rev()
+            .find(|m| m["type"] == "function_call" && &m["call_id"] == id)
+            .and_then(|m| m["name"].as_str());
+    }
+    None
+}
+
 /// What kind of call `body` is, after `previous` (the session's call before it).
 fn kind_of(body: &Value, previous: Option<&Value>) -> CallKind {
-    let messages = body.get("messages").and_then(Value::as_array);
-    let last = messages.and_then(|m| m.last());
-    if let (Some(messages), Some(last)) = (messages, last) {
-        if last["role"] == "tool" {
-            let id = &last["tool_call_id"];
-            let called = messages.iter().rev().find_map(|m| {
-                m["tool_calls"]
-                    .as_array()?
-                    .iter()
-                    .find(|c| &c["id"] == id)
-                    .and_then(|c| c["function"]["name"].as_str())
-            });
-            if called.is_some_and(|name| PROXY_TOOLS.iter().any(|t| name.starts_with(t))) {
-                return CallKind::Reload;
-            }
+    let messages = conversation(body);
+    if let Some(called) = messages.and_then(|m| answered_call(m, m.last()?)) {
+        if PROXY_TOOLS.iter().any(|t| called.starts_with(t)) {
+            return CallKind::Reload;
         }
     }
     // A retry resends the same request, cut smaller: its recent tail is the previous call's
     // (a new turn adds messages, so its tail differs even when a short reply repeats).
     let tail = |b: &Value| -> Option<Vec<Value>> {
-        let m = b.get("messages")?.as_array()?;
+        let m = conversation(b)?;
         (m.len() >= RETRY_TAIL).then(|| m[m.len() - RETRY_TAIL..].to_vec())
     };
     match (previous.and_then(tail), tail(body)) {
@@ -108,15 +136,22 @@ pub struct Call {
     pub has_previous: bool,
 }
 
+/// The tokens of `body`, by the rules of its API.
+fn count(counter: &Counter, body: &Value) -> context_proxy_tokens::RequestCount {
+    if is_responses(body) {
+        counter.count_responses_request(body)
+    } else {
+        counter.count_request(body)
+    }
+}
+
 /// Counts the upstream calls of one session, in order.
 pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
     let mut calls = Vec::with_capacity(bodies.len());
     let mut previous: Option<(&Value, Vec<Vec<u8>>)> = None;
     for body in bodies {
-        let count = counter.count_request(body);
-        let messages: Vec<Vec<u8>> = body
-            .get("messages")
-            .and_then(Value::as_array)
+        let count = count(counter, body);
+        let messages: Vec<Vec<u8>> = conversation(body)
             .map(|m| {
                 m.iter()
                     .map(|m| serde_json::to_vec(m).unwrap_or_default())
@@ -126,14 +161,22 @@ pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
         let (shared, extends) = match &previous {
             Some((prev, prev_messages))
                 if prev.get("model") == body.get("model")
-                    && prev.get("tools") == body.get("tools") =>
+                    && prev.get("tools") == body.get("tools")
+                    && prev.get("instructions") == body.get("instructions") =>
             {
                 let common = prev_messages
                     .iter()
                     .zip(&messages)
                     .take_while(|(a, b)| a == b)
                     .count();
-                let tokens = count.tools + count.per_message[..common].iter().sum::<usize>();
+                // What comes before the conversation: the tools (and on the Responses API
+                // the instructions, counted outside the items).
+                let head = if is_responses(body) {
+                    count.total - count.per_message.iter().sum::<usize>()
+                } else {
+                    count.tools
+                };
+                let tokens = head + count.per_message[..common].iter().sum::<usize>();
                 (tokens, common == prev_messages.len())
             }
             _ => (0, false),
@@ -177,10 +220,7 @@ impl SummarizerCalls {
         output_tokens: Option<usize>,
         unit_model: &str,
     ) -> SummarizerCalls {
-        let inputs: Vec<usize> = bodies
-            .iter()
-            .map(|b| counter.count_request(b).total)
-            .collect();
+        let inputs: Vec<usize> = bodies.iter().map(|b| count(counter, b).total).collect();
         let input_tokens: usize = inputs.iter().sum();
         // Output shared out over the calls by their input (the proxy counts it in all).
         let output = output_tokens.unwrap_or(0) as f64;
@@ -225,6 +265,38 @@ mod tests {
 
     fn counter() -> Counter {
         Counter::new(Encoding::O200kBase, CountSettings::default())
+    }
+
+    /// Responses calls: the instructions and the leading items are the shared prefix; a call
+    /// answering the proxy's own tool is a reload.
+    #[test]
+    fn responses_calls_share_instructions_and_items() {
+        let c = counter();
+        let user = json!({"role": "user", "content": "fix the build"});
+        let call =
+            json!({"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"});
+        let out =
+            json!({"type": "function_call_output", "call_id": "c1", "output": "ok ".repeat(50)});
+        let body = |items: Vec<&Value>| json!({"model": "gpt-5", "instructions": "You are Codex.", "input": items});
+        let first = body(vec![&user]);
+        let second = body(vec![&user, &call, &out]);
+        let calls = count_session(&c, &[first.clone(), second.clone()]);
+        let one = c.count_responses_request(&first);
+        let two = c.count_responses_request(&second);
+        assert_eq!(calls[0].tokens, one.total);
+        assert_eq!(calls[1].tokens, two.total);
+        assert!(calls[1].extends_previous);
+        let head = two.total - two.per_message.iter().sum::<usize>();
+        assert_eq!(calls[1].shared_prefix_tokens, head + two.per_message[0]);
+        let read = json!({"type": "function_call", "call_id": "r1", "name": "context_read", "arguments": "{}"});
+        let answer = json!({"type": "function_call_output", "call_id": "r1", "output": "x"});
+        let reload = body(vec![&user, &call, &out, &read, &answer]);
+        assert_eq!(kind_of(&reload, Some(&second)), CallKind::Reload);
+        let other = json!({"model": "gpt-5", "instructions": "Other.", "input": [user]});
+        assert_eq!(
+            count_session(&c, &[first, other])[1].shared_prefix_tokens,
+            0
+        );
     }
 
     /// A hand-computed trace: three calls; the second extends the first, the third rewrites

@@ -201,7 +201,9 @@ pub async fn mock_received(
         .map_err(|e| ReplayError::Mock(e.to_string()))?;
     let mut received = Received::default();
     for r in list.as_array().into_iter().flatten() {
-        if r["path"] != "/v1/chat/completions" && r["path"] != "/v1/messages" {
+        if !["/v1/chat/completions", "/v1/messages", "/v1/responses"]
+            .contains(&r["path"].as_str().unwrap_or(""))
+        {
             continue;
         }
         let body = r["body"]

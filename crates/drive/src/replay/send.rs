@@ -139,6 +139,7 @@ pub fn url_for(chat_url: &str, api: Api) -> String {
         Api::Chat => chat_url.to_string(),
         Api::Messages => format!("{base}/messages"),
         Api::CountTokens => format!("{base}/messages/count_tokens"),
+        Api::Responses => format!("{base}/responses"),
     }
 }
 

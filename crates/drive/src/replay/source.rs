@@ -25,6 +25,8 @@ pub enum Api {
     Messages,
     /// Anthropic's `…/messages/count_tokens`.
     CountTokens,
+    /// The Responses API's `…/responses` (`input` items).
+    Responses,
 }
 
 impl Api {
@@ -33,13 +35,14 @@ impl Api {
         match route {
             Some("messages") => Api::Messages,
             Some("count_tokens") => Api::CountTokens,
+            Some("responses") => Api::Responses,
             _ => Api::Chat,
         }
     }
 
     /// Whether the request speaks Anthropic's API.
     pub fn is_anthropic(self) -> bool {
-        self != Api::Chat
+        matches!(self, Api::Messages | Api::CountTokens)
     }
 }
 
@@ -74,7 +77,14 @@ fn request(body: &Value, offset_ms: Option<u64>, api: Api) -> Request {
         body: Bytes::from(body.to_string()),
         offset_ms,
         stream: body.get("stream") == Some(&Value::Bool(true)),
-        api,
+        // A chat-looking line or exchange with `input` items and no `messages` is a Responses
+        // request.
+        api: match api {
+            Api::Chat if body.get("messages").is_none() && body.get("input").is_some() => {
+                Api::Responses
+            }
+            api => api,
+        },
     }
 }
 
@@ -108,6 +118,8 @@ pub fn load(path: &Path) -> io::Result<Vec<Session>> {
                         stream: s.stream,
                         api: if s.is_messages() {
                             Api::Messages
+                        } else if s.wire == context_proxy_corpus::Wire::Responses {
+                            Api::Responses
                         } else {
                             Api::Chat
                         },
