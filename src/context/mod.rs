@@ -387,6 +387,44 @@ impl ContextManager {
         }
     }
 
+    /// Puts the upstream transcript of the proxy's hidden tool rounds back into an Anthropic
+    /// Messages request ([`crate::proxy_tools::hidden_rounds`]), in its bytes `raw` (`body`
+    /// parsed from them): the new bytes and how many messages were restored, or `None` when
+    /// there is nothing to restore. Reads the store only when the conversation has an
+    /// assistant message; a store error only warns (the request goes as the client sent it).
+    pub async fn restore_rounds(
+        &self,
+        identity: &Identity,
+        raw: &[u8],
+        body: &Value,
+    ) -> Option<(Bytes, usize)> {
+        use crate::proxy_tools::hidden::Hidden;
+        use crate::proxy_tools::hidden_rounds::{restorations, Rounds, STATE_KEY};
+        let messages = body.get("messages")?.as_array()?;
+        if !messages
+            .iter()
+            .any(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+        {
+            return None;
+        }
+        let list = Hidden::<Rounds>::under(self.store.clone(), STATE_KEY)
+            .read(&identity.tenant, &identity.session)
+            .await;
+        let list = match list {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the proxy's hidden tool rounds: the conversation goes as the client sent it");
+                return None;
+            }
+        };
+        let found = restorations(&list, messages);
+        if found.is_empty() {
+            return None;
+        }
+        let bytes = adapter::messages_added::restored(raw, messages, &found)?;
+        Some((Bytes::from(bytes), found.len()))
+    }
+
     /// identify, plan and apply in one call (tests and benchmarks).
     pub async fn manage(
         &self,

@@ -79,7 +79,7 @@ impl Transcript {
                 for part in parts {
                     match part.get("text").and_then(Value::as_str) {
                         Some(t) => field(&mut h, b't', t),
-                        None => field(&mut h, b'p', &part.to_string()),
+                        None => field(&mut h, b'p', &canonical(part)),
                     }
                 }
             }
@@ -183,15 +183,77 @@ pub enum Shape {
     Responses,
 }
 
-/// The hidden exchanges of a session, in the store.
-pub struct Hidden {
-    list: StateList<Exchange>,
+/// What a part says, whatever its client's serializer did: keys sorted, `null` members and
+/// `cache_control` (a breakpoint the client moves from turn to turn) left out.
+fn canonical(part: &Value) -> String {
+    fn write(out: &mut String, v: &Value) {
+        match v {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map
+                    .iter()
+                    .filter(|(k, v)| !v.is_null() && k.as_str() != "cache_control")
+                    .map(|(k, _)| k)
+                    .collect();
+                keys.sort();
+                out.push('{');
+                for (n, k) in keys.into_iter().enumerate() {
+                    if n > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::from(k.as_str()).to_string());
+                    out.push(':');
+                    write(out, &map[k]);
+                }
+                out.push('}');
+            }
+            Value::Array(list) => {
+                out.push('[');
+                for (n, item) in list.iter().enumerate() {
+                    if n > 0 {
+                        out.push(',');
+                    }
+                    write(out, item);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(&mut out, part);
+    out
 }
 
-impl Hidden {
+/// A record of a hidden list: found by its key.
+pub trait Keyed {
+    fn key(&self) -> &str;
+}
+
+impl Keyed for Exchange {
+    fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// The hidden exchanges of a session, in the store: chat's [`Exchange`]s, or Anthropic
+/// Messages' hidden rounds ([`super::hidden_rounds::Rounds`]).
+pub struct Hidden<T = Exchange> {
+    list: StateList<T>,
+}
+
+impl Hidden<Exchange> {
     pub fn new(store: Arc<dyn Store>) -> Hidden {
         Hidden {
             list: StateList::new(store, "hidden"),
+        }
+    }
+}
+
+impl<T: Keyed + Clone + Serialize + serde::de::DeserializeOwned> Hidden<T> {
+    /// The list kept under the session's state key `key`.
+    pub fn under(store: Arc<dyn Store>, key: &'static str) -> Hidden<T> {
+        Hidden {
+            list: StateList::new(store, key),
         }
     }
 
@@ -200,11 +262,11 @@ impl Hidden {
         &self,
         tenant: &Tenant,
         session: &SessionId,
-        exchange: Exchange,
+        exchange: T,
     ) -> Result<(), StoreError> {
         self.list
             .update(tenant, session, |list| {
-                if list.iter().any(|e| e.key == exchange.key) {
+                if list.iter().any(|e| e.key() == exchange.key()) {
                     return ControlFlow::Break(());
                 }
                 list.push(exchange.clone());
@@ -216,6 +278,13 @@ impl Hidden {
             .await
     }
 
+    /// Every exchange kept for the session.
+    pub async fn read(&self, tenant: &Tenant, session: &SessionId) -> Result<Vec<T>, StoreError> {
+        self.list.read(tenant, session).await
+    }
+}
+
+impl Hidden<Exchange> {
     /// Puts every hidden exchange of the session back in place in `messages` (chat's
     /// messages or the Responses API's input items, as `shape` says). Returns how many were
     /// restored. Reads the store only when the conversation holds a call.

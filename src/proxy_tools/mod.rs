@@ -8,10 +8,13 @@
 //! - `exec.rs` — running one call against the store: paging by lines, searching;
 //! - `render.rs` — a moved-out span of messages as text a model reads;
 //! - `hidden.rs` — calls of the proxy's tools hidden from the client, kept in the session and
-//!   put back in place when the client sends the conversation again.
+//!   put back in place when the client sends the conversation again;
+//! - `hidden_rounds.rs` — the same on Anthropic Messages: the upstream transcript one client
+//!   assistant message stands for, put back in its place.
 
 pub mod exec;
 pub mod hidden;
+pub mod hidden_rounds;
 pub mod render;
 
 use serde::{Deserialize, Serialize};
@@ -117,6 +120,10 @@ pub enum NotOffered {
     SeveralChoices,
     /// Every candidate name is a client tool's.
     NoFreeName,
+    /// Anthropic Messages on a model that binds each thinking block to the tools and messages
+    /// before it: tools added mid-conversation would invalidate every thinking block so far,
+    /// and the client's betas do not let the API drop them.
+    ThinkingBound,
 }
 
 const READ_NAMES: [&str; 4] = [
@@ -137,7 +144,11 @@ pub fn offer(body: &Value, config: &ReloadConfig) -> Offer {
     if !config.enabled {
         return Offer::NotOffered(NotOffered::Disabled);
     }
-    if body.get("tool_choice").and_then(Value::as_str) == Some("none") {
+    let choice = body.get("tool_choice");
+    // Chat's `"none"`, or Anthropic Messages' `{"type": "none"}`.
+    if choice.and_then(Value::as_str) == Some("none")
+        || choice.and_then(|c| c.get("type")).and_then(Value::as_str) == Some("none")
+    {
         return Offer::NotOffered(NotOffered::ToolChoiceNone);
     }
     if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
@@ -262,6 +273,19 @@ pub fn flat_definitions(names: &ToolNames) -> [Value; 2] {
     })
 }
 
+/// The two definitions in Anthropic Messages' shape (`{name, description, input_schema}`):
+/// the same names, texts and schemas as [`definitions`], with fixed bytes.
+pub fn messages_definitions(names: &ToolNames) -> [Value; 2] {
+    definitions(names).map(|chat| {
+        let function = &chat["function"];
+        json!({
+            "name": function["name"],
+            "description": function["description"],
+            "input_schema": function["parameters"],
+        })
+    })
+}
+
 /// Appends the proxy's tools after the client's (creating `tools` when there is none).
 pub fn inject(body: &mut Value, names: &ToolNames) {
     append(body, definitions(names));
@@ -270,6 +294,11 @@ pub fn inject(body: &mut Value, names: &ToolNames) {
 /// [`inject`] with the Responses API's flat definitions ([`flat_definitions`]).
 pub fn inject_flat(body: &mut Value, names: &ToolNames) {
     append(body, flat_definitions(names));
+}
+
+/// [`inject`] for an Anthropic Messages request.
+pub fn inject_messages(body: &mut Value, names: &ToolNames) {
+    append(body, messages_definitions(names));
 }
 
 fn append(body: &mut Value, definitions: [Value; 2]) {
@@ -383,6 +412,32 @@ mod tests {
         assert_eq!(
             body,
             json!({"input": [], "tools": [{"type": "function", "name": "context_read"}]})
+        );
+    }
+
+    #[test]
+    fn messages_tools_have_anthropics_shape_and_names_are_read_from_it() {
+        let cfg = ReloadConfig::default();
+        let mut body = json!({"tools": [{"name": "context_read", "input_schema": {}},
+            {"type": "web_search_20250305", "name": "web_search"}]});
+        let Offer::Tools(n) = offer(&body, &cfg) else {
+            panic!("not offered")
+        };
+        assert_eq!(n.read, "proxy_context_read");
+        inject_messages(&mut body, &n);
+        let tools = body["tools"].as_array().unwrap();
+        assert_eq!(tools[2]["name"], "proxy_context_read");
+        assert_eq!(tools[2]["input_schema"]["required"], json!(["ref"]));
+        assert_eq!(
+            tools[3].as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["name", "description", "input_schema"]
+        );
+        assert!(tools.iter().all(|t| t.get("cache_control").is_none()));
+        remove(&mut body, &n, true);
+        assert_eq!(body["tools"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            offer(&json!({"tool_choice": {"type": "none"}}), &cfg),
+            Offer::NotOffered(NotOffered::ToolChoiceNone)
         );
     }
 

@@ -8,6 +8,8 @@
 //! - [`usage`]: the upstream's token usage, summed over several calls and written back.
 //! - [`usage_tap`]: the usage of an answer of either shape, read as it streams past.
 //! - [`anthropic`]: Anthropic Messages: its error shape, the usage of its answers.
+//! - [`messages`]: a Messages answer assembled from its events, the proxy's calls hidden from
+//!   the client and the rest renumbered over the tool loop's rounds.
 //!
 //! Everything here is pure: bytes and JSON in, values out; no I/O, no clock. It shares nothing
 //! with the mock upstream's wire code, so the two cannot agree on a mistake.
@@ -16,6 +18,7 @@ pub mod accumulate;
 pub mod anthropic;
 pub mod error;
 pub mod hide;
+pub mod messages;
 pub mod sse;
 pub mod usage;
 pub mod usage_tap;

@@ -161,7 +161,7 @@ impl Keys {
 }
 
 /// `into` += `from`, field by field: numbers add, objects merge, anything else is replaced.
-fn merge_sum(into: &mut Map<String, Value>, from: &Map<String, Value>) {
+pub(crate) fn merge_sum(into: &mut Map<String, Value>, from: &Map<String, Value>) {
     for (key, value) in from {
         match (into.get_mut(key), value) {
             (Some(Value::Number(a)), Value::Number(b)) => {

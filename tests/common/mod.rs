@@ -226,13 +226,23 @@ pub async fn run_sdk_script(
     script: &str,
     base: String,
 ) -> serde_json::Value {
+    run_sdk_script_with(python, script, vec![base]).await
+}
+
+/// [`run_sdk_script`] with the script's arguments `args` (the base URL first).
+#[allow(dead_code)]
+pub async fn run_sdk_script_with(
+    python: std::path::PathBuf,
+    script: &str,
+    args: Vec<String>,
+) -> serde_json::Value {
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/e2e")
         .join(script);
     let output = tokio::task::spawn_blocking(move || {
         std::process::Command::new(python)
             .arg(script)
-            .arg(base)
+            .args(args)
             .output()
     })
     .await
@@ -245,4 +255,54 @@ pub async fn run_sdk_script(
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The usage the mock reports for these Messages request bodies, asked of a mock of its own
+/// (so the totals do not depend on a prompt cache) with `replies` queued, summed: (prompt, as
+/// input + cache writes + cache reads; output).
+#[allow(dead_code)]
+pub async fn messages_usage(
+    bodies: &[Vec<u8>],
+    replies: Vec<context_proxy::mock::Reply>,
+) -> (u64, u64) {
+    let mock = MockUpstream::start(context_proxy::mock::MockConfig::default())
+        .await
+        .unwrap();
+    for r in replies {
+        mock.push(r);
+    }
+    let client = reqwest::Client::new();
+    let (mut prompt, mut output) = (0, 0);
+    for body in bodies {
+        let mut body: serde_json::Value = serde_json::from_slice(body).unwrap();
+        body["stream"] = serde_json::Value::Bool(false);
+        let v: serde_json::Value = client
+            .post(format!("{}/messages", mock.base_url()))
+            .header("anthropic-version", "2023-06-01")
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let (p, o) = messages_prompt_and_output(&v["usage"]);
+        prompt += p;
+        output += o;
+    }
+    (prompt, output)
+}
+
+/// A Messages `usage`: (input + cache writes + cache reads, output).
+#[allow(dead_code)]
+pub fn messages_prompt_and_output(usage: &serde_json::Value) -> (u64, u64) {
+    let prompt = [
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+    ]
+    .iter()
+    .map(|k| usage[k].as_u64().unwrap_or(0))
+    .sum();
+    (prompt, usage["output_tokens"].as_u64().unwrap_or(0))
 }

@@ -47,6 +47,7 @@ use tokio::net::TcpListener;
 
 pub use chat::DEFAULT_REPLY_TEXT;
 pub use cli::{run, MockArgs};
+pub use messages::REF_PLACEHOLDER;
 pub use script::{Completion, Gate, InvalidReply, Reply, ReplySpec, ToolCall};
 pub use state::Received;
 

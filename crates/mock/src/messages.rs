@@ -176,14 +176,22 @@ fn answer(
         content.push(AnswerBlock::Text(text.to_string()));
     }
     let serial = serial.to_string();
+    let reference = first_reference(request);
     for (index, call) in completion.tool_calls.iter().enumerate() {
         let index = index.to_string();
+        let mut input = call.arguments_text();
+        if let Some(reference) = &reference {
+            input = input.replace(
+                &format!("\"{REF_PLACEHOLDER}\""),
+                &format!("\"{reference}\""),
+            );
+        }
         content.push(AnswerBlock::ToolUse {
             id: call.id.clone().unwrap_or_else(|| {
                 derived_id("toolu_01", 22, &[&ctx.config.name, &serial, &index])
             }),
             name: call.name.clone(),
-            input: call.arguments_text(),
+            input,
         });
     }
     if content.is_empty() {
@@ -205,6 +213,29 @@ fn answer(
         usage,
         content_chunks: completion.content_chunks,
     }
+}
+
+/// In a scripted call's input, a string `"$ref"` stands for the first stored-content reference
+/// (`ctx_` and 24 characters) the request's messages show, as a model that read a proxy's
+/// marker would write it: a test scripts a read-back without knowing the reference.
+pub const REF_PLACEHOLDER: &str = "$ref";
+
+/// The first `ctx_…` reference in the request's messages.
+fn first_reference(request: &Value) -> Option<String> {
+    let text = request.get("messages")?.to_string();
+    let is_ref_char = |c: char| c.is_ascii_lowercase() || ('2'..='7').contains(&c);
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("ctx_") {
+        let candidate: String = rest[at + 4..]
+            .chars()
+            .take_while(|c| is_ref_char(*c))
+            .collect();
+        if candidate.len() == 24 {
+            return Some(format!("ctx_{candidate}"));
+        }
+        rest = &rest[at + 4..];
+    }
+    None
 }
 
 /// An error response in Anthropic's shape, with its `request-id` header.

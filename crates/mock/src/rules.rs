@@ -5,7 +5,7 @@
 //!   the first message a `user` message;
 //! - at most four `cache_control` breakpoints across tools, system and messages;
 //! - every `tool_use` answered by `tool_result`s opening the very next message, and no
-//!   `tool_result` answering anything else;
+//!   `tool_result` answering anything else; a conversation with either needs `tools`;
 //! - thinking blocks signed by the mock and unchanged: a changed one in the latest assistant
 //!   message "cannot be modified"; elsewhere its signature is invalid; on the models with
 //!   preserved thinking, a block whose conversation before it changed is "bound to a different
@@ -125,6 +125,7 @@ pub(crate) fn check(request: &Value, endpoint: Endpoint) -> Result<(), String> {
         Some(_) => {}
     }
     breakpoints(request)?;
+    tools_defined(request, messages)?;
     pairing(messages)?;
     thinking(request, model, messages)?;
     Ok(())
@@ -150,6 +151,25 @@ fn breakpoints(request: &Value) -> Result<(), String> {
             "A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found \
              {found}."
         ));
+    }
+    Ok(())
+}
+
+/// A conversation holding `tool_use` or `tool_result` blocks needs `tools` (anthropics/
+/// anthropic-sdk-python #494).
+fn tools_defined(request: &Value, messages: &[Value]) -> Result<(), String> {
+    if !array(&request["tools"]).is_empty() {
+        return Ok(());
+    }
+    let uses_tools = messages.iter().any(|m| {
+        content_blocks(&m["content"])
+            .iter()
+            .any(|b| matches!(block_type(b), "tool_use" | "tool_result"))
+    });
+    if uses_tools {
+        return Err(
+            "Requests which include `tool_use` or `tool_result` blocks must define tools.".into(),
+        );
     }
     Ok(())
 }
@@ -317,6 +337,7 @@ mod tests {
         let mut request = json!({
             "model": model, "max_tokens": 100,
             "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "tools": [{"name": "ls", "input_schema": {"type": "object"}}],
             "messages": [
                 {"role": "user", "content": "list files"},
                 {"role": "assistant", "content": []},
@@ -381,6 +402,12 @@ mod tests {
                         json!([{"type": "tool_result", "tool_use_id": "toolu_0", "content": "x"}])
                 }),
                 "unexpected `tool_use_id` found in `tool_result` blocks: toolu_0",
+            ),
+            (
+                Box::new(|r| {
+                    r.as_object_mut().unwrap().remove("tools");
+                }),
+                "Requests which include `tool_use` or `tool_result` blocks must define tools.",
             ),
             (
                 Box::new(|r| r["messages"][3]["content"][0]["thinking"] = "hmm.".into()),

@@ -185,3 +185,46 @@ async fn over_the_limit_the_prompt_is_too_long() {
         "anthropic-version: header is required"
     );
 }
+
+#[tokio::test]
+async fn a_scripted_read_back_names_the_reference_the_request_shows() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let placeholder = context_proxy_mock::REF_PLACEHOLDER;
+    for _ in 0..2 {
+        mock.push(Reply::tool_calls(vec![(
+            "context_read".into(),
+            json!({"ref": placeholder, "offset": 3}),
+        )]));
+    }
+    let marker = "[context-proxy: stored as ctx_abcdefghijklmnopqrstuvw2. Call context_read]";
+    let messages = json!([{"role": "user", "content": marker}]);
+    let answer: Value = post(&mock, "/messages", &request(messages))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let call = answer["content"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        call["input"],
+        json!({"ref": "ctx_abcdefghijklmnopqrstuvw2", "offset": 3})
+    );
+    // Without a reference in the messages, the placeholder stays as written.
+    let plain = json!([{"role": "user", "content": "no marker; ctx_short"}]);
+    let answer: Value = post(&mock, "/messages", &request(plain))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let call = answer["content"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(call["input"]["ref"], placeholder);
+}

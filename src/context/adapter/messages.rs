@@ -497,6 +497,25 @@ pub fn binds_thinking(model: &str) -> bool {
     !OLDER.iter().any(|prefix| model.starts_with(prefix))
 }
 
+/// Whether adding tools to `body` would invalidate thinking blocks the API cannot be asked to
+/// drop: the model binds each thinking block to the tools before it, the conversation thinks
+/// (its config or its blocks), and `drop_block` is not allowed.
+pub fn tools_would_unbind(rules: WriteRules, body: &Value) -> bool {
+    if !rules.binds_thinking || rules.drop_block_allowed {
+        return false;
+    }
+    let thinking_on = body
+        .get("thinking")
+        .and_then(|t| t.get("type"))
+        .and_then(Value::as_str)
+        .is_some_and(|t| t != "disabled");
+    let has_blocks = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .is_some_and(|messages| messages.iter().any(has_thinking));
+    thinking_on || has_blocks
+}
+
 fn is_thinking(block: &Value) -> bool {
     matches!(block_type(block), "thinking" | "redacted_thinking")
 }
@@ -632,7 +651,7 @@ pub fn write_bytes(
 }
 
 /// `raw` with `thinking.block_binding.prefix_mismatch_behavior` set to `drop_block`.
-fn with_drop_block(raw: &[u8], body: &Value) -> Option<Vec<u8>> {
+pub fn with_drop_block(raw: &[u8], body: &Value) -> Option<Vec<u8>> {
     let span = scan::member(raw, b"thinking")?;
     let mut thinking = body.get("thinking")?.clone();
     let binding = thinking

@@ -8,10 +8,12 @@
 //! Anthropic Messages ([`messages::Messages`]) and the Responses API
 //! ([`responses::Responses`]) (see `docs/conversation-model.md`); [`Wire`] names the formats
 //! the planner is handed by a route. `scan` finds an array's elements in a body's bytes, for
-//! every adapter's `spans`.
+//! every adapter's `spans`; `messages_added` writes what the proxy adds to a Messages request
+//! (its hidden rounds put back, its tools) into the bytes.
 
 pub mod chat;
 pub mod messages;
+pub mod messages_added;
 pub mod responses;
 pub(crate) mod scan;
 

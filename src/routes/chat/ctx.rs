@@ -48,6 +48,9 @@ pub struct ChatCtx {
     pub body_changed: bool,
     /// Hidden exchanges of the proxy's tools put back into the conversation.
     pub restored: usize,
+    /// The client's bytes, when hidden rounds were put back into `request`'s (Anthropic
+    /// Messages): what the next hidden round is keyed by.
+    pub client_raw: Option<bytes::Bytes>,
     /// Rounds, calls and upstream calls of the tool loop (shared with a streaming loop's task).
     pub stats: Arc<crate::routes::tool_loop::LoopStats>,
     pub timings: Timings,
@@ -106,6 +109,7 @@ impl ChatCtx {
             reload: None,
             body_changed: false,
             restored: 0,
+            client_raw: None,
             stats: Arc::default(),
             timings: Timings {
                 received,

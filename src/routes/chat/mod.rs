@@ -244,8 +244,16 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         // Nothing to plan: the body was only peeked at and goes out as it came.
         return;
     }
-    // The proxy's tools are offered on the routes whose format runs the tool loop.
-    if ctx.format.tool_loop.is_some() {
+    restore_rounds(state, ctx).await;
+    // The proxy's tools are offered on the routes whose format runs the tool loop (not where
+    // they would invalidate thinking blocks bound to the tools before them).
+    let rules = (ctx.format.write_rules)(&ctx.headers, &ctx.request.body);
+    if rules.is_some_and(|r| {
+        crate::context::adapter::messages::tools_would_unbind(r, &ctx.request.body)
+    }) {
+        ctx.offer =
+            crate::proxy_tools::Offer::NotOffered(crate::proxy_tools::NotOffered::ThinkingBound);
+    } else if ctx.format.tool_loop.is_some() {
         ctx.offer = crate::proxy_tools::offer(&ctx.request.body, state.context.reload_config());
     }
     if let crate::proxy_tools::Offer::Tools(names) = &ctx.offer {
@@ -295,6 +303,35 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
     settle::settle(state, ctx).await;
 }
 
+/// Before planning, on a format whose tool loop merges its rounds into one answer (Anthropic
+/// Messages): the upstream transcript of the proxy's hidden rounds put back into the request's
+/// bytes in place of the client's merged messages (the client's bytes kept for the loop).
+async fn restore_rounds(state: &Shared, ctx: &mut ChatCtx) {
+    let (Some(wire), Some(identity)) = (ctx.format.tool_loop, &ctx.identity) else {
+        return;
+    };
+    if !wire.merges_rounds() {
+        return;
+    }
+    let Some((bytes, n)) = state
+        .context
+        .restore_rounds(identity, &ctx.request.raw, &ctx.request.body)
+        .await
+    else {
+        return;
+    };
+    match ChatRequest::parse(bytes) {
+        Ok(back) => {
+            let client = std::mem::replace(&mut ctx.request, back);
+            ctx.client_raw = Some(client.raw);
+            ctx.restored += n;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the restored request does not parse: sent as the client sent it")
+        }
+    }
+}
+
 /// apply: offer the proxy's tools when the new body will refer to stored content; store what
 /// the plan removes, remember the decision, build the new body. With `store.on_error =
 /// "closed"`, a store failure refuses the request instead of forwarding it unmanaged.
@@ -309,7 +346,12 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             "the session's state could not be read".into(),
         ));
     }
-    let offered = match (plan.refers_to_stored_content(), ctx.format.tool_loop) {
+    // Hidden rounds put back hold the proxy's calls: they need its tools (Messages).
+    let rounds_back = ctx.client_raw.is_some();
+    let offered = match (
+        plan.refers_to_stored_content() || rounds_back,
+        ctx.format.tool_loop,
+    ) {
         (true, Some(wire)) => match ctx.offer.clone() {
             crate::proxy_tools::Offer::Tools(names) => {
                 let client_had_tools = ctx
@@ -343,6 +385,17 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         )
         .await;
     if let Some((wire, names, client_had_tools)) = offered {
+        if rules.is_some() {
+            // Written into the bytes: the tools go there too.
+            if rounds_back && ctx.managed.body.is_none() && !ctx.managed.fail_open {
+                ctx.managed.body = Some(ctx.request.raw.clone());
+            }
+            if let Some(body) = &ctx.managed.body {
+                ctx.managed.body = wire
+                    .inject_bytes(body, &ctx.request.body, &names)
+                    .map(bytes::Bytes::from);
+            }
+        }
         if ctx.managed.body.is_some() {
             // The definitions go out with the request: they are counted in what it sends.
             ctx.managed.report.tokens_after += ctx.offer_tokens;
@@ -493,7 +546,10 @@ async fn tool_loop(
         encoding: ctx.upstream.encoding,
         stats: ctx.stats.clone(),
         request_id: ctx.request_id().to_string(),
-        client_body: ctx.request.raw.clone(),
+        client_body: ctx
+            .client_raw
+            .clone()
+            .unwrap_or_else(|| ctx.request.raw.clone()),
     };
     Ok(match tool_loop::run(round, answer).await? {
         tool_loop::LoopAnswer::Json(done) => Answer::Json(done),

@@ -20,9 +20,16 @@
 //! - errors the proxy makes itself are in Anthropic's shape (the router), also a stream's
 //!   final `error` event.
 //!
-//! Not yet on this route: the proxy's own tools (markers say the content is stored).
+//! - the proxy's own tools: the upstream transcript of its hidden tool rounds put back in place
+//!   of the client's merged assistant message before planning
+//!   ([`crate::proxy_tools::hidden_rounds`]); its tools written into the bytes after the
+//!   client's, never on a model binding thinking to its tools unless the client's betas allow
+//!   `drop_block`; the loop's Messages side in `loop_wire.rs` and `loop_stream.rs`
+//!   (`count_tokens` gets the same body; no loop runs on its answer).
 
 pub mod identity;
+mod loop_stream;
+mod loop_wire;
 
 use std::sync::Arc;
 
@@ -59,7 +66,7 @@ pub const MESSAGES: Format = Format {
     implied_limit: format::no_implied_limit,
     write_rules,
     anthropic_errors: true,
-    tool_loop: None,
+    tool_loop: Some(&loop_wire::MessagesLoop),
 };
 
 /// `POST /v1/messages/count_tokens`: planned as `/v1/messages` would be, so that the count is

@@ -24,6 +24,9 @@ pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError>
     let wire = round.wire;
     let mut answer = first;
     let mut usage: Option<Usage> = None;
+    // For a wire that merges rounds: where the rounds begin, and the answers before the last.
+    let start = round.conversation_len();
+    let mut earlier: Vec<Value> = Vec::new();
     loop {
         let status = answer.status;
         let mut headers = answer.headers.clone();
@@ -55,20 +58,31 @@ pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError>
         }
         let (proxy, client) = round.kinds(&turn.calls);
         if !proxy {
+            let last = wire.continued(&body, &turn);
+            let body = merged(&round, body, &earlier, start, last, Vec::new()).await;
             return Ok(finish(status, headers, body, bytes, &usage, &round));
         }
         if round.tools_withdrawn() {
-            return Ok(withdrawn(status, headers, body, &usage, &round));
+            return Ok(withdrawn(status, headers, body, &usage, &round, &earlier, start).await);
         }
         let results = round.run_calls(&turn.calls).await;
         if client {
             // Mixed: the client gets its own calls; the proxy's wait in the session.
             let mut body = body;
+            let last = wire.continued(&body, &turn);
             let split = wire.split(&mut body, &|name| round.is_proxy(name));
-            round.keep(split, results).await;
+            let body = if wire.merges_rounds() {
+                merged(&round, body, &earlier, start, last, results).await
+            } else {
+                round.keep(split, results).await;
+                body
+            };
             return Ok(finish(status, headers, body, Bytes::new(), &usage, &round));
         }
         let output = wire.continued(&body, &turn);
+        if wire.merges_rounds() {
+            earlier.push(body);
+        }
         let request = round.next_request(output, results);
         answer = round.upstream.send(&request).await?;
         round.stats.upstream_calls.fetch_add(1, Ordering::Relaxed);
@@ -78,12 +92,14 @@ pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError>
 /// The model called the proxy's tools after they were withdrawn: the calls are not run and the
 /// upstream is not asked again. The client gets the answer without them (its text, its own
 /// calls), or a 502 saying why when nothing is left.
-fn withdrawn(
+async fn withdrawn(
     status: StatusCode,
     headers: HeaderMap,
     mut body: Value,
     usage: &Option<Usage>,
     round: &Round,
+    earlier: &[Value],
+    start: usize,
 ) -> Final {
     let rounds = round.stats.rounds.load(Ordering::Relaxed) as usize;
     tracing::warn!(
@@ -101,10 +117,41 @@ fn withdrawn(
         return Final {
             status: error.classify().0,
             headers,
-            body: error.body(),
+            body: round.wire.error_body(&error, &round.request_id),
         };
     }
+    // The calls not run are not in what the conversation continues with either.
+    let last = round.wire.continued(&body, &Default::default());
+    let body = merged(round, body, earlier, start, last, Vec::new()).await;
     finish(status, headers, body, Bytes::new(), usage, round)
+}
+
+/// For a wire that merges rounds ([`super::LoopWire::merges_rounds`]): the final `answer` with
+/// the client's part of the `earlier` ones before its own, the upstream transcript it stands
+/// for (ending with `last`, and the proxy's `results` of a mixed last round) kept for the
+/// next turn when there is one. Any other wire's answer is returned as it is.
+async fn merged(
+    round: &Round,
+    mut answer: Value,
+    earlier: &[Value],
+    start: usize,
+    last: Vec<Value>,
+    results: Vec<Value>,
+) -> Value {
+    let wire = round.wire;
+    if !wire.merges_rounds() {
+        return answer;
+    }
+    wire.merge(&mut answer, earlier, &|name| round.is_proxy(name));
+    if !earlier.is_empty() || !results.is_empty() {
+        let shown = wire
+            .continued(&answer, &Default::default())
+            .into_iter()
+            .next()
+            .unwrap_or(Value::Null);
+        round.keep_rounds(start, last, &shown, results).await;
+    }
+    answer
 }
 
 /// The client's answer: the upstream's bytes when nothing needs changing, else the body with

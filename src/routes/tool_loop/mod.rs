@@ -84,6 +84,34 @@ pub trait LoopWire: Send + Sync {
 
     /// The client's stream, relaying `first` and each later round live.
     fn stream(&self, round: Round, first: Incoming) -> EventStream;
+
+    /// `raw`, the bytes of a request written into the client's bytes (`body` parsed from
+    /// them), with the proxy's tools added; `None` when the format serializes its body instead
+    /// (the tools are in `body`, [`LoopWire::inject`]) or they cannot be written.
+    fn inject_bytes(&self, raw: &[u8], body: &Value, names: &ToolNames) -> Option<Vec<u8>> {
+        let _ = (raw, body, names);
+        None
+    }
+
+    /// The body of an error the loop answers itself (`ToolLoopExhausted`), in the route's
+    /// API's shape.
+    fn error_body(&self, error: &ProxyError, request_id: &str) -> Bytes {
+        let _ = request_id;
+        error.body()
+    }
+
+    /// Whether the client gets one answer made of its own part of every round (Anthropic
+    /// Messages), not the last round's alone: the final answer then carries the earlier
+    /// rounds' part ([`LoopWire::merge`]), and the upstream transcript that answer stands for
+    /// is kept for the next turn ([`Round::keep_rounds`]).
+    fn merges_rounds(&self) -> bool {
+        false
+    }
+
+    /// Puts the client's part of the `earlier` answers before the final `answer`'s own.
+    fn merge(&self, answer: &mut Value, earlier: &[Value], is_proxy: &dyn Fn(&str) -> bool) {
+        let _ = (answer, earlier, is_proxy);
+    }
 }
 
 impl std::fmt::Debug for dyn LoopWire {
@@ -346,6 +374,57 @@ impl Round {
             .await
         {
             tracing::warn!(error = %e, "cannot keep the proxy's hidden tool calls: the next turn will not show them to the model");
+        }
+    }
+}
+
+impl Round {
+    /// The number of messages in the request as the loop began: the rounds append after it.
+    pub fn conversation_len(&self) -> usize {
+        self.body
+            .get("messages")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len)
+    }
+
+    /// Keeps, for the next turn, the upstream transcript the client's merged assistant
+    /// message `shown` stands for ([`LoopWire::merges_rounds`]): the messages the rounds
+    /// appended after the first `start`, then `last` (the final answer's message as the
+    /// upstream sent it), with the proxy's `results` of a mixed last round.
+    pub async fn keep_rounds(
+        &self,
+        start: usize,
+        last: Vec<Value>,
+        shown: &Value,
+        results: Vec<Value>,
+    ) {
+        use crate::proxy_tools::hidden_rounds::{self, Rounds, STATE_KEY};
+        let mut messages: Vec<Value> = self
+            .body
+            .get("messages")
+            .and_then(Value::as_array)
+            .map(|m| m.iter().skip(start).cloned().collect())
+            .unwrap_or_default();
+        messages.extend(last);
+        let before = serde_json::from_slice::<Value>(&self.client_body)
+            .ok()
+            .and_then(|body| {
+                body.get("messages")
+                    .and_then(Value::as_array)
+                    .map(|m| hidden::Transcript::of(m))
+            })
+            .unwrap_or_default();
+        let rounds = Rounds {
+            key: hidden_rounds::key(before, shown),
+            messages,
+            results,
+        };
+        let store = Hidden::<Rounds>::under(self.state.context.store().clone(), STATE_KEY);
+        if let Err(e) = store
+            .keep(&self.identity.tenant, &self.identity.session, rounds)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot keep the proxy's hidden tool rounds: the next turn will show the model the client's merged message");
         }
     }
 }
