@@ -103,9 +103,19 @@ async fn a_60_turn_claude_code_session_stays_valid_under_a_small_budget() {
                 "request {k}: a thinking block changed"
             );
         }
-        // The system prompt and the tools, the cached head, go out as they came.
+        // The system prompt and the client's tools, the cached head, go out as they came;
+        // after them come only the proxy's own tools, once a marker names stored content.
         assert_eq!(sent["system"], client["system"]);
-        assert_eq!(sent["tools"], client["tools"]);
+        let theirs = client["tools"].as_array().unwrap();
+        let tools = sent["tools"].as_array().unwrap();
+        assert_eq!(&tools[..theirs.len()], &theirs[..], "request {k}");
+        for added in &tools[theirs.len()..] {
+            let name = added["name"].as_str().unwrap_or("");
+            assert!(
+                ["context_read", "context_search"].contains(&name),
+                "request {k}: the proxy added the tool {name}"
+            );
+        }
         if forwarded.body != body {
             managed += 1;
         }
