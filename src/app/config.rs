@@ -199,7 +199,10 @@ impl ValidConfig {
             if cache.rebill_rate() > 0.0 && target < min {
                 let pays = (min as f64 / context.target_ratio).ceil() as usize;
                 warnings.push(format!(
-                    "context.max_context_tokens = {budget} cuts requests down to {target} tokens,                      under {key}'s minimum cacheable prefix ({min}): every request after a cut                      is billed in full, where going direct it would be cached, so the budget                      costs more than no budget; set it to at least {pays}"
+                    "context.max_context_tokens = {budget} cuts requests down to {target} tokens, \
+                     under {key}'s minimum cacheable prefix ({min}): every request after a cut \
+                     is billed in full, where going direct it would be cached, so the budget \
+                     costs more than no budget; set it to at least {pays}"
                 ));
             }
         }
