@@ -587,7 +587,7 @@ impl Report {
             "calls via proxy (cost)", "calls", "tokens"
         );
         for name in &names {
-            let _ = write!(out, "{name:>14}");
+            let _ = write!(out, "{name:>20}");
         }
         out.push('\n');
         for (kind, bill) in &with.by_kind {
@@ -596,7 +596,7 @@ impl Report {
                 let cost = bill.cost.get(*name).copied().unwrap_or(0.0);
                 let total = with.cost.get(*name).copied().unwrap_or(0.0);
                 let share = if total > 0.0 { cost / total * 1e2 } else { 0.0 };
-                let _ = write!(out, "{:>14}", format!("{cost:.0} ({share:.0}%)"));
+                let _ = write!(out, "{:>20}", format!("{cost:.0} ({share:.0}%)"));
             }
             out.push('\n');
         }
