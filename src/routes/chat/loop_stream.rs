@@ -10,16 +10,17 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::routes::tool_loop::stream::{self, Failure, Out, RoundEnd, RoundRelay};
+use crate::routes::tool_loop::stream::{
+    self, Failure, NextEvent, Out, RoundEnd, RoundEvents, RoundRelay,
+};
 use crate::routes::tool_loop::{EventStream, Round};
 use crate::upstream::Incoming;
 use crate::wire::error::openai_error;
 use crate::wire::sse::{data_event, Event};
 use crate::wire::ToolCall;
-use crate::wire::{ChatAccumulator, Filtered, SseReader, ToolCallDelta, ToolCallFilter, Usage};
+use crate::wire::{ChatAccumulator, Filtered, ToolCallDelta, ToolCallFilter, Usage};
 
 /// The client's body: the chat chunks of every round, live.
 pub fn spawn(round: Round, first: Incoming) -> EventStream {
@@ -112,47 +113,33 @@ async fn relay_round(
     across: &mut Across,
 ) -> RoundEnd {
     let mut relay = Relay::new(round);
-    let mut reader = SseReader::default();
-    let mut chunks = std::pin::pin!(answer.into_stream());
+    let mut events = RoundEvents::new(answer);
     loop {
-        let next = tokio::select! {
-            () = out.closed() => return RoundEnd::Stop,
-            next = chunks.next() => next,
-        };
-        let bytes = match next {
-            None => break,
-            Some(Ok(bytes)) => bytes,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "upstream stream ended early during the tool loop");
-                out.send(stream_error(&e.to_string(), "upstream_stream_error"))
+        let event = match events.next(out).await {
+            NextEvent::Event(event) => event,
+            NextEvent::End => break,
+            NextEvent::Closed => return RoundEnd::Stop,
+            NextEvent::BrokeOff(e) => {
+                out.send(stream_error(&e, "upstream_stream_error")).await;
+                return RoundEnd::Stop;
+            }
+            NextEvent::Unreadable(e) => {
+                let message = format!(
+                    "upstream {} sent an unreadable stream: {e}",
+                    round.upstream.name
+                );
+                out.send(stream_error(&message, "upstream_stream_error"))
                     .await;
                 return RoundEnd::Stop;
             }
         };
-        reader.push(&bytes);
-        loop {
-            let event = match reader.next_event() {
-                Ok(Some(event)) => event,
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "unreadable upstream stream during the tool loop");
-                    let message = format!(
-                        "upstream {} sent an unreadable stream: {e}",
-                        round.upstream.name
-                    );
-                    out.send(stream_error(&message, "upstream_stream_error"))
-                        .await;
-                    return RoundEnd::Stop;
-                }
-            };
-            let (bytes, go_on) = match relay.event(&event, across) {
-                Step::Skip => continue,
-                Step::Send(bytes) => (bytes, true),
-                Step::Last(bytes) => (bytes, false),
-            };
-            if !out.send(bytes).await || !go_on {
-                return RoundEnd::Stop;
-            }
+        let (bytes, go_on) = match relay.event(&event, across) {
+            Step::Skip => continue,
+            Step::Send(bytes) => (bytes, true),
+            Step::Last(bytes) => (bytes, false),
+        };
+        if !out.send(bytes).await || !go_on {
+            return RoundEnd::Stop;
         }
     }
     relay.end(out, across).await

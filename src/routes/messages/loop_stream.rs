@@ -8,15 +8,15 @@
 //! upstream transcript the client's message stands for is kept for the next turn.
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::routes::tool_loop::stream::{self, Failure, Out, RoundEnd, RoundRelay};
+use crate::routes::tool_loop::stream::{
+    self, Failure, NextEvent, Out, RoundEnd, RoundEvents, RoundRelay,
+};
 use crate::routes::tool_loop::{EventStream, Round};
 use crate::upstream::Incoming;
 use crate::wire::anthropic::error_event;
 use crate::wire::messages::{calls_of, visible, Relay, Step};
-use crate::wire::SseReader;
 
 /// The client's body: the loop on a task of its own.
 pub fn spawn(round: Round, first: Incoming) -> EventStream {
@@ -37,49 +37,33 @@ impl RoundRelay for Across {
     async fn relay(&mut self, round: &Round, answer: Incoming, out: &mut Out) -> RoundEnd {
         self.start.get_or_insert_with(|| round.conversation_len());
         let is_proxy = |name: &str| round.is_proxy(name);
-        let mut reader = SseReader::default();
-        let mut chunks = std::pin::pin!(answer.into_stream());
+        let mut events = RoundEvents::new(answer);
         loop {
-            let next = tokio::select! {
-                () = out.closed() => return RoundEnd::Stop,
-                next = chunks.next() => next,
-            };
-            let bytes = match next {
-                None => break,
-                Some(Ok(bytes)) => bytes,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "upstream stream ended early during the tool loop");
-                    out.send(error(
-                        round,
-                        502,
-                        &format!("the upstream's stream broke off: {e}"),
-                    ))
-                    .await;
+            let event = match events.next(out).await {
+                NextEvent::Event(event) => event,
+                NextEvent::End => break,
+                NextEvent::Closed => return RoundEnd::Stop,
+                NextEvent::BrokeOff(e) => {
+                    let message = format!("the upstream's stream broke off: {e}");
+                    out.send(error(round, 502, &message)).await;
+                    return RoundEnd::Stop;
+                }
+                NextEvent::Unreadable(e) => {
+                    let message = format!(
+                        "upstream {} sent an unreadable stream: {e}",
+                        round.upstream.name
+                    );
+                    out.send(error(round, 502, &message)).await;
                     return RoundEnd::Stop;
                 }
             };
-            reader.push(&bytes);
-            loop {
-                let event = match reader.next_event() {
-                    Ok(Some(event)) => event,
-                    Ok(None) => break,
-                    Err(e) => {
-                        let message = format!(
-                            "upstream {} sent an unreadable stream: {e}",
-                            round.upstream.name
-                        );
-                        out.send(error(round, 502, &message)).await;
-                        return RoundEnd::Stop;
-                    }
-                };
-                let (bytes, go_on) = match self.relay.event(&event, &is_proxy) {
-                    Step::Skip => continue,
-                    Step::Send(bytes) => (bytes, true),
-                    Step::Last(bytes) => (bytes, false),
-                };
-                if !out.send(bytes).await || !go_on {
-                    return RoundEnd::Stop;
-                }
+            let (bytes, go_on) = match self.relay.event(&event, &is_proxy) {
+                Step::Skip => continue,
+                Step::Send(bytes) => (bytes, true),
+                Step::Last(bytes) => (bytes, false),
+            };
+            if !out.send(bytes).await || !go_on {
+                return RoundEnd::Stop;
             }
         }
         self.end(round, out).await

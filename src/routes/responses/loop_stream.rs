@@ -17,15 +17,16 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use super::items::{calls, has_text, scrub_tools};
-use crate::routes::tool_loop::stream::{self, Failure, Out, RoundEnd, RoundRelay};
+use crate::routes::tool_loop::stream::{
+    self, Failure, NextEvent, Out, RoundEnd, RoundEvents, RoundRelay,
+};
 use crate::routes::tool_loop::{EventStream, Round};
 use crate::upstream::Incoming;
 use crate::wire::sse::Event;
-use crate::wire::{SseReader, Usage};
+use crate::wire::Usage;
 
 /// The client's body: the events of every round as one Responses stream, live.
 pub fn spawn(round: Round, first: Incoming) -> EventStream {
@@ -110,55 +111,38 @@ impl Across {
 impl RoundRelay for Across {
     async fn relay(&mut self, round: &Round, answer: Incoming, out: &mut Out) -> RoundEnd {
         let mut relay = Relay::new(round, self);
-        let mut reader = SseReader::default();
-        let mut chunks = std::pin::pin!(answer.into_stream());
+        let mut events = RoundEvents::new(answer);
         loop {
-            let next = tokio::select! {
-                () = out.closed() => return RoundEnd::Stop,
-                next = chunks.next() => next,
-            };
-            let bytes = match next {
-                None => break,
-                Some(Ok(bytes)) => bytes,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "upstream stream ended early during the tool loop");
-                    let message =
-                        format!("upstream {} broke off its stream: {e}", round.upstream.name);
-                    let last = relay
-                        .across
-                        .failed(round, "upstream_stream_error", &message);
-                    out.send(last).await;
-                    return RoundEnd::Stop;
-                }
-            };
-            reader.push(&bytes);
-            loop {
-                let event = match reader.next_event() {
-                    Ok(Some(event)) => event,
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "unreadable upstream stream during the tool loop");
-                        let message = format!(
-                            "upstream {} sent an unreadable stream: {e}",
-                            round.upstream.name
-                        );
-                        let last = relay
-                            .across
-                            .failed(round, "upstream_stream_error", &message);
-                        out.send(last).await;
+            let message = match events.next(out).await {
+                NextEvent::Event(event) => {
+                    let (sends, last) = relay.event(&event);
+                    for bytes in sends {
+                        if !out.send(bytes).await {
+                            return RoundEnd::Stop;
+                        }
+                    }
+                    if last {
                         return RoundEnd::Stop;
                     }
-                };
-                let (sends, last) = relay.event(&event);
-                for bytes in sends {
-                    if !out.send(bytes).await {
-                        return RoundEnd::Stop;
-                    }
+                    continue;
                 }
-                if last {
-                    return RoundEnd::Stop;
+                NextEvent::End => break,
+                NextEvent::Closed => return RoundEnd::Stop,
+                NextEvent::BrokeOff(e) => {
+                    format!("upstream {} broke off its stream: {e}", round.upstream.name)
                 }
-            }
+                NextEvent::Unreadable(e) => {
+                    format!(
+                        "upstream {} sent an unreadable stream: {e}",
+                        round.upstream.name
+                    )
+                }
+            };
+            let last = relay
+                .across
+                .failed(round, "upstream_stream_error", &message);
+            out.send(last).await;
+            return RoundEnd::Stop;
         }
         relay.end(out).await
     }

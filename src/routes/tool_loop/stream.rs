@@ -16,6 +16,7 @@ use tracing::Instrument;
 
 use super::{EventStream, Round};
 use crate::upstream::{BodyError, Incoming};
+use crate::wire::sse::{Event, SseReader};
 use crate::wire::ToolCall;
 
 /// Events buffered between the loop and the client's connection.
@@ -139,4 +140,59 @@ async fn read_error(answer: Incoming) -> Bytes {
         }
     }
     Bytes::from(out)
+}
+
+/// One round's upstream answer, read as SSE events as they arrive: what every wire's relay
+/// reads the same way (only what it does with an event, and how it words a failure, differ).
+pub struct RoundEvents {
+    reader: SseReader,
+    chunks: std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, BodyError>> + Send>>,
+}
+
+/// What reading a round's next event gave.
+pub enum NextEvent {
+    Event(Event),
+    /// The upstream's answer ended.
+    End,
+    /// The client left.
+    Closed,
+    /// The upstream's stream broke off (the error's text).
+    BrokeOff(String),
+    /// The upstream's bytes are not a readable event stream (the error's text).
+    Unreadable(String),
+}
+
+impl RoundEvents {
+    pub fn new(answer: Incoming) -> RoundEvents {
+        RoundEvents {
+            reader: SseReader::default(),
+            chunks: Box::pin(answer.into_stream()),
+        }
+    }
+
+    /// The next event, waiting for the upstream's next chunk while the client is there.
+    pub async fn next(&mut self, out: &Out) -> NextEvent {
+        loop {
+            match self.reader.next_event() {
+                Ok(Some(event)) => return NextEvent::Event(event),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "unreadable upstream stream during the tool loop");
+                    return NextEvent::Unreadable(e.to_string());
+                }
+            }
+            let next = tokio::select! {
+                () = out.closed() => return NextEvent::Closed,
+                next = self.chunks.next() => next,
+            };
+            match next {
+                None => return NextEvent::End,
+                Some(Ok(bytes)) => self.reader.push(&bytes),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "upstream stream ended early during the tool loop");
+                    return NextEvent::BrokeOff(e.to_string());
+                }
+            }
+        }
+    }
 }
