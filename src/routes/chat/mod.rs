@@ -466,6 +466,14 @@ async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
     ctx.stats
         .upstream_calls
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if ctx.managed.counted {
+        let report = &ctx.managed.report;
+        ctx.stats.bill(crate::pricing::Call::conversation(
+            crate::pricing::CallKind::Forwarded,
+            report.tokens_after,
+            report.kept_prefix_tokens,
+        ));
+    }
     ctx.timings.upstream_headers = Some(Instant::now());
     ctx.outgoing = Some(request);
     Ok(answer)
@@ -543,6 +551,7 @@ async fn tool_loop(
     let model = ctx.request.model().unwrap_or("").to_string();
     let round = tool_loop::Round {
         wire,
+        adapter: ctx.format.wire.adapter(),
         state: state.clone(),
         upstream: ctx.upstream.clone(),
         identity: identity.clone(),
