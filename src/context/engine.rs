@@ -161,6 +161,9 @@ pub struct Report {
     /// The first such cut of its session: the manager warned about it just now (set by the
     /// planner, counted by the metrics).
     pub warn_unpaid: bool,
+    /// The pinned head takes more than half the budget ([`head_crowds_budget`]): the proxy's
+    /// tools go out from the conversation's first request (set by the planner).
+    pub head_crowds_budget: bool,
 }
 
 /// A forced cut that costs more than going direct, by the [`CutModel`].
@@ -697,6 +700,34 @@ pub fn nothing_to_do(
                     .tool_result_max_tokens
                     .min(settings.truncate_tokens)
             && !(settings.lossless && has_pending_transform(adapter, messages, env)))
+}
+
+/// Whether the pinned head — the tools, the instructions and, with `pin_task`, the task: what
+/// a cut never moves — takes more than half the budget, where rewriting the cached prefix
+/// costs something. Such a conversation will be cut (the room past its head is smaller than the
+/// head), and the proxy's tools, offered only once a marker names stored content, would then
+/// change the request's `tools`, which come first in the prompt a provider's cache keys: the
+/// whole head billed again at the first cut (on support-shaped traffic at a budget ~2k past
+/// the head, that rebill alone made the bill 1.11× going direct at 10% cached reads; with the
+/// tools there from the start, 0.93×). The route offers them from the conversation's first
+/// request instead, when nothing is cached yet. The same answer for every request of a
+/// conversation (its head and budget do not change), so the tools never come and go.
+pub fn head_crowds_budget(input: &Input<'_>, settings: &Settings) -> bool {
+    if settings.mode == Mode::Off || settings.cache.rebill_rate() <= 0.0 {
+        return false;
+    }
+    let task = settings
+        .pin_task
+        .then(|| input.items.iter().position(|m| m.kind == Kind::User))
+        .flatten();
+    let head_end = input
+        .items
+        .iter()
+        .enumerate()
+        .position(|(i, m)| m.kind != Kind::Instructions && Some(i) != task)
+        .unwrap_or(input.items.len());
+    let head = input.fixed + input.counts[..head_end].iter().sum::<usize>();
+    head.saturating_mul(2) > settings.budget
 }
 
 /// Attempts at cutting a text under the hard cap.
