@@ -622,6 +622,13 @@ mod tests {
                 .unwrap(),
             whole
         );
+        // What the list reads is the record, not the journal.
+        let mut told = whole.clone();
+        told.totals.turns = 999;
+        let told = serde_json::to_vec(&told).unwrap();
+        store.put_state(&t, &s, &key, &told).await.unwrap();
+        let read = summary(store.as_ref(), &t, &s, pricing.as_ref()).await;
+        assert_eq!(read.unwrap().totals.turns, 999);
         writer.stop().await;
     }
 
