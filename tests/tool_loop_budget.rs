@@ -5,7 +5,8 @@
 //! older rounds of the one turn are moved out whole (the prompt stays); between cuts each
 //! forwarded conversation repeats the previous one byte for byte, and a cut is never followed
 //! by another on the next turn; the moved rounds are read back by `context_read` through the
-//! marker's reference.
+//! marker's reference. On a model binding thinking to the prefix the loop is cut only when the
+//! client's betas allow `drop_block`; otherwise the request goes as it came, saying why.
 
 mod common;
 
@@ -86,8 +87,12 @@ fn responses_body(rounds: usize) -> Value {
 }
 
 fn messages_body(rounds: usize) -> Value {
+    messages_body_for("claude-sonnet-4-5", rounds)
+}
+
+fn messages_body_for(model: &str, rounds: usize) -> Value {
     let mut body = json!({
-        "model": "claude-sonnet-4-5",
+        "model": model,
         "max_tokens": 2048,
         "thinking": {"type": "enabled", "budget_tokens": 1024},
         "system": [{"type": "text", "text": "You are Claude Code, a coding agent."}],
@@ -272,4 +277,59 @@ async fn messages_a_long_single_prompt_tool_loop_holds_the_budget() {
     let h = harness().await;
     let (body, reference) = replay(&h, &MESSAGES).await;
     read_back(&h, &MESSAGES, &body, &reference).await;
+}
+
+/// On a model that binds each thinking block to everything before it, moving out rounds of the
+/// open loop would invalidate the latest assistant message's thinking, which the loop needs:
+/// the request goes as it came and says why, unless the client's betas let the proxy ask the
+/// API to drop invalidated blocks; then the loop is cut and fits.
+#[tokio::test]
+async fn messages_a_binding_model_cuts_the_loop_only_with_drop_block() {
+    const MODEL: &str = "claude-opus-5-5";
+    for beta in [None, Some("thinking-binding-controls-2026-08-01")] {
+        let h = harness().await;
+        let mut managed = 0;
+        for k in 0..30 {
+            let body = messages_body_for(MODEL, k);
+            let mut req = h
+                .client
+                .post(h.url("/v1/messages"))
+                .header("x-api-key", "sk-ant-test")
+                .header("anthropic-version", "2023-06-01")
+                .header("x-context-session", "binding-loop");
+            if let Some(beta) = beta {
+                req = req.header("anthropic-beta", beta);
+            }
+            let resp = req.json(&body).send().await.unwrap();
+            let actions = header(&resp, "x-context-actions");
+            assert_eq!(resp.status(), 200, "round {k}: {actions}");
+            resp.bytes().await.unwrap();
+            let sent = h.mock.received().last().unwrap().json();
+            if (MESSAGES.count)(&body) <= BUDGET {
+                continue;
+            }
+            match beta {
+                None => {
+                    assert!(
+                        actions.starts_with(
+                            "skipped (unmanaged: an edit before the latest assistant message"
+                        ),
+                        "round {k}: {actions}"
+                    );
+                    assert_eq!(sent, body, "round {k}: forwarded as it came");
+                }
+                Some(_) => {
+                    assert_eq!(rules::check_messages(&sent), Ok(()), "round {k}");
+                    assert_eq!(
+                        sent["thinking"]["block_binding"]["prefix_mismatch_behavior"],
+                        "drop_block"
+                    );
+                    let tokens = (MESSAGES.count)(&sent);
+                    assert!(tokens <= BUDGET, "round {k}: {tokens} over {BUDGET}");
+                    managed += 1;
+                }
+            }
+        }
+        assert_eq!(managed > 0, beta.is_some());
+    }
 }
