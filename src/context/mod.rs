@@ -50,7 +50,7 @@ use adapter::{Adapter, Wire};
 use engine::Report;
 pub use engine::Skipped;
 use planner::Planner;
-pub use planner::{Plan, Route, SummaryJob, SummaryPlan};
+pub use planner::{Plan, Route, Sizing, SummaryJob, SummaryPlan};
 use session::identify;
 pub use session::Identity;
 pub use settings::{ContextConfig, Mode, RequestLimits, Settings};
@@ -165,6 +165,17 @@ impl ContextManager {
     ) -> Option<f64> {
         self.planner
             .observe_usage(identity, wire, estimated, actual)
+    }
+
+    /// `body`'s size against its budget and window before planning ([`Planner::sizing`]).
+    pub async fn sizing(
+        &self,
+        identity: &Identity,
+        body: &Value,
+        mode: Mode,
+        route: &Route<'_>,
+    ) -> Sizing {
+        self.planner.sizing(identity, body, mode, route).await
     }
 
     /// Notes that the upstream accepted `tenant`'s key (a 2xx answer).

@@ -42,6 +42,10 @@ pub struct Format {
     /// The client reads errors in Anthropic's shape: a stream failing mid-way ends with
     /// Anthropic's `error` event (else OpenAI's).
     pub anthropic_errors: bool,
+    /// Where the upstream counts a request exactly, asked near the budget and the window
+    /// (`exact.rs`; Anthropic's `count_tokens`), when the upstream's `count_tokens_margin` is
+    /// set.
+    pub exact_count: Option<&'static super::exact::ExactCount>,
 }
 
 /// Writes a decision by serializing the changed body.
@@ -81,4 +85,5 @@ pub const CHAT: Format = Format {
     tool_loop: Some(&super::loop_wire::ChatLoop),
     write_rules: serialized,
     anthropic_errors: false,
+    exact_count: None,
 };

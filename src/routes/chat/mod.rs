@@ -24,6 +24,7 @@
 
 mod ctx;
 mod dom;
+pub mod exact;
 pub mod format;
 mod loop_stream;
 mod loop_wire;
@@ -101,6 +102,7 @@ pub async fn finish(
         apply(&state, &mut ctx).await
     })
     .await?;
+    exact::refuse_overflow(&ctx).await?;
     reserve(&mut ctx)?;
     let answer = forward(&mut ctx).await?;
     vet_key(&state, &ctx, answer.status).await;
@@ -262,37 +264,42 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         });
         ctx.offer_tokens = crate::proxy_tools::definitions_tokens(names, encoding);
     }
+    let mut route = crate::context::Route {
+        upstream: Some(&ctx.upstream.name),
+        encoding: ctx.upstream.encoding,
+        default_window: ctx.upstream.context_window,
+        readback: match &ctx.offer {
+            crate::proxy_tools::Offer::Tools(names) => crate::context::markers::Readback::Tools {
+                read: names.read.clone(),
+                search: names.search.clone(),
+            },
+            crate::proxy_tools::Offer::NotOffered(_) => crate::context::markers::Readback::Stored,
+        },
+        budget_override: ctx.budget_override,
+        summarize: state.summarizer.is_some(),
+        cache: Some(
+            ctx.upstream
+                .cache
+                .for_model(ctx.model.as_deref().unwrap_or("")),
+        ),
+        reserved_tokens: ctx.offer_tokens,
+        wire: ctx.format.wire,
+        scale: None,
+    };
+    // Near the budget, the upstream's exact count decides (when the format and the upstream
+    // ask for it).
+    if let Some((sizing, scale)) = exact::near_budget(state, ctx, &route).await {
+        ctx.sizing = Some(sizing);
+        ctx.exact_scale = scale;
+        route.scale = scale;
+    }
     let plan = state
         .context
         .plan(
             ctx.identity.as_ref(),
             &mut ctx.request.body,
             ctx.mode,
-            &crate::context::Route {
-                upstream: Some(&ctx.upstream.name),
-                encoding: ctx.upstream.encoding,
-                default_window: ctx.upstream.context_window,
-                readback: match &ctx.offer {
-                    crate::proxy_tools::Offer::Tools(names) => {
-                        crate::context::markers::Readback::Tools {
-                            read: names.read.clone(),
-                            search: names.search.clone(),
-                        }
-                    }
-                    crate::proxy_tools::Offer::NotOffered(_) => {
-                        crate::context::markers::Readback::Stored
-                    }
-                },
-                budget_override: ctx.budget_override,
-                summarize: state.summarizer.is_some(),
-                cache: Some(
-                    ctx.upstream
-                        .cache
-                        .for_model(ctx.model.as_deref().unwrap_or("")),
-                ),
-                reserved_tokens: ctx.offer_tokens,
-                wire: ctx.format.wire,
-            },
+            &route,
         )
         .await;
     if plan.restored > 0 {
