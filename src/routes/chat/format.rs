@@ -46,6 +46,10 @@ pub struct Format {
     /// (`exact.rs`; Anthropic's `count_tokens`), when the upstream's `count_tokens_margin` is
     /// set.
     pub exact_count: Option<&'static super::exact::ExactCount>,
+    /// What each request forwards is remembered per conversation when its model binds
+    /// thinking blocks to what they follow (Anthropic Messages; not `count_tokens`, whose
+    /// count no answer follows): the next request's changes are judged against it.
+    pub remembers_forwarded: bool,
 }
 
 /// Writes a decision by serializing the changed body.
@@ -86,4 +90,5 @@ pub const CHAT: Format = Format {
     write_rules: serialized,
     anthropic_errors: false,
     exact_count: None,
+    remembers_forwarded: false,
 };

@@ -103,6 +103,7 @@ pub async fn finish(
     })
     .await?;
     exact::refuse_overflow(&ctx).await?;
+    remember_forwarded(&state, &ctx);
     reserve(&mut ctx)?;
     let answer = forward(&mut ctx).await?;
     vet_key(&state, &ctx, answer.status).await;
@@ -423,6 +424,32 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     }
     ctx.timings.planned = Some(Instant::now());
     Ok(())
+}
+
+/// After `apply`, on a format whose model binds thinking to what it follows: what the model is
+/// shown is remembered for the conversation, for the next request's changes to be judged
+/// against (`ContextManager::forwarded`).
+fn remember_forwarded(state: &Shared, ctx: &ChatCtx) {
+    let Some(identity) = ctx
+        .identity
+        .as_ref()
+        .filter(|_| ctx.format.remembers_forwarded)
+    else {
+        return;
+    };
+    let binds = (ctx.format.write_rules)(&ctx.headers, &ctx.request.body)
+        .is_some_and(|rules| rules.binds_thinking);
+    if !binds {
+        return;
+    }
+    match &ctx.managed.body {
+        Some(bytes) => {
+            if let Ok(shown) = serde_json::from_slice::<Value>(bytes) {
+                state.context.forwarded(identity, &shown);
+            }
+        }
+        None => state.context.forwarded(identity, &ctx.request.body),
+    }
 }
 
 /// After `apply`: reserves the request's estimated tokens (the prompt as forwarded, and the

@@ -69,6 +69,7 @@ pub const MESSAGES: Format = Format {
     anthropic_errors: true,
     tool_loop: Some(&loop_wire::MessagesLoop),
     exact_count: Some(&EXACT),
+    remembers_forwarded: true,
 };
 
 /// `POST /v1/messages/count_tokens`: planned as `/v1/messages` would be, so that the count is
@@ -77,6 +78,7 @@ pub const COUNT_TOKENS: Format = Format {
     name: "count_tokens",
     path: "/messages/count_tokens",
     exact_count: Some(&EXACT_COUNTED),
+    remembers_forwarded: false,
     ..MESSAGES
 };
 
@@ -148,6 +150,8 @@ fn write_rules(headers: &HeaderMap, body: &Value) -> Option<WriteRules> {
     Some(WriteRules {
         binds_thinking: binds_thinking(model),
         drop_block_allowed: drop_block_allowed(headers, body),
+        // Judged per plan, when the decision is written (`ContextManager::apply_to`).
+        repeats_forwarded: false,
     })
 }
 

@@ -58,6 +58,7 @@ pub const RESPONSES: Format = Format {
     write_rules: chat::format::serialized,
     anthropic_errors: false,
     exact_count: None,
+    remembers_forwarded: false,
 };
 
 /// Runs the managed phases for one `POST /v1/responses`.
