@@ -259,6 +259,7 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
     } else if ctx.format.tool_loop.is_some() {
         ctx.offer = crate::proxy_tools::offer(&ctx.request.body, state.context.reload_config());
     }
+    carry_restored_rounds(state, ctx);
     if let crate::proxy_tools::Offer::Tools(names) = &ctx.offer {
         let encoding = ctx.upstream.encoding.unwrap_or_else(|| {
             crate::tokens::Encoding::for_model(ctx.model.as_deref().unwrap_or(""))
@@ -309,6 +310,36 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
     }
     ctx.plan = Some(plan);
     settle::settle(state, ctx).await;
+}
+
+/// After the rounds were put back: the upstream transcript holds the proxy's calls, which the
+/// API refuses without their tools. When the client asks for no tool call (`tool_choice`
+/// none) the tools are defined all the same (the model cannot call them); when they cannot be
+/// defined at all (disabled since, their names taken by the client's, thinking bound to the
+/// tools), the request goes with the client's own messages, as it came.
+fn carry_restored_rounds(state: &Shared, ctx: &mut ChatCtx) {
+    use crate::proxy_tools::{NotOffered, Offer};
+    let Some(client) = ctx.client_raw.as_ref() else {
+        return;
+    };
+    if matches!(ctx.offer, Offer::NotOffered(NotOffered::ToolChoiceNone)) {
+        ctx.offer = crate::proxy_tools::names(&ctx.request.body, state.context.reload_config());
+    }
+    let Offer::NotOffered(why) = &ctx.offer else {
+        return;
+    };
+    match ChatRequest::parse(client.clone()) {
+        Ok(theirs) => {
+            tracing::info!(
+                ?why,
+                "the proxy's tools cannot be defined: its rounds are not put back"
+            );
+            ctx.request = theirs;
+            ctx.client_raw = None;
+            ctx.restored = 0;
+        }
+        Err(e) => tracing::warn!(error = %e, "the client's request does not parse"),
+    }
 }
 
 /// Before planning, on a format whose tool loop merges its rounds into one answer (Anthropic
