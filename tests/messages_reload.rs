@@ -552,3 +552,35 @@ async fn when_the_proxys_tools_cannot_be_defined_the_round_is_not_put_back() {
     assert!(!turn["messages"].as_array().unwrap().contains(&a1));
     assert_eq!(turn["tools"], body["tools"]);
 }
+
+/// With the proxy's tools offered, `x-context-tokens-after` is the estimate of what was
+/// forwarded, the tools' definitions counted as the estimate counts the client's own (within
+/// a token of rounding).
+#[tokio::test]
+async fn the_tokens_after_count_the_offered_tools_as_the_estimate_does() {
+    use context_proxy::context::adapter::{Adapter, Messages};
+    use context_proxy::tokens::{CountSettings, Counter, Encoding};
+    let h = harness(4).await;
+    h.mock.push(Reply::text("Let me check."));
+    let resp = h
+        .client
+        .post(h.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-reload")
+        .header("x-context-session", "reload-tokens")
+        .header("anthropic-version", "2023-06-01")
+        .json(&conversation(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let after: usize = resp.headers()["x-context-tokens-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let sent = parse(&forwarded(&h).pop().unwrap());
+    assert!(sent["tools"].as_array().unwrap().len() == 3);
+    let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+    let estimate = Messages.count(&counter, &sent).total;
+    assert!(after.abs_diff(estimate) <= 1, "{after} vs {estimate}");
+}

@@ -264,7 +264,13 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         let encoding = ctx.upstream.encoding.unwrap_or_else(|| {
             crate::tokens::Encoding::for_model(ctx.model.as_deref().unwrap_or(""))
         });
-        ctx.offer_tokens = crate::proxy_tools::definitions_tokens(names, encoding);
+        ctx.offer_tokens = match ctx.format.wire {
+            // Counted as the estimate counts the request's own tools.
+            crate::context::adapter::Wire::Messages => crate::context::estimate::tools_estimate(
+                &crate::proxy_tools::messages_definitions(names),
+            ),
+            _ => crate::proxy_tools::definitions_tokens(names, encoding),
+        };
     }
     let mut route = crate::context::Route {
         upstream: Some(&ctx.upstream.name),
