@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::collections::HashSet;
-
 use common::Harness;
 use context_proxy::app::config::Config;
 use context_proxy::context::settings::WindowEntry;
@@ -105,75 +103,6 @@ fn tool_names(body: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The events of a Responses stream, each checked against the rules the SDK helpers and Codex
-/// depend on; returns the terminal event.
-fn check_stream(text: &str) -> (Vec<Value>, Value) {
-    let mut events = Vec::new();
-    for frame in text.split("\n\n").filter(|f| !f.trim().is_empty()) {
-        let kind = frame
-            .lines()
-            .find_map(|l| l.strip_prefix("event: "))
-            .unwrap_or_else(|| panic!("a frame without `event:`: {frame}"));
-        let data = frame
-            .lines()
-            .find_map(|l| l.strip_prefix("data: "))
-            .unwrap_or_else(|| panic!("a frame without `data:`: {frame}"));
-        let event: Value = serde_json::from_str(data).unwrap();
-        assert_eq!(event["type"], kind, "{frame}");
-        events.push(event);
-    }
-    assert!(!events.is_empty());
-    assert_eq!(events[0]["type"], "response.created", "{text}");
-    let count = |t: &str| events.iter().filter(|e| e["type"] == t).count();
-    assert_eq!(count("response.created"), 1, "{text}");
-    assert!(count("response.in_progress") <= 1, "{text}");
-    // One sequence, from 0, by one.
-    for (i, event) in events.iter().enumerate() {
-        assert_eq!(event["sequence_number"], i as u64, "{text}");
-    }
-    // Items: added in order 0, 1, …; every item event refers to an added item; ids unique.
-    let mut added = 0u64;
-    let mut ids = HashSet::new();
-    let mut done_items = Vec::new();
-    for event in &events {
-        let Some(index) = event["output_index"].as_u64() else {
-            continue;
-        };
-        if event["type"] == "response.output_item.added" {
-            assert_eq!(index, added, "{text}");
-            added += 1;
-            let id = event["item"]["id"].as_str().unwrap().to_string();
-            assert!(ids.insert(id), "an item id twice: {text}");
-        } else {
-            assert!(index < added, "an event of an item never added: {text}");
-        }
-        if event["type"] == "response.output_item.done" {
-            done_items.push(event["item"].clone());
-        }
-    }
-    // Exactly one terminal event, the last.
-    let terminal = [
-        "response.completed",
-        "response.failed",
-        "response.incomplete",
-    ];
-    let ends: Vec<&Value> = events
-        .iter()
-        .filter(|e| terminal.contains(&e["type"].as_str().unwrap_or("")))
-        .collect();
-    assert_eq!(ends.len(), 1, "{text}");
-    let last = events.last().unwrap().clone();
-    assert!(terminal.contains(&last["type"].as_str().unwrap()), "{text}");
-    // Its output is the items the client got, in order; its id the stream's.
-    assert_eq!(
-        last["response"]["output"],
-        Value::Array(done_items),
-        "{text}"
-    );
-    assert_eq!(last["response"]["id"], events[0]["response"]["id"]);
-    (events, last)
-}
-
 #[tokio::test]
 async fn json_a_read_is_answered_by_the_proxy_and_hidden() {
     let h = harness().await;
@@ -261,7 +190,7 @@ async fn stream_a_read_continues_one_response_live() {
     let bytes = resp.bytes().await.unwrap();
     assert_invisible(&bytes);
     let text = String::from_utf8(bytes.to_vec()).unwrap();
-    let (events, last) = check_stream(&text);
+    let (events, last) = common::check_responses_stream(&text);
     assert_eq!(last["type"], "response.completed");
     // Each round's reasoning and text (the mock reasons before the text, so the reasoning
     // goes with the text, not with the proxy's call after it); never the proxy's call.
@@ -301,7 +230,7 @@ async fn mixed_turn(h: &Harness, stream: bool) -> Vec<Value> {
     assert_invisible(&bytes);
     let output = if stream {
         let text = String::from_utf8(bytes.to_vec()).unwrap();
-        let (_, last) = check_stream(&text);
+        let (_, last) = common::check_responses_stream(&text);
         last["response"]["output"].clone()
     } else {
         serde_json::from_slice::<Value>(&bytes).unwrap()["output"].clone()
@@ -402,7 +331,7 @@ async fn after_the_last_round_the_tools_are_withdrawn_stream() {
     assert_eq!(resp.status(), 200);
     let bytes = resp.bytes().await.unwrap();
     assert_invisible(&bytes);
-    let (_, last) = check_stream(std::str::from_utf8(&bytes).unwrap());
+    let (_, last) = common::check_responses_stream(std::str::from_utf8(&bytes).unwrap());
     assert_eq!(last["type"], "response.failed");
     assert_eq!(last["response"]["error"]["code"], "tool_loop_exhausted");
     assert_eq!(h.mock.received().len(), 2);
@@ -419,7 +348,7 @@ async fn an_upstream_failure_in_round_two_ends_the_stream_with_response_failed()
     let resp = post(&h, &body(input(), true)).await;
     assert_eq!(resp.status(), 200);
     let bytes = resp.bytes().await.unwrap();
-    let (_, last) = check_stream(std::str::from_utf8(&bytes).unwrap());
+    let (_, last) = common::check_responses_stream(std::str::from_utf8(&bytes).unwrap());
     assert_eq!(last["type"], "response.failed");
     assert_eq!(last["response"]["status"], "failed");
     assert_eq!(last["response"]["error"]["code"], "server_error");
@@ -427,6 +356,35 @@ async fn an_upstream_failure_in_round_two_ends_the_stream_with_response_failed()
         last["response"]["error"]["message"],
         "The server had an error."
     );
+}
+
+#[tokio::test]
+async fn an_upstream_error_event_in_round_two_becomes_the_one_response_failed() {
+    let h = harness().await;
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 7, 1)]));
+    h.mock.push(common::responses_error_stream(
+        "Line 7",
+        "rate_limit_exceeded",
+        "Rate limit reached. Please try again in 2s.",
+    ));
+    let resp = post(&h, &body(input(), true)).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let text = std::str::from_utf8(&bytes).unwrap();
+    let (events, last) = common::check_responses_stream(text);
+    assert!(!text.contains("event: error\n"), "{text}");
+    assert_eq!(last["type"], "response.failed");
+    assert_eq!(last["response"]["status"], "failed");
+    assert_eq!(last["response"]["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(
+        last["response"]["error"]["message"],
+        "Rate limit reached. Please try again in 2s."
+    );
+    // The first round's identity, not the failing round's.
+    assert_eq!(last["response"]["id"], events[0]["response"]["id"]);
+    assert_ne!(last["response"]["id"], "resp_e1");
+    assert_eq!(h.mock.received().len(), 2);
 }
 
 #[tokio::test]
@@ -447,7 +405,7 @@ async fn after_the_tools_are_withdrawn_the_client_gets_the_answers_text() {
         let bytes = resp.bytes().await.unwrap();
         assert_invisible(&bytes);
         let output = if stream {
-            let (_, last) = check_stream(std::str::from_utf8(&bytes).unwrap());
+            let (_, last) = common::check_responses_stream(std::str::from_utf8(&bytes).unwrap());
             assert_eq!(last["type"], "response.completed");
             last["response"]["output"].clone()
         } else {
