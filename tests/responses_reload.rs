@@ -387,6 +387,88 @@ async fn an_upstream_error_event_in_round_two_becomes_the_one_response_failed() 
     assert_eq!(h.mock.received().len(), 2);
 }
 
+/// A streamed answer made of `items`, as the API sends one: `response.created`,
+/// `response.in_progress`, each item added then done, `response.completed` with them all.
+fn stream_of(items: &[Value]) -> Reply {
+    let response = json!({"id": "resp_t1", "object": "response", "created_at": 1_767_000_000u64,
+        "status": "in_progress", "model": "gpt-5", "output": [], "usage": null});
+    let mut events = vec![
+        json!({"type": "response.created", "response": response}),
+        json!({"type": "response.in_progress", "response": response}),
+    ];
+    for (n, item) in items.iter().enumerate() {
+        events.push(json!({"type": "response.output_item.added", "output_index": n, "item": item}));
+        events.push(json!({"type": "response.output_item.done", "output_index": n, "item": item}));
+    }
+    let mut done = response.clone();
+    done["status"] = json!("completed");
+    done["output"] = json!(items);
+    done["usage"] = json!({"input_tokens": 900, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 30, "output_tokens_details": {"reasoning_tokens": 10}, "total_tokens": 930});
+    events.push(json!({"type": "response.completed", "response": done}));
+    let body: String = events
+        .into_iter()
+        .enumerate()
+        .map(|(n, mut event)| {
+            event["sequence_number"] = n.into();
+            format!(
+                "event: {}\ndata: {event}\n\n",
+                event["type"].as_str().unwrap()
+            )
+        })
+        .collect();
+    Reply::raw(
+        200,
+        vec![("content-type".into(), "text/event-stream".into())],
+        body.into(),
+    )
+}
+
+/// A reasoning item after the last call of a round that called only the proxy's tools reasons
+/// toward the proxy's exchange: upstream, what follows it is the proxy's `function_call_output`.
+/// Shown to the client it would stand in the client's history before items it was not made
+/// with, so it stays hidden with the exchange; the upstream gets it back byte for byte.
+#[tokio::test]
+async fn a_reasoning_item_ending_a_proxy_only_round_stays_hidden() {
+    let h = harness().await;
+    let said = json!({"type": "message", "id": "msg_t1", "status": "completed", "role": "assistant",
+        "content": [{"type": "output_text", "text": "Let me look.", "annotations": [], "logprobs": []}]});
+    let args = json!({"ref": ref_a(), "offset": 7, "limit": 1}).to_string();
+    let call = json!({"type": "function_call", "id": "fc_t1", "status": "completed",
+        "call_id": "call_t1", "name": "context_read", "arguments": args});
+    let trailing = json!({"type": "reasoning", "id": "rs_trailing", "summary": [],
+        "encrypted_content": "gAAAAB-trailing-reasoning"});
+    h.mock
+        .push(stream_of(&[said.clone(), call.clone(), trailing.clone()]));
+    h.mock.push(Reply::text("Line 7 computes value_7."));
+    let resp = post(&h, &body(input(), true)).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let text = std::str::from_utf8(&bytes).unwrap();
+    assert!(!text.contains("rs_trailing"), "{text}");
+    assert!(!text.contains("gAAAAB-trailing"), "{text}");
+    let (_, last) = common::check_responses_stream(text);
+    assert_eq!(last["type"], "response.completed");
+    let output = last["response"]["output"].as_array().unwrap();
+    let kinds: Vec<&str> = output.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["message", "reasoning", "message"], "{text}");
+    assert_eq!(output[0], said);
+
+    // Upstream, round two continues the model's transcript: the reasoning in its place, then
+    // the proxy's output (the strict mock checks the reasoning is followed by an item).
+    let received = h.mock.received();
+    assert_eq!(received.len(), 2);
+    let second = received[1].json();
+    let items = second["input"].as_array().unwrap();
+    let n = items.len();
+    assert_eq!(items[n - 4], said);
+    assert_eq!(items[n - 3], call);
+    assert_eq!(items[n - 2], trailing);
+    assert_eq!(items[n - 1]["type"], "function_call_output");
+    assert_eq!(items[n - 1]["call_id"], "call_t1");
+}
+
 #[tokio::test]
 async fn after_the_tools_are_withdrawn_the_client_gets_the_answers_text() {
     for stream in [false, true] {

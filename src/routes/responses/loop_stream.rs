@@ -9,7 +9,9 @@
 //! `response.output_item.added`, which names the tool), and of a `reasoning` item until the
 //! item after it shows whether it reasons for such a call (then it is held back with it). A
 //! round that called only the proxy's tools does not end the client's stream: the proxy runs
-//! the calls and the next round's items follow. A mixed round ends it; the proxy's calls are
+//! the calls and the next round's items follow. A reasoning item that ends such a round is the
+//! proxy's too: upstream, the item after it is the proxy's `function_call_output`, and shown to
+//! the client it would stand before the next round's items, which it was not made with. A mixed round ends it; the proxy's calls are
 //! kept for the next turn. Whatever goes wrong after the stream started ends it with
 //! `response.failed`, never silently; an upstream `error` event becomes that
 //! `response.failed`, with the error's code and message.
@@ -357,6 +359,9 @@ impl<'r> Relay<'r> {
             .unwrap_or_default();
         let completed = kind == "response.completed";
         if completed && self.proxy_calls && !self.client_calls && !self.withdrawn {
+            // Reasoning still held ends the round: bound to the proxy's outputs after it, it
+            // stays hidden (the next request carries it, in `output`, byte for byte).
+            self.pending.clear();
             let calls = calls(&output);
             return RoundEnd::Continue(output, calls);
         }
