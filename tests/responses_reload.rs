@@ -387,6 +387,73 @@ async fn an_upstream_error_event_in_round_two_becomes_the_one_response_failed() 
     assert_eq!(h.mock.received().len(), 2);
 }
 
+/// The events the API sends besides items — a background response's `response.queued`, the
+/// reasoning summaries' parts and deltas — pass through the proxy's rounds once and renumbered:
+/// the first round's `created`, `queued` and `in_progress` only, each summary event with its
+/// item's `output_index` as the client numbers it.
+#[tokio::test]
+async fn lifecycle_and_summary_events_pass_once_and_renumbered() {
+    let h = harness().await;
+    h.mock.push(Reply::text_and_tool_calls(
+        "Let me look.",
+        vec![read(&ref_a(), 7, 1)],
+    ));
+    h.mock.push(Reply::text("Line 7 computes value_7."));
+    let mut request = body(input(), true);
+    request["background"] = json!(true);
+    request["store"] = json!(true);
+    request["reasoning"]["summary"] = json!("auto");
+    let resp = post(&h, &request).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let text = std::str::from_utf8(&bytes).unwrap();
+    let (events, last) = common::check_responses_stream(text);
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds[..3],
+        [
+            "response.created",
+            "response.queued",
+            "response.in_progress"
+        ],
+        "{text}"
+    );
+    for once in ["response.queued", "response.in_progress"] {
+        assert_eq!(kinds.iter().filter(|k| **k == once).count(), 1, "{text}");
+    }
+    assert_eq!(events[0]["response"]["status"], "queued");
+    assert_eq!(last["type"], "response.completed");
+    assert_eq!(last["response"]["background"], true);
+    // Each round's reasoning is shown with its summary (it reasons for the text after it).
+    let output = last["response"]["output"].as_array().unwrap();
+    let kinds_out: Vec<&str> = output.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds_out, ["reasoning", "message", "reasoning", "message"]);
+    for (index, item) in output.iter().enumerate() {
+        if item["type"] != "reasoning" {
+            continue;
+        }
+        let summary = item["summary"][0]["text"].as_str().unwrap();
+        let streamed: String = events
+            .iter()
+            .filter(|e| {
+                e["type"] == "response.reasoning_summary_text.delta"
+                    && e["output_index"] == index as u64
+            })
+            .map(|e| e["delta"].as_str().unwrap())
+            .collect();
+        assert_eq!(streamed, summary, "{text}");
+        assert!(events
+            .iter()
+            .any(|e| e["type"] == "response.reasoning_summary_part.done"
+                && e["output_index"] == index as u64
+                && e["item_id"] == item["id"]));
+    }
+    // Round one's summary spoke of the proxy's call: it is the reasoning before the text, so
+    // the call itself is never named to the client (`assert_invisible` above).
+    assert_eq!(h.mock.received().len(), 2);
+}
+
 /// A streamed answer made of `items`, as the API sends one: `response.created`,
 /// `response.in_progress`, each item added then done, `response.completed` with them all.
 fn stream_of(items: &[Value]) -> Reply {

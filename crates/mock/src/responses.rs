@@ -291,8 +291,18 @@ fn answer(
         let included = body["include"]
             .as_array()
             .is_some_and(|list| list.iter().any(|v| v == "reasoning.encrypted_content"));
+        // A summary when asked for (`auto`, `concise`, `detailed`): a line on what comes.
+        let summary = body["reasoning"]["summary"].is_string().then(|| {
+            let what = match (&completion.content, completion.tool_calls.is_empty()) {
+                (_, false) => "which tool to call",
+                (Some(_), true) => "how to answer",
+                (None, true) => "whether anything is left to say",
+            };
+            format!("**Planning the next step**\n\nDeciding {what}.")
+        });
         output.push(OutItem::Reasoning {
             id: ids("rs_", "reasoning", 0),
+            summary,
             encrypted_content: included.then(|| encrypted_content(&[name, &serial])),
         });
     }
@@ -349,6 +359,7 @@ fn answer(
         usage,
         echo,
         obfuscation: body["stream_options"]["include_obfuscation"] != Value::Bool(false),
+        background: body["background"] == Value::Bool(true),
     }
 }
 

@@ -112,6 +112,28 @@ async fn streamed_response_follows_the_event_order() {
         assert_eq!(data["sequence_number"], n, "{name}");
     }
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    // Codex asks for reasoning summaries (`summary: "auto"`): the reasoning item streams one.
+    let summary: Vec<&str> = names[3..]
+        .iter()
+        .copied()
+        .take_while(|n| n.starts_with("response.reasoning_summary"))
+        .collect();
+    assert_eq!(summary[0], "response.reasoning_summary_part.added");
+    assert!(summary[1..summary.len() - 2]
+        .iter()
+        .all(|n| *n == "response.reasoning_summary_text.delta"));
+    assert_eq!(
+        summary[summary.len() - 2..],
+        [
+            "response.reasoning_summary_text.done",
+            "response.reasoning_summary_part.done"
+        ]
+    );
+    let names: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !n.starts_with("response.reasoning_summary"))
+        .collect();
     let expected_start = [
         "response.created",
         "response.in_progress",
