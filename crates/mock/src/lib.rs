@@ -71,6 +71,10 @@ pub struct MockConfig {
     pub reader: bool,
     /// Sent in the `x-mock-name` response header when not empty (routing tests use two mocks).
     pub name: String,
+    /// Plays a Responses-compatible server that is not OpenAI (a vLLM or llama.cpp server):
+    /// it knows no `compaction` nor `compaction_trigger` input item (the API's 400 for an
+    /// unknown item type) and has no `POST /v1/responses/compact` (404).
+    pub without_compaction: bool,
 }
 
 /// A running mock upstream. Dropping it stops it; [`MockUpstream::shutdown`] also waits until

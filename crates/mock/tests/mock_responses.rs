@@ -211,3 +211,55 @@ async fn the_apis_refusals() {
     assert_eq!(body["error"]["param"], "input");
     assert_eq!(mock.pending_replies(), 0);
 }
+
+/// A mock playing a Responses server that is not OpenAI knows no compaction: the trigger and
+/// a compaction item are unknown item types (the API's 400), `/responses/compact` a 404;
+/// everything else is served as usual.
+#[tokio::test]
+async fn without_compaction_the_trigger_is_an_unknown_item_type() {
+    let mock = MockUpstream::start(MockConfig {
+        without_compaction: true,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let user = json!({"role": "user", "content": "go"});
+    for (item, at) in [
+        (json!({"type": "compaction_trigger"}), 1),
+        (
+            json!({"type": "compaction", "encrypted_content": "gAAAABx"}),
+            0,
+        ),
+    ] {
+        let input = if at == 1 {
+            json!([user, item])
+        } else {
+            json!([item, user])
+        };
+        let response = post(&mock, &codex_like(input)).await;
+        assert_eq!(response.status(), 400);
+        let error: Value = response.json().await.unwrap();
+        let kind = item["type"].as_str().unwrap();
+        assert_eq!(error["error"]["code"], "invalid_value");
+        assert_eq!(error["error"]["param"], format!("input[{at}]"));
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("Invalid value: '{kind}'. Supported values are:")),
+            "{message}"
+        );
+        let (_, supported) = message.split_once("Supported values are:").unwrap();
+        assert!(!supported.contains("compaction"), "{message}");
+        assert!(supported.contains("'function_call_output'"), "{message}");
+    }
+    let compact = reqwest::Client::new()
+        .post(format!("{}/responses/compact", mock.base_url()))
+        .json(&json!({"model": "gpt-5", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(compact.status(), 404);
+    // A turn without compaction is answered.
+    mock.push(Reply::text("ok"));
+    let response = post(&mock, &codex_like(json!([user]))).await;
+    assert_eq!(response.status(), 200);
+}
