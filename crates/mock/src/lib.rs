@@ -67,7 +67,8 @@ pub struct MockConfig {
     /// Delay between two SSE events.
     pub chunk_interval: Duration,
     /// Reader mode: a recall question is answered only from what the request shows or what
-    /// the proxy's `context_search` finds ([`reader`]), when no reply is scripted.
+    /// the proxy's tools give back ([`reader`]: `context_search` on chat completions,
+    /// `context_read` on the Responses API), when no reply is scripted.
     pub reader: bool,
     /// Sent in the `x-mock-name` response header when not empty (routing tests use two mocks).
     pub name: String,

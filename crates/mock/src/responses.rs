@@ -142,10 +142,13 @@ pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
             json_response(StatusCode::OK, &answer.to_json())
         };
     }
-    let reply = ctx
-        .state
-        .pop_reply()
-        .unwrap_or_else(|| Reply::text(DEFAULT_REPLY_TEXT));
+    let reply = ctx.state.pop_reply().unwrap_or_else(|| {
+        ctx.config
+            .reader
+            .then(|| crate::reader::reply_responses(&request.body))
+            .flatten()
+            .unwrap_or_else(|| Reply::text(DEFAULT_REPLY_TEXT))
+    });
     if !ctx.life.sleep(delay).await {
         return shutting_down();
     }
