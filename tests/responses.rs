@@ -191,6 +191,56 @@ async fn a_streamed_managed_request_relays_the_apis_events() {
 }
 
 #[tokio::test]
+async fn an_upstream_error_event_mid_stream_becomes_the_one_response_failed() {
+    let h = small_window().await;
+    h.mock.push(common::responses_error_stream(
+        "Half an",
+        "server_error",
+        "The model failed to finish.",
+    ));
+    // A short input: nothing to move out, no tool offered, the upstream's stream relayed.
+    let resp = post(&h, &codex_body(codex_input(1), true)).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let sent = h.mock.received()[0].json();
+    assert!(!sent.to_string().contains("context_read"), "{sent}");
+    let (events, last) = common::check_responses_stream(&text);
+    assert!(!text.contains("event: error\n"), "{text}");
+    assert_eq!(last["type"], "response.failed");
+    // It takes the error event's place: the stream's id, the error's code and message.
+    assert_eq!(last["sequence_number"], 5);
+    assert_eq!(last["response"]["id"], "resp_e1");
+    assert_eq!(last["response"]["status"], "failed");
+    assert_eq!(last["response"]["error"]["code"], "server_error");
+    assert_eq!(
+        last["response"]["error"]["message"],
+        "The model failed to finish."
+    );
+    assert_eq!(events[4]["delta"], "Half an");
+}
+
+#[tokio::test]
+async fn a_stream_that_stops_early_ends_with_response_failed() {
+    let h = small_window().await;
+    // The API's first events, then the connection closes: no terminal event.
+    let created = json!({"type": "response.created", "sequence_number": 0,
+        "response": {"id": "resp_s1", "object": "response", "status": "in_progress", "output": []}});
+    let body = format!("event: response.created\ndata: {created}\n\n");
+    h.mock.push(Reply::raw(
+        200,
+        vec![("content-type".into(), "text/event-stream".into())],
+        body.into(),
+    ));
+    let resp = post(&h, &codex_body(codex_input(1), true)).await;
+    let text = resp.text().await.unwrap();
+    let (_, last) = common::check_responses_stream(&text);
+    assert_eq!(last["type"], "response.failed");
+    assert_eq!(last["sequence_number"], 1);
+    assert_eq!(last["response"]["id"], "resp_s1");
+    assert_eq!(last["response"]["error"]["code"], "upstream_stream_error");
+}
+
+#[tokio::test]
 async fn requests_on_server_side_state_or_compressed_go_as_they_came() {
     let h = small_window().await;
     let mut body = codex_body(codex_input(30), false);
