@@ -272,7 +272,12 @@ proptest! {
         let outcome = engine::run(&input, &s, Decision::default(), &Estimate);
         shared_checks(&Messages, &payloads, &counts, fixed, &outcome, &s)?;
         let Some(items) = &outcome.messages else { return Ok(()) };
-        let rules_in = WriteRules { binds_thinking: messages::binds_thinking(model), drop_block_allowed: drop_block };
+        let rules_in = WriteRules {
+            binds_thinking: messages::binds_thinking(model),
+            drop_block_allowed: drop_block,
+            // The first request of the conversation: every edit is new.
+            repeats_forwarded: false,
+        };
         match messages::write_bytes(&raw, &body, &payloads, items, rules_in) {
             Ok(written) => {
                 let out: Value = serde_json::from_slice(&written.body).unwrap();
