@@ -315,6 +315,38 @@ async fn single_round(stream: bool) {
     assert_eq!(asked["tools"], turn["tools"]);
 }
 
+/// The calls of a JSON answer read whole are all on its bill: the request and the round.
+#[tokio::test]
+async fn json_a_read_round_is_on_the_bill() {
+    let h = harness(4).await;
+    let reference = warm_up(&h).await;
+    h.mock
+        .push(Reply::tool_calls(read(&reference)).thinking("I must read line 77."));
+    h.mock
+        .push(Reply::text(format!("Line 77 holds {NEEDLE}.")).thinking("Found it."));
+    let resp = h
+        .client
+        .post(h.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-reload")
+        .header("x-context-session", "reload-session")
+        .header("anthropic-version", "2023-06-01")
+        .json(&conversation(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["x-context-upstream-calls"],
+        "forwarded=1,reload=1,retry=0,summarizer=0"
+    );
+    let cost: f64 = resp.headers()["x-context-cost-tokens"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(cost > 0.0);
+}
+
 #[tokio::test]
 async fn json_a_read_round_is_hidden_and_put_back_next_turn() {
     single_round(false).await;

@@ -650,22 +650,27 @@ impl Planner {
             transformed: &self.transformed,
             wire: route.wire,
         };
+        let fixed = count.total - count.per_message.iter().sum::<usize>();
+        let first_look = Input::read(adapter, &messages, &count.per_message, &[], fixed);
+        // A head that crowds the budget gets the proxy's tools from the first request on:
+        // their room is kept free in every request of the conversation.
+        let crowded = engine::head_crowds_budget(&first_look, &settings);
+        let tools_room = if crowded { route.reserved_tokens } else { 0 };
         if !self.summary_ahead(route, mode, count.total, &settings)
             && engine::nothing_to_do(
                 adapter,
-                count.total,
+                count.total + tools_room,
                 &count.per_message,
                 &messages,
                 &settings,
                 &env,
             )
         {
-            let fixed = count.total - count.per_message.iter().sum::<usize>();
-            report.kept_prefix_tokens =
-                Input::read(adapter, &messages, &count.per_message, &[], fixed)
-                    .unchanged_prefix_tokens();
+            report.kept_prefix_tokens = first_look.unchanged_prefix_tokens();
+            report.head_crowds_budget = crowded;
             return Plan::unchanged(report);
         }
+        drop(first_look);
         // Put back the proxy's own tool calls hidden from the client. Only a conversation that
         // needs planning can hold them: one was made when an earlier, shorter request of it
         // showed a reference, and what made that request need planning is still here.
@@ -706,7 +711,14 @@ impl Planner {
                 fixed,
             )
         };
-        let mut outcome = decide(&input, &mut settings, prior, &env, route.reserved_tokens);
+        let mut outcome = decide(
+            &input,
+            &mut settings,
+            prior,
+            &env,
+            route.reserved_tokens,
+            crowded,
+        );
         let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
             self.plan_summary(
                 &input,
@@ -903,24 +915,36 @@ fn place_into(
 
 /// The engine's outcome for `input`. A request that refers to stored content goes out with the
 /// proxy's tools (`reserved` tokens): when they would not fit beside it, the engine decides
-/// again with their room kept free (`settings` then holds the smaller budget).
+/// again with their room kept free (`settings` then holds the smaller budget). A conversation
+/// whose head crowds the budget (`crowded`, [`engine::head_crowds_budget`]) has them in every
+/// request: their room is kept from the start.
 fn decide(
     input: &Input<'_>,
     settings: &mut Settings,
     prior: Decision,
     env: &CachedEnv<'_>,
     reserved: usize,
+    crowded: bool,
 ) -> engine::Outcome {
-    let outcome = engine::run(input, settings, prior, env);
-    if reserved == 0
-        || !refers_to_stored_content(&outcome)
-        || outcome.report.tokens_after + reserved <= settings.budget
-    {
-        return outcome;
+    let keep_room = |settings: &mut Settings| {
+        settings.budget = settings.budget.saturating_sub(reserved).max(1);
+        settings.target = settings.target.saturating_sub(reserved);
+    };
+    // The tools go out with every request of a crowded conversation: their room is kept.
+    if crowded && reserved > 0 {
+        keep_room(settings);
     }
-    settings.budget = settings.budget.saturating_sub(reserved).max(1);
-    settings.target = settings.target.saturating_sub(reserved);
-    engine::run(input, settings, prior, env)
+    let mut outcome = engine::run(input, settings, prior, env);
+    if !crowded
+        && reserved > 0
+        && refers_to_stored_content(&outcome)
+        && outcome.report.tokens_after + reserved > settings.budget
+    {
+        keep_room(settings);
+        outcome = engine::run(input, settings, prior, env);
+    }
+    outcome.report.head_crowds_budget = crowded;
+    outcome
 }
 
 /// One debug line per plan: what it did and how long it took.

@@ -75,8 +75,9 @@ pub struct Upstream {
     pub count_tokens_timeout: Duration,
 }
 
-/// Every configured upstream and the routing between them.
-#[derive(Debug)]
+/// Every configured upstream and the routing between them (cloned cheaply: the upstreams are
+/// shared).
+#[derive(Debug, Clone)]
 pub struct Upstreams {
     list: Vec<Arc<Upstream>>,
     default: usize,
@@ -170,6 +171,13 @@ impl Upstreams {
     /// The upstream called `name`.
     pub fn named(&self, name: &str) -> Option<&Arc<Upstream>> {
         self.list.iter().find(|u| u.name == name)
+    }
+
+    /// The prompt-caching terms of a request sent to the upstream `name` (the one `model` is
+    /// routed to when no upstream has that name any more) for `model`.
+    pub fn cache_terms(&self, name: &str, model: Option<&str>) -> crate::pricing::CachePricing {
+        let upstream = self.named(name).unwrap_or_else(|| self.route(model));
+        upstream.cache.for_model(model.unwrap_or(""))
     }
 
     /// The upstream serving `model`: the first whose patterns match, else the default.

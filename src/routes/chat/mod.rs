@@ -391,10 +391,13 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             "the session's state could not be read".into(),
         ));
     }
-    // Hidden rounds put back hold the proxy's calls: they need its tools (Messages).
+    // Hidden rounds put back hold the proxy's calls: they need its tools (Messages). A head
+    // that crowds the budget has them from the conversation's first request on, so that they
+    // do not change the cached prefix at its first cut (`engine::head_crowds_budget`).
     let rounds_back = ctx.client_raw.is_some();
+    let early = plan.report.head_crowds_budget && !plan.store_failed;
     let offered = match (
-        plan.refers_to_stored_content() || rounds_back,
+        plan.refers_to_stored_content() || rounds_back || early,
         ctx.format.tool_loop,
     ) {
         (true, Some(wire)) => match ctx.offer.clone() {
@@ -430,9 +433,10 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         )
         .await;
     if let Some((wire, names, client_had_tools)) = offered {
+        let unchanged = ctx.managed.body.is_none() && !ctx.managed.fail_open;
         if rules.is_some() {
             // Written into the bytes: the tools go there too.
-            if rounds_back && ctx.managed.body.is_none() && !ctx.managed.fail_open {
+            if (rounds_back || early) && unchanged {
                 ctx.managed.body = Some(ctx.request.raw.clone());
             }
             if let Some(body) = &ctx.managed.body {
@@ -440,6 +444,9 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
                     .inject_bytes(body, &ctx.request.body, &names)
                     .map(bytes::Bytes::from);
             }
+        } else if early && unchanged && ctx.managed.counted {
+            // Nothing else changed: the body goes out with the tools alone.
+            ctx.managed.body = Some(bytes::Bytes::from(ctx.request.body.to_string()));
         }
         if ctx.managed.body.is_some() {
             // The definitions go out with the request: they are counted in what it sends.
@@ -530,6 +537,14 @@ async fn forward(ctx: &mut ChatCtx) -> Result<upstream::Incoming, ProxyError> {
     ctx.stats
         .upstream_calls
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if ctx.managed.counted {
+        let report = &ctx.managed.report;
+        ctx.stats.bill(crate::pricing::Call::conversation(
+            crate::pricing::CallKind::Forwarded,
+            report.tokens_after,
+            report.kept_prefix_tokens,
+        ));
+    }
     ctx.timings.upstream_headers = Some(Instant::now());
     ctx.outgoing = Some(request);
     Ok(answer)
@@ -607,6 +622,7 @@ async fn tool_loop(
     let model = ctx.request.model().unwrap_or("").to_string();
     let round = tool_loop::Round {
         wire,
+        adapter: ctx.format.wire.adapter(),
         state: state.clone(),
         upstream: ctx.upstream.clone(),
         identity: identity.clone(),
