@@ -114,6 +114,10 @@ async fn json_a_read_is_answered_by_the_proxy_and_hidden() {
         resp.headers()["x-context-reload"],
         "rounds=1,calls=1,failed=0"
     );
+    assert_eq!(
+        resp.headers()["x-context-upstream-calls"],
+        "forwarded=1,reload=1,retry=0,summarizer=0"
+    );
     let bytes = resp.bytes().await.unwrap();
     assert_invisible(&bytes);
     let answer: Value = serde_json::from_slice(&bytes).unwrap();

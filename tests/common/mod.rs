@@ -139,22 +139,23 @@ pub fn python_with(modules: &[&str], packages: &[&str]) -> std::path::PathBuf {
             .unwrap_or(false)
     };
     if !has(&python) {
-        if !python.exists() {
-            let ok = Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(root.join(".venv"))
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "python3 -m venv .venv failed");
-        }
-        let ok = Command::new(root.join(".venv/bin/pip"))
-            .args(["install", "--quiet"])
+        // Test binaries run in parallel and may all find `.venv` missing on a fresh checkout:
+        // one creates it and installs under a lock (flock(1), util-linux), the others wait for
+        // it and then find what they need.
+        let ok = Command::new("flock")
+            .arg(root.join(".venv.lock"))
+            .args([
+                "sh",
+                "-c",
+                r#"cd "$1" && shift && { [ -x .venv/bin/python ] || python3 -m venv .venv; } && .venv/bin/pip install --quiet "$@""#,
+                "sh",
+            ])
+            .arg(&root)
             .args(packages)
             .status()
-            .unwrap()
-            .success();
-        assert!(ok, "pip install {packages:?} failed");
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "creating .venv and pip install {packages:?} failed");
     }
     assert!(has(&python), "{} cannot {import}", python.display());
     python
@@ -171,8 +172,11 @@ pub fn node_modules_with(packages: &[&str]) -> std::path::PathBuf {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".node");
     let modules = root.join("node_modules");
     if packages.iter().any(|p| !modules.join(p).exists()) {
-        let ok = Command::new("npm")
+        // Under a lock, as `.venv` above: parallel installs into one prefix clash.
+        let ok = Command::new("flock")
+            .arg(root.with_extension("lock"))
             .args([
+                "npm",
                 "install",
                 "--no-audit",
                 "--no-fund",

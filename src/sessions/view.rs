@@ -6,16 +6,32 @@
 //! caching (`CachePricing::call_cost`, in full-price input tokens), the shared prefix being,
 //! with the proxy, the prefix it kept (`kept_prefix_tokens`) and, without it, the previous
 //! request of the client (a client resends its whole history, so the previous request is the
-//! prefix of this one). In dollars with the model's list prices ([`ModelPrice::dollars`], the
+//! prefix of this one). With the proxy every call the request made is on it (the line's
+//! `calls`, [`crate::pricing::Bill`]): the forwarded request, each round of the proxy's tools
+//! (the conversation again, mostly cached), a retry after "context too long" and the
+//! summarizer's calls the request waited for, at the summarizer model's prices. In dollars with the model's list prices ([`ModelPrice::dollars`], the
 //! replay's conversion too): the input so priced, plus the output the upstream reported
 //! (`completion_tokens`, every call of the request), the same with and without the proxy
 //! (the answer is the client's either way). A model missing from the price table has no
 //! dollar figure; the page then shows full-price input tokens.
+//!
+//! A session's [`Summary`] (its totals and what the next turn's cost needs) is what the
+//! session list shows: the journal writer keeps one per session as a state record
+//! ([`SUMMARY_KEY`]), added to with every batch of lines, so the list reads one small record
+//! per session instead of every journal whole.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::journal::RequestLine;
+use super::line::RequestLine;
 use crate::pricing::{CachePricing, ModelPrice};
+
+/// The state record a session's [`Summary`] is kept under.
+pub const SUMMARY_KEY: &str = "ui-summary";
+
+/// A request's caching terms from its upstream's name and its model (the upstream routed to
+/// when that name is gone).
+pub type Pricing = dyn Fn(&str, Option<&str>) -> CachePricing + Send + Sync;
 
 /// The numbers of one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,14 +49,15 @@ pub struct Turn {
 }
 
 /// A cost in dollars, with the proxy and without it.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Dollars {
     pub with: f64,
     pub without: f64,
 }
 
 /// A session's totals over its requests.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Totals {
     pub turns: usize,
     pub tokens_before: u64,
@@ -70,25 +87,21 @@ impl Totals {
     }
 }
 
-/// Turns the request lines of a journal into turns, in order, carrying what the cost of the
-/// next one needs.
-#[derive(Debug, Default)]
-pub struct Reader {
-    previous_before: Option<usize>,
+/// A session's totals, and what the cost of its next turn needs: read line by line, in the
+/// journal's order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Summary {
+    /// The client's tokens of the last request read: the prefix the next one shares with it
+    /// without the proxy.
+    pub previous_before: Option<usize>,
     pub totals: Totals,
-    /// The turns read, oldest first.
-    pub turns: Vec<Turn>,
 }
 
-impl Reader {
-    /// Reads one journal record (its index `index`); `pricing` gives a request's caching terms
-    /// from its upstream and model.
-    pub fn read(
-        &mut self,
-        index: usize,
-        record: &Value,
-        pricing: &dyn Fn(&str, Option<&str>) -> CachePricing,
-    ) {
+impl Summary {
+    /// Reads one journal record (its index `index`) into the totals; its turn, when it is a
+    /// request line. `pricing` gives a request's caching terms from its upstream and model.
+    pub fn read(&mut self, index: usize, record: &Value, pricing: &Pricing) -> Option<Turn> {
         let ts = record.get("ts").and_then(Value::as_str).map(str::to_string);
         if self.totals.first_at.is_none() {
             self.totals.first_at.clone_from(&ts);
@@ -96,18 +109,22 @@ impl Reader {
         if ts.is_some() {
             self.totals.last_at = ts;
         }
-        let Some(line) = RequestLine::of(record) else {
-            return;
-        };
+        let line = RequestLine::of(record)?;
         let price = pricing(&line.upstream, line.model.as_deref());
         let shared_without = self
             .previous_before
             .map_or(0, |p| p.min(line.tokens_before));
         let cost_without = price.call_cost(line.tokens_before, shared_without);
-        let cost_with = price.call_cost(
-            line.tokens_after,
-            line.kept_prefix_tokens.min(line.tokens_after),
-        );
+        // With the proxy, every upstream call the request made (its bill); a line written
+        // before the bill, its forwarded request alone.
+        let cost_with = if line.calls.is_empty() {
+            price.call_cost(
+                line.tokens_after,
+                line.kept_prefix_tokens.min(line.tokens_after),
+            )
+        } else {
+            line.calls.cost(&price, line.model.as_deref().unwrap_or(""))
+        };
         self.previous_before = Some(line.tokens_before);
         let dollars = line.model.as_deref().and_then(ModelPrice::of).map(|list| {
             let output = line.completion_tokens.unwrap_or(0);
@@ -137,14 +154,36 @@ impl Reader {
         if line.model.is_some() {
             t.model.clone_from(&line.model);
         }
-        self.turns.push(Turn {
+        Some(Turn {
             index,
             number: t.turns,
             line,
             cost_with,
             cost_without,
             dollars,
-        });
+        })
+    }
+}
+
+/// Turns the request lines of a journal into turns, in order, with the session's totals.
+#[derive(Debug, Default)]
+pub struct Reader {
+    pub summary: Summary,
+    /// The turns read, oldest first.
+    pub turns: Vec<Turn>,
+}
+
+impl Reader {
+    /// Reads one journal record (its index `index`), keeping its turn.
+    pub fn read(&mut self, index: usize, record: &Value, pricing: &Pricing) {
+        if let Some(turn) = self.summary.read(index, record, pricing) {
+            self.turns.push(turn);
+        }
+    }
+
+    /// The session's totals so far.
+    pub fn totals(&self) -> &Totals {
+        &self.summary.totals
     }
 }
 
@@ -176,11 +215,50 @@ mod tests {
         assert_eq!(r.turns[1].cost_without, 500.0 + 2000.0);
         assert_eq!(r.turns[1].cost_with, 400.0 + 400.0);
         assert_eq!(r.turns[1].index, 2);
-        assert_eq!(r.totals.turns, 2);
-        assert_eq!(r.totals.tokens_before, 4000);
-        assert_eq!(r.totals.summaries, 2);
-        assert_eq!(r.totals.last_at.as_deref(), Some("t"));
-        assert_eq!(r.totals.saved_share(), Some(1.0 - 2200.0 / 4000.0));
+        assert_eq!(r.totals().turns, 2);
+        assert_eq!(r.totals().tokens_before, 4000);
+        assert_eq!(r.totals().summaries, 2);
+        assert_eq!(r.totals().last_at.as_deref(), Some("t"));
+        assert_eq!(r.totals().saved_share(), Some(1.0 - 2200.0 / 4000.0));
+    }
+
+    /// With the proxy a turn costs every call it made: its forwarded request, a round of the
+    /// proxy's tools (the request again, read from the cache, and the round after it) and a
+    /// summary it waited for, at the summarizer's list prices (gpt-4o-mini: $0.15 in, $0.60
+    /// out per 1M, against gpt-4o's $2.50 in).
+    #[test]
+    fn the_cost_with_the_proxy_counts_reload_rounds_and_summaries() {
+        let price = CachePricing {
+            cached_read_rate: 0.5,
+            cache_write_premium: 0.0,
+            min_cacheable_prefix: 0,
+            cache_ttl_secs: 300,
+        };
+        let pricing = move |_: &str, _: Option<&str>| price;
+        let mut r = Reader::default();
+        r.read(
+            0,
+            &json!({"event": "request", "model": "gpt-4o", "tokens_before": 3000,
+                    "tokens_after": 1200, "kept_prefix_tokens": 800, "upstream": "u",
+                    "calls": [
+                        {"kind": "summarizer", "tokens": 2000, "output": 300, "model": "gpt-4o-mini"},
+                        {"kind": "forwarded", "tokens": 1200, "shared": 800},
+                        {"kind": "reload", "tokens": 1500, "shared": 1200}]}),
+            &pricing,
+        );
+        let summary = (2000.0 * 0.15 + 300.0 * 0.60) / 2.50;
+        let forwarded = 400.0 + 400.0;
+        let reload = 300.0 + 600.0;
+        let t = &r.turns[0];
+        assert!(
+            (t.cost_with - (summary + forwarded + reload)).abs() < 1e-9,
+            "{t:?}"
+        );
+        assert_eq!(t.cost_without, 3000.0);
+        assert!((r.totals().cost_with - t.cost_with).abs() < 1e-9);
+        // Dollars: those units at gpt-4o's input price.
+        let d = t.dollars.unwrap();
+        assert!((d.with - t.cost_with * 2.5 / 1e6).abs() < 1e-12, "{d:?}");
     }
 
     /// Dollars are the units at the model's list prices, plus its output; a turn of a model
@@ -210,10 +288,10 @@ mod tests {
         let d = r.turns[1].dollars.unwrap();
         assert!((d.without - (0.125 + 1.25)).abs() < 1e-9, "{d:?}");
         assert!((d.with - 2.5).abs() < 1e-9);
-        let total = r.totals.dollars.unwrap();
+        let total = r.totals().dollars.unwrap();
         assert!((total.with - 3.76).abs() < 1e-9);
         r.read(2, &line("my-local-llama", 10, 0), &pricing);
         assert_eq!(r.turns[2].dollars, None);
-        assert_eq!(r.totals.dollars, None);
+        assert_eq!(r.totals().dollars, None);
     }
 }
