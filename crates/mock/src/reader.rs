@@ -175,10 +175,19 @@ pub fn reply_responses(body: &Value) -> Option<Reply> {
     if !offered || found.iter().all(|(_, v)| v.is_some()) {
         return Some(answer(&found));
     }
-    // What the proxy answered the reader's reads so far (after the question).
+    // What the proxy answered the reader's reads so far (its `context_read` calls after the
+    // question; the client's own tool outputs may come after the question too).
+    let reads: Vec<&str> = items[at + 1..]
+        .iter()
+        .filter(|i| i["type"] == "function_call" && i["name"] == "context_read")
+        .filter_map(|i| i["call_id"].as_str())
+        .collect();
     let outputs: Vec<&str> = items[at + 1..]
         .iter()
-        .filter(|i| i["type"] == "function_call_output")
+        .filter(|i| {
+            i["type"] == "function_call_output"
+                && i["call_id"].as_str().is_some_and(|id| reads.contains(&id))
+        })
         .flat_map(item_texts)
         .collect();
     let reads: Vec<ToolCall> = references(&seen)
@@ -211,7 +220,8 @@ mod tests {
         let marker = json!({"type": "function_call_output", "call_id": "call_1",
             "output": "[context-proxy: tool result compacted: 900 tokens, 40 lines, stored as ctx_abc2.]\nfirst"});
         let read = json!([{"type": "function", "name": "context_read"}]);
-        let body = json!({"input": [marker, question], "tools": read});
+        // The marker may come after the question too (the client's own tool round).
+        let body = json!({"input": [question, marker], "tools": read});
         let c = content(reply_responses(&body).unwrap());
         assert_eq!(c.tool_calls.len(), 1);
         assert_eq!(c.tool_calls[0].name, "context_read");
@@ -235,7 +245,7 @@ mod tests {
         let c = content(reply_responses(&after).unwrap());
         assert_eq!(c.content.as_deref(), Some("a=42"));
         // Read to the end without it, or nothing offered: what it can see.
-        let ended = after["input"].as_array().unwrap()[..4].to_vec();
+        let ended = after["input"].as_array().unwrap()[..5].to_vec();
         let mut ended = json!({"input": ended, "tools": read});
         ended["input"].as_array_mut().unwrap().push(json!({"type": "function_call_output",
             "call_id": "r2", "output": "[context_read ctx_abc2: lines 21–40 of 40. End of content]\n"}));
