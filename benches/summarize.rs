@@ -118,6 +118,7 @@ async fn run() {
                 upstream: upstream.clone(),
                 authorization: None,
                 model: session.model.clone(),
+                bill: None,
             };
             match std::mem::take(&mut plan.summary) {
                 SummaryPlan::None => {}

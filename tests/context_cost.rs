@@ -307,3 +307,58 @@ async fn a_budget_the_head_nearly_fills_is_warned_once_per_session() {
     // 3,000 tokens of room, and a conversation grown well past them: the cuts pay.
     assert_eq!(cut_three_times(3000, 40).await, 0);
 }
+
+/// A pinned head over half the budget will be cut, and the proxy's tools, added at the first
+/// cut, would change the `tools` that come first in the cached prompt: with caching they go
+/// out from the conversation's first request instead (nothing is cached yet), the same in
+/// every request, each within the budget with their room; without caching (`none`) they come
+/// with the first marker, as before.
+#[tokio::test]
+async fn a_head_that_crowds_the_budget_gets_the_proxys_tools_from_the_first_request() {
+    let counter = context_proxy::tokens::Counter::new(
+        context_proxy::tokens::Encoding::O200kBase,
+        Default::default(),
+    );
+    let head = counter.count_request(&head_heavy(0)).total;
+    let budget = head + 600;
+    assert!(2 * head > budget);
+    for (preset, early) in [("anthropic", true), ("none", false)] {
+        let h = Harness::start_with(MockConfig::default(), |c| {
+            c.context.keep_recent_messages = 2;
+            c.context.max_context_tokens = Some(budget);
+            c.upstreams[0].cache_pricing = Some(preset.into());
+        })
+        .await;
+        let mut cut = false;
+        for turns in [0, 2, 4, 8, 12, 16, 20] {
+            let resp = h.chat(&head_heavy(turns)).await;
+            assert_eq!(resp.status().as_u16(), 200);
+            let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
+            assert!(after <= budget, "{preset}: {after} over {budget}");
+            cut |= header(&resp, "x-context-actions").contains("offloaded");
+        }
+        assert!(cut, "{preset}: the conversation was never cut");
+        let tools: Vec<Vec<String>> = h
+            .mock
+            .received()
+            .iter()
+            .map(|r| {
+                r.json()["tools"]
+                    .as_array()
+                    .map(|t| {
+                        t.iter()
+                            .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
+        let offered = vec!["context_read".to_string(), "context_search".to_string()];
+        if early {
+            assert!(tools.iter().all(|t| *t == offered), "{preset}: {tools:?}");
+        } else {
+            assert!(tools[0].is_empty(), "{preset}: {tools:?}");
+            assert_eq!(tools.last(), Some(&offered), "{preset}");
+        }
+    }
+}

@@ -137,6 +137,23 @@ async fn json_single_read_is_answered_by_the_proxy_and_hidden() {
     // Read whole, the answer carries the upstream's cached tokens summed over both calls (the
     // mock reports none).
     assert_eq!(resp.headers()["x-context-upstream-cached-tokens"], "0");
+    // Both calls on the bill: the request, and the round after it, priced.
+    assert_eq!(
+        resp.headers()["x-context-upstream-calls"],
+        "forwarded=1,reload=1,retry=0,summarizer=0"
+    );
+    let cost: f64 = resp.headers()["x-context-cost-tokens"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let sent: f64 = resp.headers()["x-context-tokens-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The round resends the request (cached at most at half price) and adds its own.
+    assert!(cost > 1.5 * sent && cost < 2.5 * sent, "{cost} for {sent}");
     let bytes = resp.bytes().await.unwrap();
     assert_invisible(&bytes);
     let body: Value = serde_json::from_slice(&bytes).unwrap();
@@ -203,6 +220,11 @@ async fn stream_single_read_continues_the_same_response_live() {
         )
         .await;
     assert_eq!(resp.status(), 200);
+    // The headers leave before the round: its calls are not known yet, and not claimed.
+    assert_eq!(
+        resp.headers()["x-context-upstream-calls"],
+        "forwarded=1,retry=0,summarizer=0"
+    );
     let bytes = resp.bytes().await.unwrap();
     assert_invisible(&bytes);
     let text = String::from_utf8(bytes.to_vec()).unwrap();

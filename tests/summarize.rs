@@ -590,6 +590,7 @@ async fn replicas_summarize_once(store: std::sync::Arc<dyn context_proxy::store:
         upstream: upstreams.route(None).clone(),
         authorization: None,
         model: "gpt-4o".into(),
+        bill: None,
     };
     let deadline = tokio::time::Instant::now() + WAIT;
     let (a, b) = tokio::join!(

@@ -45,6 +45,40 @@ pub struct Route<'a> {
     pub reserved_tokens: usize,
     /// The request's wire format (its adapter reads and writes the conversation).
     pub wire: adapter::Wire,
+    /// An estimated wire's (Messages') correction for this request alone, from the upstream's
+    /// exact count of it: the upstream's tokens per estimated token. It replaces the
+    /// conversation's correction learned from usage.
+    pub scale: Option<f64>,
+}
+
+/// A request's size against its budget and its model's window, as the estimate sees it before
+/// planning (`Planner::sizing`): whether the exact count is worth asking the upstream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sizing {
+    /// The count, in the units of the `x-context-tokens-*` headers (an estimated wire's
+    /// default estimate).
+    pub tokens: usize,
+    /// The conversation's correction learned from usage (1 until an answer was seen):
+    /// `tokens × scale` estimates the upstream's count.
+    pub scale: f64,
+    /// The budget, in the upstream's tokens.
+    pub budget: usize,
+    /// The model's context window, in the upstream's tokens.
+    pub window: usize,
+}
+
+impl Sizing {
+    /// The upstream's count of `tokens` (in the headers' units) as the estimate sees it.
+    pub fn upstream_tokens(&self, tokens: usize) -> usize {
+        (tokens as f64 * self.scale).ceil() as usize
+    }
+
+    /// Whether `tokens` (the headers' units) are within `margin` (a share) of `limit` (the
+    /// upstream's tokens), above or below it.
+    pub fn near(&self, tokens: usize, limit: usize, margin: f64) -> bool {
+        let estimated = self.upstream_tokens(tokens) as f64;
+        (estimated - limit as f64).abs() <= margin * limit as f64
+    }
 }
 
 /// What the plan phase decided for one request, handed to the apply phase.
@@ -417,6 +451,29 @@ impl Planner {
         }
     }
 
+    /// `body`'s size against its budget and its model's window, before planning and without
+    /// noting the request (`Sizing`): the count the plan starts from and the correction it
+    /// would apply.
+    pub async fn sizing(
+        &self,
+        identity: &Identity,
+        body: &Value,
+        mode: Mode,
+        route: &Route<'_>,
+    ) -> Sizing {
+        let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+        self.learned.load(&*self.store).await;
+        let counter = self.counter_for(model, route.encoding);
+        let tokens = route.wire.adapter().count(&counter, body).total;
+        let limits = self.request_limits(route, model, body, &identity.tenant);
+        Sizing {
+            tokens,
+            scale: self.scale(route.wire, identity),
+            budget: self.config.resolve(model, mode, &limits).budget,
+            window: self.config.limits_of(model, &limits).window,
+        }
+    }
+
     /// The budget of a second attempt after the upstream stated its `limit`: well below the
     /// input limit it implies, and well below what was sent.
     pub fn retry_budget(&self, limit: usize, body: &Value, sent_tokens: usize) -> usize {
@@ -577,8 +634,11 @@ impl Planner {
             self.settings_for(identity, route, model, mode, body).await;
         // A calibrated estimate: the counts stay in the default estimate's units (a marker
         // stating a size stays byte-stable from one request to the next) and the budget is
-        // brought to them.
-        let scale = self.scale(route.wire, identity);
+        // brought to them. An exact count of this request corrects it for this request alone.
+        let scale = route
+            .scale
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or_else(|| self.scale(route.wire, identity));
         if scale != 1.0 {
             settings.budget = ((settings.budget as f64 / scale) as usize).max(1);
             settings.target = (settings.target as f64 / scale) as usize;
@@ -590,22 +650,27 @@ impl Planner {
             transformed: &self.transformed,
             wire: route.wire,
         };
+        let fixed = count.total - count.per_message.iter().sum::<usize>();
+        let first_look = Input::read(adapter, &messages, &count.per_message, &[], fixed);
+        // A head that crowds the budget gets the proxy's tools from the first request on:
+        // their room is kept free in every request of the conversation.
+        let crowded = engine::head_crowds_budget(&first_look, &settings);
+        let tools_room = if crowded { route.reserved_tokens } else { 0 };
         if !self.summary_ahead(route, mode, count.total, &settings)
             && engine::nothing_to_do(
                 adapter,
-                count.total,
+                count.total + tools_room,
                 &count.per_message,
                 &messages,
                 &settings,
                 &env,
             )
         {
-            let fixed = count.total - count.per_message.iter().sum::<usize>();
-            report.kept_prefix_tokens =
-                Input::read(adapter, &messages, &count.per_message, &[], fixed)
-                    .unchanged_prefix_tokens();
+            report.kept_prefix_tokens = first_look.unchanged_prefix_tokens();
+            report.head_crowds_budget = crowded;
             return Plan::unchanged(report);
         }
+        drop(first_look);
         // Put back the proxy's own tool calls hidden from the client. Only a conversation that
         // needs planning can hold them: one was made when an earlier, shorter request of it
         // showed a reference, and what made that request need planning is still here.
@@ -646,7 +711,14 @@ impl Planner {
                 fixed,
             )
         };
-        let mut outcome = decide(&input, &mut settings, prior, &env, route.reserved_tokens);
+        let mut outcome = decide(
+            &input,
+            &mut settings,
+            prior,
+            &env,
+            route.reserved_tokens,
+            crowded,
+        );
         let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
             self.plan_summary(
                 &input,
@@ -843,24 +915,36 @@ fn place_into(
 
 /// The engine's outcome for `input`. A request that refers to stored content goes out with the
 /// proxy's tools (`reserved` tokens): when they would not fit beside it, the engine decides
-/// again with their room kept free (`settings` then holds the smaller budget).
+/// again with their room kept free (`settings` then holds the smaller budget). A conversation
+/// whose head crowds the budget (`crowded`, [`engine::head_crowds_budget`]) has them in every
+/// request: their room is kept from the start.
 fn decide(
     input: &Input<'_>,
     settings: &mut Settings,
     prior: Decision,
     env: &CachedEnv<'_>,
     reserved: usize,
+    crowded: bool,
 ) -> engine::Outcome {
-    let outcome = engine::run(input, settings, prior, env);
-    if reserved == 0
-        || !refers_to_stored_content(&outcome)
-        || outcome.report.tokens_after + reserved <= settings.budget
-    {
-        return outcome;
+    let keep_room = |settings: &mut Settings| {
+        settings.budget = settings.budget.saturating_sub(reserved).max(1);
+        settings.target = settings.target.saturating_sub(reserved);
+    };
+    // The tools go out with every request of a crowded conversation: their room is kept.
+    if crowded && reserved > 0 {
+        keep_room(settings);
     }
-    settings.budget = settings.budget.saturating_sub(reserved).max(1);
-    settings.target = settings.target.saturating_sub(reserved);
-    engine::run(input, settings, prior, env)
+    let mut outcome = engine::run(input, settings, prior, env);
+    if !crowded
+        && reserved > 0
+        && refers_to_stored_content(&outcome)
+        && outcome.report.tokens_after + reserved > settings.budget
+    {
+        keep_room(settings);
+        outcome = engine::run(input, settings, prior, env);
+    }
+    outcome.report.head_crowds_budget = crowded;
+    outcome
 }
 
 /// One debug line per plan: what it did and how long it took.

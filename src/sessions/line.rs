@@ -72,6 +72,11 @@ pub struct RequestLine {
     pub refs: Vec<String>,
     /// The kept messages, when `[ui] keep_messages`.
     pub bodies: Option<Bodies>,
+    /// Every upstream call the request made, by kind, with what each sent: the forwarded
+    /// request, rounds of the proxy's tools, a retry, the summarizer's calls it waited for
+    /// (what the page's cost with the proxy adds up; empty in lines written before it).
+    #[serde(skip_serializing_if = "crate::pricing::Bill::is_empty")]
+    pub calls: crate::pricing::Bill,
 }
 
 /// The references of one request's kept messages.

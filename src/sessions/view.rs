@@ -6,7 +6,10 @@
 //! caching (`CachePricing::call_cost`, in full-price input tokens), the shared prefix being,
 //! with the proxy, the prefix it kept (`kept_prefix_tokens`) and, without it, the previous
 //! request of the client (a client resends its whole history, so the previous request is the
-//! prefix of this one). In dollars with the model's list prices ([`ModelPrice::dollars`], the
+//! prefix of this one). With the proxy every call the request made is on it (the line's
+//! `calls`, [`crate::pricing::Bill`]): the forwarded request, each round of the proxy's tools
+//! (the conversation again, mostly cached), a retry after "context too long" and the
+//! summarizer's calls the request waited for, at the summarizer model's prices. In dollars with the model's list prices ([`ModelPrice::dollars`], the
 //! replay's conversion too): the input so priced, plus the output the upstream reported
 //! (`completion_tokens`, every call of the request), the same with and without the proxy
 //! (the answer is the client's either way). A model missing from the price table has no
@@ -136,10 +139,16 @@ impl Summary {
             .previous_before
             .map_or(0, |p| p.min(line.tokens_before));
         let cost_without = price.call_cost(line.tokens_before, shared_without);
-        let cost_with = price.call_cost(
-            line.tokens_after,
-            line.kept_prefix_tokens.min(line.tokens_after),
-        );
+        // With the proxy, every upstream call the request made (its bill); a line written
+        // before the bill, its forwarded request alone.
+        let cost_with = if line.calls.is_empty() {
+            price.call_cost(
+                line.tokens_after,
+                line.kept_prefix_tokens.min(line.tokens_after),
+            )
+        } else {
+            line.calls.cost(&price, line.model.as_deref().unwrap_or(""))
+        };
         self.previous_before = Some(line.tokens_before);
         let dollars = line.model.as_deref().and_then(ModelPrice::of).map(|list| {
             let output = line.completion_tokens.unwrap_or(0);
@@ -228,6 +237,45 @@ mod tests {
         assert_eq!(r.totals().summaries, 2);
         assert_eq!(r.totals().last_at.as_deref(), Some("t"));
         assert_eq!(r.totals().saved_share(), Some(1.0 - 2200.0 / 4000.0));
+    }
+
+    /// With the proxy a turn costs every call it made: its forwarded request, a round of the
+    /// proxy's tools (the request again, read from the cache, and the round after it) and a
+    /// summary it waited for, at the summarizer's list prices (gpt-4o-mini: $0.15 in, $0.60
+    /// out per 1M, against gpt-4o's $2.50 in).
+    #[test]
+    fn the_cost_with_the_proxy_counts_reload_rounds_and_summaries() {
+        let price = CachePricing {
+            cached_read_rate: 0.5,
+            cache_write_premium: 0.0,
+            min_cacheable_prefix: 0,
+            cache_ttl_secs: 300,
+        };
+        let pricing = move |_: &str, _: Option<&str>| price;
+        let mut r = Reader::default();
+        r.read(
+            0,
+            &json!({"event": "request", "model": "gpt-4o", "tokens_before": 3000,
+                    "tokens_after": 1200, "kept_prefix_tokens": 800, "upstream": "u",
+                    "calls": [
+                        {"kind": "summarizer", "tokens": 2000, "output": 300, "model": "gpt-4o-mini"},
+                        {"kind": "forwarded", "tokens": 1200, "shared": 800},
+                        {"kind": "reload", "tokens": 1500, "shared": 1200}]}),
+            &pricing,
+        );
+        let summary = (2000.0 * 0.15 + 300.0 * 0.60) / 2.50;
+        let forwarded = 400.0 + 400.0;
+        let reload = 300.0 + 600.0;
+        let t = &r.turns[0];
+        assert!(
+            (t.cost_with - (summary + forwarded + reload)).abs() < 1e-9,
+            "{t:?}"
+        );
+        assert_eq!(t.cost_without, 3000.0);
+        assert!((r.totals().cost_with - t.cost_with).abs() < 1e-9);
+        // Dollars: those units at gpt-4o's input price.
+        let d = t.dollars.unwrap();
+        assert!((d.with - t.cost_with * 2.5 / 1e6).abs() < 1e-12, "{d:?}");
     }
 
     /// Dollars are the units at the model's list prices, plus its output; a turn of a model

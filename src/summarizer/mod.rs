@@ -48,6 +48,9 @@ pub struct Task {
     pub authorization: Option<HeaderValue>,
     /// The request's model (used unless the config names one).
     pub model: String,
+    /// The bill of the request waiting for this summary, which its calls go on (`None` in the
+    /// background: the metrics count them alone).
+    pub bill: Option<Arc<Mutex<crate::pricing::Bill>>>,
 }
 
 /// Why no summary came.
@@ -308,6 +311,23 @@ impl Summarizer {
         tracing::warn!(error = %e, "summary failed: the marker stands, retrying later");
     }
 
+    /// Puts one answered call on the bill of the request that waits for it, if any, and on
+    /// the metrics, priced in full-price input tokens of the request's model.
+    fn bill(&self, task: &Task, model: &str, answer: &call::Answer) {
+        let call = crate::pricing::Call::summarizer(
+            model,
+            answer.prompt_tokens as usize,
+            answer.completion_tokens as usize,
+        );
+        let cost = call.cost(&crate::pricing::CachePricing::NONE, &task.model);
+        self.stats
+            .every_call
+            .record(call.kind.as_str(), call.tokens, cost);
+        if let Some(bill) = &task.bill {
+            bill.lock().unwrap_or_else(|e| e.into_inner()).push(call);
+        }
+    }
+
     async fn call(&self, task: &Task) -> Result<String, Failure> {
         let upstream = self.named.as_ref().unwrap_or(&task.upstream);
         let model = self.config.model.as_deref().unwrap_or(&task.model);
@@ -330,6 +350,7 @@ impl Summarizer {
             let answer = answer?;
             Stats::add_n(&self.stats.tokens_in, answer.prompt_tokens);
             Stats::add_n(&self.stats.tokens_out, answer.completion_tokens);
+            self.bill(task, model, &answer);
             if let Some(summary) = crate::context::summary::parse(&answer.text) {
                 let max = self.config.max_summary_tokens;
                 let bounded = crate::context::summary::bounded(&summary, max, task.job.encoding);

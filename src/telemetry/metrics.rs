@@ -119,6 +119,9 @@ pub struct Metrics {
     pub journal_dropped: std::sync::Arc<AtomicU64>,
     /// The summarizer's counters (`context_proxy_summary_*`).
     pub summarizer: std::sync::Arc<crate::telemetry::summarizer_stats::Stats>,
+    /// Every upstream call of a managed request, by kind (`context_proxy_calls_*`; the
+    /// summarizer's own, shared with its counters).
+    pub calls: std::sync::Arc<crate::telemetry::calls::CallStats>,
 
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -300,6 +303,7 @@ impl Default for Metrics {
             "The proxy's version.",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
+        let calls = std::sync::Arc::<crate::telemetry::calls::CallStats>::default();
         Metrics {
             chat_requests: AtomicU64::new(0),
             context_rewritten: AtomicU64::new(0),
@@ -319,7 +323,11 @@ impl Default for Metrics {
             record_dropped: AtomicU64::new(0),
             recorder_write_errors: std::sync::Arc::default(),
             journal_dropped: std::sync::Arc::default(),
-            summarizer: std::sync::Arc::default(),
+            summarizer: std::sync::Arc::new(crate::telemetry::summarizer_stats::Stats {
+                every_call: calls.clone(),
+                ..Default::default()
+            }),
+            calls,
             registry,
             requests,
             request_seconds,
@@ -676,6 +684,32 @@ impl Metrics {
                 ConstCounter::new(value.load(Ordering::Relaxed)),
             );
         }
+        let (calls, input_tokens, cost) = (
+            Family::<KindLabels, Counter>::default(),
+            Family::<KindLabels, Counter>::default(),
+            Family::<KindLabels, Counter<f64, std::sync::atomic::AtomicU64>>::default(),
+        );
+        for f in self.calls.figures() {
+            let kind = KindLabels { kind: f.kind };
+            calls.get_or_create(&kind).inc_by(f.calls);
+            input_tokens.get_or_create(&kind).inc_by(f.input_tokens);
+            cost.get_or_create(&kind).inc_by(f.cost);
+        }
+        legacy.register(
+            "context_proxy_calls",
+            "Upstream calls made for managed requests, by kind: forwarded (the request), reload (a round of the proxy's own tools), retry (after \"context too long\"), summarizer (a summary, in the background too).",
+            calls,
+        );
+        legacy.register(
+            "context_proxy_call_input_tokens",
+            "Input tokens of those calls by the proxy's count (the summarizer's: as its upstream reported them), by kind.",
+            input_tokens,
+        );
+        legacy.register(
+            "context_proxy_call_cost_tokens",
+            "What those calls cost, in full-price input tokens of each request's model under its upstream's cache prices (a summary at its model's list prices, output included), by kind.",
+            cost,
+        );
         legacy.register(
             "context_proxy_usage_diff_tokens_sum",
             "Sum of (upstream prompt_tokens - proxy count); negative when the proxy over-counts.",

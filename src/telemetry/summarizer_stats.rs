@@ -28,6 +28,9 @@ pub struct Stats {
     pub background_failed: AtomicU64,
     /// Background summaries not queued because the queue was full.
     pub background_dropped: AtomicU64,
+    /// Every upstream call's counters (`context_proxy_calls_*`), shared with the metrics: the
+    /// summarizer counts its calls there, the background ones too.
+    pub every_call: std::sync::Arc<super::calls::CallStats>,
 }
 
 impl Stats {

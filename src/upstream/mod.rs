@@ -69,6 +69,10 @@ pub struct Upstream {
     pub cache: crate::pricing::CacheTerms,
     /// Compaction requests go to this upstream as they came (`native_compaction`).
     pub native_compaction: bool,
+    /// Anthropic Messages: the share of the budget or window within which the exact count is
+    /// asked for (`count_tokens_margin`; 0: never), and how long it is waited for.
+    pub count_tokens_margin: f64,
+    pub count_tokens_timeout: Duration,
 }
 
 /// Every configured upstream and the routing between them (cloned cheaply: the upstreams are
@@ -153,6 +157,8 @@ impl Upstreams {
                 encoding: cfg.encoding,
                 context_window: cfg.context_window,
                 native_compaction: cfg.native_compaction,
+                count_tokens_margin: cfg.count_tokens_margin,
+                count_tokens_timeout: cfg.count_tokens_timeout(),
                 cache: cfg
                     .cache_terms(&format!("upstream {}", cfg.name))
                     .map_err(UpstreamSetupError::Pricing)?,

@@ -38,6 +38,18 @@ pub const RELOAD_HEADER: &str = "x-context-reload";
 pub const UPSTREAM_CACHED_HEADER: &str = "x-context-upstream-cached-tokens";
 /// Response header: what a summary did for this request (`hit`, `computed`, `fallback`).
 pub const SUMMARY_HEADER: &str = "x-context-summary";
+/// Response header: the upstream calls made for a managed request by kind
+/// (`forwarded=1,reload=2,retry=0,summarizer=1`): the request, rounds of the proxy's own
+/// tools, the retry after "context too long", the summarizer's calls it waited for. The calls
+/// made before the headers left: a JSON answer's are all of them; a stream's headers leave
+/// before its tool rounds (HTTP/1.1 clients read no trailers), so there `reload` is left out
+/// (`forwarded=1,retry=0,summarizer=0`) and the rounds are counted in the metrics
+/// (`context_proxy_calls_total`) and the page's journal.
+pub const UPSTREAM_CALLS_HEADER: &str = "x-context-upstream-calls";
+/// Response header: what those calls cost, in full-price input tokens of the request's model
+/// under its upstream's cache prices (a summary at its model's list prices, output included),
+/// one decimal; the same calls as [`UPSTREAM_CALLS_HEADER`].
+pub const COST_HEADER: &str = "x-context-cost-tokens";
 
 #[cfg(test)]
 mod tests {
@@ -54,6 +66,8 @@ mod tests {
             super::RELOAD_HEADER,
             super::UPSTREAM_CACHED_HEADER,
             super::SUMMARY_HEADER,
+            super::UPSTREAM_CALLS_HEADER,
+            super::COST_HEADER,
         ] {
             assert!(name.starts_with(super::CONTROL_HEADER_PREFIX), "{name}");
             assert_eq!(name, name.to_ascii_lowercase());

@@ -27,6 +27,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bill;
+
+pub use bill::{Bill, Call, CallKind};
+
 use serde::Serialize;
 
 /// One provider's prompt-caching terms, relative to its full input price.
@@ -183,6 +187,9 @@ impl Preset {
     }
 }
 
+/// Output price over input price assumed for a model the price table does not know.
+pub const UNKNOWN_OUTPUT_RATIO: f64 = 4.0;
+
 /// A model's list prices, in dollars per million tokens: what one call of the summarizer (or
 /// any model) costs next to the conversation's model, input and output alike.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -240,6 +247,17 @@ impl ModelPrice {
     /// report.
     pub fn in_units_of(&self, unit: &ModelPrice, input: usize, output: usize) -> f64 {
         self.dollars(input as f64, output as u64) / unit.dollars(1.0, 0)
+    }
+
+    /// [`ModelPrice::in_units_of`] by model names: a call of `model` in full-price input
+    /// tokens of `unit_model`. A model missing from the table is priced as the unit model; a
+    /// unit model missing from it as one whose output costs [`UNKNOWN_OUTPUT_RATIO`] times its
+    /// input. The summarizer's calls are priced so, in the proxy and in the replay's report.
+    pub fn relative_cost(model: &str, unit_model: &str, input: usize, output: usize) -> f64 {
+        let fallback = ModelPrice::new(1.0, UNKNOWN_OUTPUT_RATIO);
+        let unit = ModelPrice::of(unit_model).unwrap_or(fallback);
+        let price = ModelPrice::of(model).unwrap_or(unit);
+        price.in_units_of(&unit, input, output)
     }
 
     /// Dollars of a call of this model whose input costs `input_units` full-price input

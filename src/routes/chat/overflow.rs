@@ -123,6 +123,12 @@ pub async fn retry(state: &Shared, ctx: &mut ChatCtx, limit: usize) -> Option<In
     ctx.stats
         .upstream_calls
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let report = &ctx.managed.report;
+    ctx.stats.bill(crate::pricing::Call::conversation(
+        crate::pricing::CallKind::Retry,
+        report.tokens_after,
+        report.kept_prefix_tokens,
+    ));
     if answer.status.is_success() {
         // The request planned for `limit` went through: the limit holds for every tenant.
         let model = ctx.request.model().unwrap_or("");

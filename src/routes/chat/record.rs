@@ -53,6 +53,8 @@ pub fn record(
         _ => {}
     }
     let upstream_calls = ctx.stats.upstream_calls.load(Ordering::Relaxed);
+    let bill = ctx.stats.bill_so_far();
+    record_bill(state, ctx, &bill);
     // Only one upstream call's usage is comparable with the proxy's count of the request.
     if let (true, 1, Some(billed)) = (managed.counted, upstream_calls, billed) {
         metrics.record_usage(managed.report.tokens_after, billed);
@@ -108,11 +110,27 @@ pub fn record(
         "chat request recorded"
     );
     if state.ui.is_some() {
-        journal_line(state, ctx, status, usage);
+        journal_line(state, ctx, status, usage, bill);
     }
     if let Some(recorder) = &state.recorder {
         if !recorder.offer(pending(ctx, status, end, response)) {
             add(&metrics.record_dropped, 1);
+        }
+    }
+}
+
+/// Every upstream call of the request on the metrics, by kind, priced with its upstream's
+/// cache prices in full-price input tokens of its model; the summarizer counted its own.
+fn record_bill(state: &Shared, ctx: &ChatCtx, bill: &crate::pricing::Bill) {
+    let model = ctx.model.as_deref().unwrap_or("");
+    let cache = ctx.upstream.cache.for_model(model);
+    for call in &bill.calls {
+        if call.kind != crate::pricing::CallKind::Summarizer {
+            let cost = call.cost(&cache, model);
+            state
+                .metrics
+                .calls
+                .record(call.kind.as_str(), call.tokens, cost);
         }
     }
 }
@@ -173,7 +191,13 @@ fn pending(
 
 /// Hands the page's journal line of a managed request (and the bodies to keep) to the journal
 /// writer, after the answer went out.
-fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: Option<&Usage>) {
+fn journal_line(
+    state: &Shared,
+    ctx: &ChatCtx,
+    status: http::StatusCode,
+    usage: Option<&Usage>,
+    bill: crate::pricing::Bill,
+) {
     use crate::routes::ui::journal::{self, RequestLine};
     let (Some(ui), Some(identity)) = (&state.ui, &ctx.identity) else {
         return;
@@ -225,6 +249,7 @@ fn journal_line(state: &Shared, ctx: &ChatCtx, status: http::StatusCode, usage: 
             .map(|r| r.as_str().to_string())
             .collect(),
         bodies: None,
+        calls: bill,
     };
     // The bodies as they are (shared, not copied): the writer reads them, and finds the
     // forwarded one equal to the client's when nothing changed.

@@ -11,6 +11,7 @@ use http::{HeaderValue, Response};
 
 use super::record::record;
 use super::{Answer, ChatCtx};
+use crate::context::adapter::Wire;
 use crate::context::{
     Managed, ACTIONS_HEADER, KEPT_PREFIX_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER,
 };
@@ -19,9 +20,11 @@ use crate::routes::shared::Shared;
 use crate::upstream::relay::{relay_observed, respond_observed, End, Observer, StreamErrors};
 use crate::wire::UsageTap;
 
-/// Response headers: the proxy's tool rounds, the upstream's cached tokens, what a summary did
-/// (the names are the contract crate's).
-pub use context_proxy_contract::{RELOAD_HEADER, SUMMARY_HEADER};
+/// Response headers: the proxy's tool rounds, the upstream's cached tokens, what a summary did,
+/// the upstream calls made and their cost (the names are the contract crate's).
+pub use context_proxy_contract::{
+    COST_HEADER, RELOAD_HEADER, SUMMARY_HEADER, UPSTREAM_CALLS_HEADER,
+};
 
 /// The client's response for `answer`.
 pub fn respond(state: Arc<Shared>, ctx: ChatCtx, answer: Answer) -> Response<ProxyBody> {
@@ -43,6 +46,7 @@ pub fn respond(state: Arc<Shared>, ctx: ChatCtx, answer: Answer) -> Response<Pro
             headers.push((RELOAD_HEADER, v));
         }
     }
+    headers.extend(bill_headers(&ctx, matches!(answer, Answer::Stream { .. })));
     let upstream_name = crate::telemetry::metrics::UpstreamName(ctx.upstream.name.clone());
     state.metrics.chat_response_started();
     let kept = state
@@ -53,6 +57,9 @@ pub fn respond(state: Arc<Shared>, ctx: ChatCtx, answer: Answer) -> Response<Pro
         StreamErrors::Anthropic {
             request_id: ctx.request_id().to_string(),
         }
+    } else if ctx.format.wire == Wire::Responses {
+        // One terminal event, whatever the upstream's stream does.
+        StreamErrors::Responses
     } else {
         StreamErrors::OpenAi
     };
@@ -94,6 +101,30 @@ pub fn respond(state: Arc<Shared>, ctx: ChatCtx, answer: Answer) -> Response<Pro
             .insert(SUMMARY_HEADER, HeaderValue::from_static(summary));
     }
     response
+}
+
+/// `x-context-upstream-calls` and `x-context-cost-tokens`: the calls of a managed request made
+/// so far and their cost. The tool rounds of a `live` stream come after its headers: there the
+/// calls leave `reload` out, since it is not known yet.
+fn bill_headers(ctx: &ChatCtx, live: bool) -> Vec<(&'static str, HeaderValue)> {
+    let bill = ctx.stats.bill_so_far();
+    if bill.is_empty() {
+        return Vec::new();
+    }
+    let model = ctx.model.as_deref().unwrap_or("");
+    let cost = bill.cost(&ctx.upstream.cache.for_model(model), model);
+    let calls = if live {
+        bill.calls_text_before_rounds()
+    } else {
+        bill.calls_text()
+    };
+    [
+        (UPSTREAM_CALLS_HEADER, calls),
+        (COST_HEADER, format!("{cost:.1}")),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| Some((name, HeaderValue::from_str(&value).ok()?)))
+    .collect()
 }
 
 /// Reads the answer as it passes and runs `record` at its end.

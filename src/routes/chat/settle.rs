@@ -35,6 +35,7 @@ pub async fn settle(state: &Shared, ctx: &mut ChatCtx) {
                     .and_then(|key| http::HeaderValue::from_str(&format!("Bearer {key}")).ok())
             }),
         model: ctx.request.model().unwrap_or("").to_string(),
+        bill: None,
     };
     let job = match std::mem::take(&mut plan.summary) {
         SummaryPlan::None => return,
@@ -50,7 +51,11 @@ pub async fn settle(state: &Shared, ctx: &mut ChatCtx) {
         SummaryPlan::Missing(job) => job,
     };
     let blocking = job.blocking;
-    let task = task(job);
+    // The request waits for this one: its calls go on the request's bill.
+    let task = Task {
+        bill: blocking.then(|| ctx.stats.bill.clone()),
+        ..task(job)
+    };
     if !blocking {
         summarizer.enqueue(task);
         Stats::add(&stats.fallbacks);

@@ -192,6 +192,8 @@ async fn summarize(state: &Shared, ctx: &ChatCtx, span: &Span) -> Result<Done, S
         upstream: ctx.upstream.clone(),
         authorization: ctx.headers.get(header::AUTHORIZATION).cloned(),
         model,
+        // The request waits for it: its calls go on the request's bill.
+        bill: Some(ctx.stats.bill.clone()),
     };
     let deadline = tokio::time::Instant::now() + summarizer.timeout();
     let (summary, source) = summarizer

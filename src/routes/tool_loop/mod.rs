@@ -195,12 +195,32 @@ pub struct LoopStats {
     /// The calls run, for the page's journal line (`[ui] enabled` only; at most
     /// `journal::MAX_CALLS_KEPT`).
     pub log: std::sync::Mutex<Vec<crate::routes::ui::journal::ReloadCall>>,
+    /// Every upstream call made for the request, by kind, with what it sent (a managed
+    /// request's; shared with the summarizer while the request waits for a summary).
+    pub bill: Arc<std::sync::Mutex<crate::pricing::Bill>>,
+}
+
+impl LoopStats {
+    /// Puts `call` on the request's bill.
+    pub fn bill(&self, call: crate::pricing::Call) {
+        self.bill
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(call);
+    }
+
+    /// The request's bill so far.
+    pub fn bill_so_far(&self) -> crate::pricing::Bill {
+        self.bill.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// Everything a round needs, owned, so a streaming loop can run on its own task.
 pub struct Round {
     /// The route's wire format.
     pub wire: &'static dyn LoopWire,
+    /// Its conversation model's adapter: what a round appends is counted with it.
+    pub adapter: &'static dyn crate::context::adapter::Adapter,
     pub state: Arc<Shared>,
     pub upstream: Arc<Upstream>,
     pub identity: Identity,
@@ -341,13 +361,34 @@ impl Round {
             .metrics
             .reload_rounds
             .fetch_add(1, Ordering::Relaxed);
+        let counter = self.state.context.counter_for(&self.model, self.encoding);
+        let appended: usize = output
+            .iter()
+            .chain(&results)
+            .map(|item| self.adapter.count_item(&counter, item))
+            .sum();
         self.wire.append_round(&mut self.body, output, results);
+        // On the bill: the previous call again (read from the cache), the round after it.
+        let previous = self.stats.bill_so_far().last_sent();
+        let mut call = previous.map(|p| {
+            crate::pricing::Call::conversation(crate::pricing::CallKind::Reload, p + appended, p)
+        });
         if self.tools_withdrawn() {
             self.wire.remove_tools(
                 &mut self.body,
                 &self.reload.names,
                 self.reload.client_had_tools,
             );
+            // The tools come first in the prompt: without the proxy's, nothing is cached.
+            if let Some(call) = &mut call {
+                let tools =
+                    crate::proxy_tools::definitions_tokens(&self.reload.names, counter.encoding());
+                call.tokens = call.tokens.saturating_sub(tools);
+                call.shared = 0;
+            }
+        }
+        if let Some(call) = call {
+            self.stats.bill(call);
         }
         let mut request = self.outgoing.clone();
         request.body = Bytes::from(self.body.to_string());

@@ -30,31 +30,8 @@ pub fn providers() -> Vec<Pricing> {
         .collect()
 }
 
-/// Why the proxy made an upstream call for a client request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CallKind {
-    /// The request as forwarded (one per client request; going direct, every call).
-    Forwarded,
-    /// A round of the proxy's own tools: the conversation again, with the proxy's call of
-    /// `context_read` / `context_search` and its result at the end.
-    Reload,
-    /// The same client request sent again, smaller, after "context too long".
-    Retry,
-    /// A summary of a moved-out span, by the summarizer model.
-    Summarizer,
-}
-
-impl CallKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CallKind::Forwarded => "forwarded",
-            CallKind::Reload => "reload",
-            CallKind::Retry => "retry",
-            CallKind::Summarizer => "summarizer",
-        }
-    }
-}
+/// Why the proxy made an upstream call for a client request: the proxy's own bill's kinds.
+pub use context_proxy_pricing::CallKind;
 
 /// The proxy's own tools, by the prefix of their names (a client tool of the same name makes
 /// the proxy's take a longer one).
@@ -208,9 +185,6 @@ pub struct SummarizerCalls {
     pub cost: f64,
 }
 
-/// Output price over input price assumed for a model the price table does not know.
-const UNKNOWN_OUTPUT_RATIO: f64 = 4.0;
-
 impl SummarizerCalls {
     /// The calls `bodies` (summarizer requests), with `output_tokens` in all, in units of
     /// `unit_model`'s full input price.
@@ -224,20 +198,17 @@ impl SummarizerCalls {
         let input_tokens: usize = inputs.iter().sum();
         // Output shared out over the calls by their input (the proxy counts it in all).
         let output = output_tokens.unwrap_or(0) as f64;
-        let fallback = ModelPrice::new(1.0, UNKNOWN_OUTPUT_RATIO);
-        let unit = ModelPrice::of(unit_model).unwrap_or(fallback);
         let cost = bodies
             .iter()
             .zip(&inputs)
             .map(|(body, &input)| {
                 let model = body.get("model").and_then(Value::as_str).unwrap_or("");
-                let price = ModelPrice::of(model).unwrap_or(unit);
                 let share = if input_tokens > 0 {
                     output * input as f64 / input_tokens as f64
                 } else {
                     0.0
                 };
-                price.in_units_of(&unit, input, share.round() as usize)
+                ModelPrice::relative_cost(model, unit_model, input, share.round() as usize)
             })
             .sum();
         SummarizerCalls {

@@ -1,0 +1,255 @@
+//! Every upstream call made for one client request, by why it was made, and what it costs.
+//!
+//! A request the proxy manages may cost more than the one call the client asked for: a round
+//! of the proxy's own tools resends the conversation (mostly cached) with the model's call and
+//! its result at the end, a summary is a call of the summarizer model, an overflow retries the
+//! request smaller. "Cheaper than going direct" holds only with them, so the proxy's response
+//! headers, its metrics, the page and the replay's report all put each call on one bill,
+//! priced here, once.
+//!
+//! Costs are in full-price input tokens of the request's model (as every figure of this
+//! crate): a call of the conversation under the provider's prompt caching
+//! ([`CachePricing::call_cost`]; its output is the client's answer, the same going direct, and
+//! is not counted); a summarizer call at its model's list prices, input and output, never
+//! cached ([`ModelPrice::relative_cost`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::{CachePricing, ModelPrice};
+
+/// Why the proxy made an upstream call for a client request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallKind {
+    /// The request as forwarded (one per client request; going direct, every call).
+    Forwarded,
+    /// A round of the proxy's own tools: the conversation again, with the proxy's call of
+    /// `context_read` / `context_search` and its result at the end.
+    Reload,
+    /// The same client request sent again, smaller, after "context too long".
+    Retry,
+    /// A summary of a moved-out span, by the summarizer model.
+    Summarizer,
+}
+
+impl CallKind {
+    /// Every kind, in the order the bill lists them.
+    pub const ALL: [CallKind; 4] = [
+        CallKind::Forwarded,
+        CallKind::Reload,
+        CallKind::Retry,
+        CallKind::Summarizer,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Forwarded => "forwarded",
+            CallKind::Reload => "reload",
+            CallKind::Retry => "retry",
+            CallKind::Summarizer => "summarizer",
+        }
+    }
+}
+
+/// One upstream call, by the proxy's count of what it sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Call {
+    pub kind: CallKind,
+    /// Input tokens sent.
+    pub tokens: usize,
+    /// Of those, the prefix the conversation's previous call sent too, byte for byte (read
+    /// from the provider's cache when it is long enough).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared: usize,
+    /// Output tokens the proxy pays for (a summary; 0 for a call whose answer is the client's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub output: usize,
+    /// The model called, when it is not the request's (the summarizer's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl Call {
+    /// A call of the conversation's model: `tokens` sent, `shared` of them as its previous call.
+    pub fn conversation(kind: CallKind, tokens: usize, shared: usize) -> Call {
+        Call {
+            kind,
+            tokens,
+            shared: shared.min(tokens),
+            output: 0,
+            model: None,
+        }
+    }
+
+    /// A call of the summarizer `model`: `input` tokens in, `output` out.
+    pub fn summarizer(model: &str, input: usize, output: usize) -> Call {
+        Call {
+            kind: CallKind::Summarizer,
+            tokens: input,
+            shared: 0,
+            output,
+            model: Some(model.to_string()),
+        }
+    }
+
+    /// Its cost in full-price input tokens of `unit_model`, the request's model, whose
+    /// provider caches as `cache` (see the module's doc).
+    pub fn cost(&self, cache: &CachePricing, unit_model: &str) -> f64 {
+        match (&self.model, self.kind) {
+            (Some(model), _) => {
+                ModelPrice::relative_cost(model, unit_model, self.tokens, self.output)
+            }
+            (None, CallKind::Summarizer) => {
+                ModelPrice::relative_cost(unit_model, unit_model, self.tokens, self.output)
+            }
+            (None, _) => cache.call_cost(self.tokens, self.shared),
+        }
+    }
+}
+
+/// The calls of one client request, in the order they were made.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Bill {
+    pub calls: Vec<Call>,
+}
+
+/// One kind's line of a [`Bill`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct KindTotal {
+    pub calls: usize,
+    pub tokens: usize,
+    pub cost: f64,
+}
+
+impl Bill {
+    pub fn push(&mut self, call: Call) {
+        self.calls.push(call);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Calls of `kind`.
+    pub fn count(&self, kind: CallKind) -> usize {
+        self.calls.iter().filter(|c| c.kind == kind).count()
+    }
+
+    /// The tokens of the last call of the conversation's model (what the next round extends).
+    pub fn last_sent(&self) -> Option<usize> {
+        self.calls
+            .iter()
+            .rev()
+            .find(|c| c.kind != CallKind::Summarizer)
+            .map(|c| c.tokens)
+    }
+
+    /// The whole bill, in full-price input tokens of `unit_model` ([`Call::cost`]).
+    pub fn cost(&self, cache: &CachePricing, unit_model: &str) -> f64 {
+        self.calls.iter().map(|c| c.cost(cache, unit_model)).sum()
+    }
+
+    /// Calls, input tokens and cost of each kind, in [`CallKind::ALL`]'s order.
+    pub fn by_kind(&self, cache: &CachePricing, unit_model: &str) -> [(CallKind, KindTotal); 4] {
+        CallKind::ALL.map(|kind| {
+            let mut total = KindTotal::default();
+            for c in self.calls.iter().filter(|c| c.kind == kind) {
+                total.calls += 1;
+                total.tokens += c.tokens;
+                total.cost += c.cost(cache, unit_model);
+            }
+            (kind, total)
+        })
+    }
+
+    /// The calls of each kind, as `forwarded=1,reload=2,retry=0,summarizer=1` (the
+    /// `x-context-upstream-calls` header).
+    pub fn calls_text(&self) -> String {
+        self.text_of(&CallKind::ALL)
+    }
+
+    /// [`Bill::calls_text`] without `reload`, for a streamed answer whose headers leave before
+    /// its rounds of the proxy's tools: `forwarded=1,retry=0,summarizer=1`.
+    pub fn calls_text_before_rounds(&self) -> String {
+        self.text_of(&[CallKind::Forwarded, CallKind::Retry, CallKind::Summarizer])
+    }
+
+    fn text_of(&self, kinds: &[CallKind]) -> String {
+        kinds
+            .iter()
+            .map(|&k| format!("{}={}", k.as_str(), self.count(k)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HALF: CachePricing = CachePricing {
+        cached_read_rate: 0.5,
+        cache_write_premium: 0.0,
+        min_cacheable_prefix: 0,
+        cache_ttl_secs: 300,
+    };
+
+    /// A request forwarded, one reload round and a summary by gpt-4o-mini, priced by hand.
+    #[test]
+    fn each_call_is_priced_by_its_kind() {
+        let mut bill = Bill::default();
+        bill.push(Call::conversation(CallKind::Forwarded, 2_000, 1_500));
+        bill.push(Call::conversation(CallKind::Reload, 2_300, 2_000));
+        bill.push(Call::summarizer("gpt-4o-mini", 4_000, 300));
+        // 500 new + 1 500 cached at half; 300 new + 2 000 at half; the summary at $0.15 in
+        // and $0.60 out per 1M against gpt-4o's $2.50 in.
+        let forwarded = 500.0 + 750.0;
+        let reload = 300.0 + 1_000.0;
+        let summary = (4_000.0 * 0.15 + 300.0 * 0.60) / 2.50;
+        let kinds = bill.by_kind(&HALF, "gpt-4o");
+        assert_eq!(kinds[0].1.calls, 1);
+        assert!((kinds[0].1.cost - forwarded).abs() < 1e-9);
+        assert!((kinds[1].1.cost - reload).abs() < 1e-9);
+        assert_eq!(kinds[2].1, KindTotal::default());
+        assert!((kinds[3].1.cost - summary).abs() < 1e-9);
+        assert_eq!(kinds[3].1.tokens, 4_000);
+        assert!((bill.cost(&HALF, "gpt-4o") - (forwarded + reload + summary)).abs() < 1e-9);
+        assert_eq!(
+            bill.calls_text(),
+            "forwarded=1,reload=1,retry=0,summarizer=1"
+        );
+        assert_eq!(
+            bill.calls_text_before_rounds(),
+            "forwarded=1,retry=0,summarizer=1"
+        );
+        assert_eq!(bill.last_sent(), Some(2_300));
+    }
+
+    #[test]
+    fn a_bill_reads_back_as_written() {
+        let mut bill = Bill::default();
+        bill.push(Call::conversation(CallKind::Retry, 900, 0));
+        bill.push(Call::summarizer("summarizer-1", 100, 20));
+        let text = serde_json::to_string(&bill).unwrap();
+        assert_eq!(
+            text,
+            r#"[{"kind":"retry","tokens":900},{"kind":"summarizer","tokens":100,"output":20,"model":"summarizer-1"}]"#
+        );
+        assert_eq!(serde_json::from_str::<Bill>(&text).unwrap(), bill);
+    }
+
+    /// A model the table does not know is priced as the request's model; an unknown request
+    /// model's output at four times its input.
+    #[test]
+    fn unknown_models_fall_back_to_the_unit() {
+        let unknown = Call::summarizer("summarizer-1", 1_000, 100);
+        assert!((unknown.cost(&HALF, "gpt-4o") - (1_000.0 + 100.0 * 4.0)).abs() < 1e-9);
+        let both = Call::summarizer("local-model", 1_000, 100);
+        assert!((both.cost(&HALF, "local-too") - (1_000.0 + 400.0)).abs() < 1e-9);
+    }
+}
