@@ -3,10 +3,12 @@
 //! compacting proxy in front of the mock serves a scripted session with a reload round and a
 //! hostile tool result (and the same conversation on the Responses API); the script logs in
 //! and checks what a person would: the session listed with the right figures and costs in
-//! dollars, the reload round, a new request appearing live, the marker where the content was
-//! and its reference opening the original, paged, on both routes; that no script of the
-//! content runs (dialogs and console errors are listened for); that another key sees nothing
-//! of it; that erasure removes it; and how fast a 500-turn session's page first renders.
+//! dollars, the list filtered by model and by time, the reload round, a new request appearing
+//! live, the marker where the content was and its reference opening the original, paged, on
+//! both routes, the proxy's hidden round after the last message the model received; that no
+//! script of the content runs (dialogs and console errors are listened for); that another
+//! key sees nothing of it, not even a row; that erasure removes it; and how fast a 500-turn
+//! session's page first renders.
 //! `UI_SCREENSHOTS=DIR` also saves the README's screenshots there.
 
 mod common;
