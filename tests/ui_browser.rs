@@ -3,10 +3,12 @@
 //! compacting proxy in front of the mock serves a scripted session with a reload round and a
 //! hostile tool result (and the same conversation on the Responses API); the script logs in
 //! and checks what a person would: the session listed with the right figures and costs in
-//! dollars, the reload round, a new request appearing live, the marker where the content was
-//! and its reference opening the original, paged, on both routes; that no script of the
-//! content runs (dialogs and console errors are listened for); that another key sees nothing
-//! of it; that erasure removes it; and how fast a 500-turn session's page first renders.
+//! dollars, the list filtered by model and by time, the reload round, a new request appearing
+//! live, the marker where the content was and its reference opening the original, paged, on
+//! both routes, the proxy's hidden round after the last message the model received; that no
+//! script of the content runs (dialogs and console errors are listened for); that another
+//! key sees nothing of it, not even a row; that erasure removes it; and how fast a 500-turn
+//! session's page first renders.
 //! `UI_SCREENSHOTS=DIR` also saves the README's screenshots there.
 
 mod common;
@@ -81,9 +83,10 @@ fn responses_body() -> Value {
     })
 }
 
-/// Tokens before and after (the proxy's headers) and the completion tokens of every call
-/// (the usage the client got).
-async fn chat(h: &Harness, messages: &[Value]) -> (usize, usize, u64) {
+/// Tokens before and after (the proxy's headers), the completion tokens of every call (the
+/// usage the client got) and the cost of every upstream call the request made, in full-price
+/// input tokens (`x-context-cost-tokens`: the forwarded request and the proxy's tool rounds).
+async fn chat(h: &Harness, messages: &[Value]) -> (usize, usize, u64, f64) {
     let resp = h
         .client
         .post(h.url("/v1/chat/completions"))
@@ -99,21 +102,27 @@ async fn chat(h: &Harness, messages: &[Value]) -> (usize, usize, u64) {
         figure("x-context-tokens-before"),
         figure("x-context-tokens-after"),
     );
+    let cost: f64 = resp.headers()[context_proxy::contract::COST_HEADER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let body: Value = resp.json().await.unwrap();
     let completion = body["usage"]["completion_tokens"].as_u64().unwrap();
-    (before, after, completion)
+    (before, after, completion, cost)
 }
 
-/// The list's cost cells for a session's first request, as the page must compute them: the
-/// input under the upstream's caching terms (nothing cached yet), at gpt-4o's list prices, plus
-/// the answer's tokens; in dollars.
-fn first_turn_costs(sent: usize, forwarded: usize, completion: u64) -> (String, String) {
+/// The list's cost cells for a session's first request, as the page must compute them: without
+/// the proxy, the client's input under the upstream's caching terms (nothing cached yet); with
+/// it, every call the request made as the proxy billed it to the client (`cost_with`, in
+/// full-price input tokens); at gpt-4o's list prices, plus the answer's tokens; in dollars.
+fn first_turn_costs(sent: usize, cost_with: f64, completion: u64) -> (String, String) {
     use context_proxy::pricing::{openai_for_model, ModelPrice};
     use context_proxy::routes::ui::chart::usd;
     let terms = openai_for_model("gpt-4o");
     let list = ModelPrice::of("gpt-4o").unwrap();
-    let dollars = |tokens: usize| usd(list.dollars(terms.call_cost(tokens, 0), completion));
-    (dollars(sent), dollars(forwarded))
+    let dollars = |units: f64| usd(list.dollars(units, completion));
+    (dollars(terms.call_cost(sent, 0)), dollars(cost_with))
 }
 
 /// Waits until the journal of `session` has its `turns`-th request line.
@@ -214,8 +223,8 @@ async fn the_page_in_a_real_browser() {
     )]));
     h.mock.push(Reply::text("Line 7 computes value_7."));
     let mut conversation = messages();
-    let (sent, forwarded, completion) = chat(&h, &conversation).await;
-    let (cost_without, cost_with) = first_turn_costs(sent, forwarded, completion);
+    let (sent, forwarded, completion, billed) = chat(&h, &conversation).await;
+    let (cost_without, cost_with) = first_turn_costs(sent, billed, completion);
     assert!(completion > 0);
     assert_ne!(cost_without, cost_with);
     assert!(forwarded < sent, "the session was compacted");

@@ -257,9 +257,13 @@ impl Writer {
             let (tenant, session) = (lines[0].tenant.clone(), lines[0].session.clone());
             self.keep_messages(&tenant, &session, &mut lines).await;
             let mut records = Vec::with_capacity(lines.len());
+            let mut written: Vec<&RequestLine> = Vec::with_capacity(lines.len());
             for pending in &lines {
                 match serde_json::to_value(&pending.line) {
-                    Ok(v) => records.push(v),
+                    Ok(v) => {
+                        records.push(v);
+                        written.push(&pending.line);
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot write the request's journal line");
                         failed += 1;
@@ -271,7 +275,7 @@ impl Writer {
                 failed += records.len();
                 continue;
             }
-            if let Err(e) = self.summarize(&tenant, &session, &records).await {
+            if let Err(e) = self.summarize(&tenant, &session, &written).await {
                 tracing::warn!(error = %e, "cannot keep the session's summary for the page");
             }
         }
@@ -352,22 +356,22 @@ impl Writer {
         }
     }
 
-    /// Adds `records`, just appended, to the session's summary ([`SUMMARY_KEY`]) by
+    /// Adds `lines`, just appended, to the session's summary ([`SUMMARY_KEY`]) by
     /// compare-and-set (replicas sharing a store add theirs in turn). A session without one
-    /// yet has it built from its whole journal, which holds `records` by now.
+    /// yet has it built from its whole journal, which holds `lines` by now.
     async fn summarize(
         &self,
         tenant: &Tenant,
         session: &SessionId,
-        records: &[Value],
+        lines: &[&RequestLine],
     ) -> Result<(), StoreError> {
         let key = StateKey::parse(SUMMARY_KEY).map_err(|e| StoreError::Internal(e.to_string()))?;
         for _ in 0..SUMMARY_TRIES {
             let old = self.store.get_state(tenant, session, &key).await?;
             let summary = match old.as_deref().map(serde_json::from_slice::<Summary>) {
                 Some(Ok(mut summary)) => {
-                    for record in records {
-                        summary.read(0, record, self.pricing.as_ref());
+                    for line in lines {
+                        summary.add(line, self.pricing.as_ref());
                     }
                     summary
                 }

@@ -102,14 +102,38 @@ impl Summary {
     /// Reads one journal record (its index `index`) into the totals; its turn, when it is a
     /// request line. `pricing` gives a request's caching terms from its upstream and model.
     pub fn read(&mut self, index: usize, record: &Value, pricing: &Pricing) -> Option<Turn> {
-        let ts = record.get("ts").and_then(Value::as_str).map(str::to_string);
-        if self.totals.first_at.is_none() {
-            self.totals.first_at.clone_from(&ts);
+        let Some(line) = RequestLine::of(record) else {
+            // Another kind of line: only its time counts.
+            let ts = record.get("ts").and_then(Value::as_str);
+            self.saw(ts);
+            return None;
+        };
+        let (cost_with, cost_without, dollars) = self.add(&line, pricing);
+        Some(Turn {
+            index,
+            number: self.totals.turns,
+            line,
+            cost_with,
+            cost_without,
+            dollars,
+        })
+    }
+
+    /// A record written at `ts`.
+    fn saw(&mut self, ts: Option<&str>) {
+        if let Some(ts) = ts {
+            if self.totals.first_at.is_none() {
+                self.totals.first_at = Some(ts.to_string());
+            }
+            self.totals.last_at = Some(ts.to_string());
         }
-        if ts.is_some() {
-            self.totals.last_at = ts;
-        }
-        let line = RequestLine::of(record)?;
+    }
+
+    /// Adds a request line to the totals (what the journal writer does with the lines it has
+    /// just written, without reading them back); its input cost with and without the proxy,
+    /// and its dollars.
+    pub fn add(&mut self, line: &RequestLine, pricing: &Pricing) -> (f64, f64, Option<Dollars>) {
+        self.saw(Some(line.ts.as_str()).filter(|ts| !ts.is_empty()));
         let price = pricing(&line.upstream, line.model.as_deref());
         let shared_without = self
             .previous_before
@@ -154,14 +178,7 @@ impl Summary {
         if line.model.is_some() {
             t.model.clone_from(&line.model);
         }
-        Some(Turn {
-            index,
-            number: t.turns,
-            line,
-            cost_with,
-            cost_without,
-            dollars,
-        })
+        (cost_with, cost_without, dollars)
     }
 }
 
