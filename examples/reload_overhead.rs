@@ -8,7 +8,11 @@
 //! 2. a streamed answer without reload: time to the first content byte through the proxy
 //!    minus direct to the mock;
 //! 3. the same reload round on the Responses API (`POST /v1/responses`, the proxy's call
-//!    hidden as a `function_call` item), next to chat's, alternated with it.
+//!    hidden as a `function_call` item), next to chat's, alternated with it;
+//! 4. without a reload round, the latency the proxy adds to a managed request of each wire:
+//!    (the request through the proxy, its 10 KB result compacted) − (the body the proxy
+//!    forwarded, sent directly), the same conversation on both wires; and streamed, the time
+//!    to the first content byte through the proxy minus direct, for each wire.
 //!
 //! Run: `cargo run --release --example reload_overhead`. Medians of `ROUNDS` alternated runs.
 
@@ -67,6 +71,8 @@ struct Leg {
     plain: Vec<Duration>,
     reload: Vec<Duration>,
     one_call: Vec<Duration>,
+    /// The body the proxy forwarded for the request answered at once, sent directly.
+    plain_direct: Vec<Duration>,
 }
 
 impl Leg {
@@ -83,12 +89,21 @@ impl Leg {
         mock.reset();
         mock.push(Reply::text("first answer"));
         let p = timed(client, proxied, body).await?;
+        let forwarded = mock
+            .received()
+            .first()
+            .map(|r| r.json())
+            .ok_or("the mock did not see the request")?;
+        mock.reset();
+        mock.push(Reply::text("first answer"));
+        let pd = timed(client, direct, &forwarded).await?;
+        mock.reset();
         mock.push(read);
         mock.push(Reply::text("first answer"));
         let r = timed(client, proxied, body).await?;
         let second = mock
             .received()
-            .get(2)
+            .get(1)
             .map(|r| r.json())
             .ok_or("the mock did not see the round's second call")?;
         mock.push(Reply::text("first answer"));
@@ -97,8 +112,20 @@ impl Leg {
             self.plain.push(p);
             self.reload.push(r);
             self.one_call.push(d);
+            self.plain_direct.push(pd);
         }
         Ok(())
+    }
+
+    /// The latency the proxy adds to the request answered at once: through it − the
+    /// forwarded body sent directly, medians in ms.
+    fn added(&self) -> (f64, f64) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let (p, d) = (
+            ms(median(self.plain.clone())),
+            ms(median(self.plain_direct.clone())),
+        );
+        (d, p - d)
     }
 
     /// (at once, reload, direct second call, the proxy's time of the round), medians in ms.
@@ -135,7 +162,9 @@ async fn first_content_byte(client: &reqwest::Client, url: &str, body: &Value) -
     let mut seen = String::new();
     while let Some(chunk) = resp.chunk().await? {
         seen.push_str(&String::from_utf8_lossy(&chunk));
-        if seen.contains("\"content\":\"") && seen.contains("first") {
+        // A chat chunk's `content`, a Responses `response.output_text.delta`'s `delta`.
+        let text = seen.contains("\"content\":\"") || seen.contains("\"delta\":\"");
+        if text && seen.contains("first") {
             let at = t.elapsed();
             while resp.chunk().await?.is_some() {}
             return Ok(at);
@@ -181,6 +210,9 @@ async fn main() -> Result<()> {
 
     let (mut chat, mut responses) = (Leg::default(), Leg::default());
     let (mut ttfb_proxy, mut ttfb_direct) = (Vec::new(), Vec::new());
+    let (mut rttfb_proxy, mut rttfb_direct) = (Vec::new(), Vec::new());
+    let responses_stream =
+        json!({"model": "gpt-4o", "stream": true, "input": [{"role": "user", "content": "hi"}]});
     for i in 0..ROUNDS + 20 {
         let keep = i >= 20;
         let at = (&mock, &client);
@@ -194,11 +226,18 @@ async fn main() -> Result<()> {
         let tp = first_content_byte(&client, &proxied, &stream("gpt-4o")).await?;
         mock.push(Reply::text("first answer, streamed").stream_chunks(4));
         let td = first_content_byte(&client, &direct, &stream("gpt-4o")).await?;
+        mock.push(Reply::text("first answer, streamed").stream_chunks(4));
+        let rp = first_content_byte(&client, &responses_proxied, &responses_stream).await?;
+        mock.push(Reply::text("first answer, streamed").stream_chunks(4));
+        let rd = first_content_byte(&client, &responses_direct, &responses_stream).await?;
         if keep {
             ttfb_proxy.push(tp);
             ttfb_direct.push(td);
+            rttfb_proxy.push(rp);
+            rttfb_direct.push(rd);
         }
     }
+    let ((cdir, cadd), (rdir, radd)) = (chat.added(), responses.added());
     let (tp, td) = (median(ttfb_proxy), median(ttfb_direct));
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let (cp, cr, cd, ct) = chat.medians();
@@ -227,6 +266,27 @@ async fn main() -> Result<()> {
         "| **added to the first content byte** | **{:.3}** |",
         ms(tp) - ms(td)
     );
+    let (rtp, rtd) = (median(rttfb_proxy), median(rttfb_direct));
+    println!("\nWithout a reload round ({ROUNDS} runs, medians; the same conversation, its 10 KB result compacted):\n");
+    println!("| measurement | chat ms | responses ms |\n|---|---:|---:|");
+    println!("| the forwarded body sent directly | {cdir:.3} | {rdir:.3} |");
+    println!("| **added by the proxy** (through it − directly) | **{cadd:.3}** | **{radd:.3}** |");
+    println!(
+        "| streamed answer, first content byte: direct | {:.3} | {:.3} |",
+        ms(td),
+        ms(rtd)
+    );
+    println!(
+        "| streamed answer, first content byte: through the proxy | {:.3} | {:.3} |",
+        ms(tp),
+        ms(rtp)
+    );
+    println!(
+        "| **added to the first content byte** | **{:.3}** | **{:.3}** |",
+        ms(tp) - ms(td),
+        ms(rtp) - ms(rtd)
+    );
+    println!("\nresponses / chat, added by the proxy: {:.2}", radd / cadd);
     proxy.shutdown().await;
     Ok(())
 }

@@ -7,6 +7,8 @@
 //! the page's `request` lines and their writer.
 
 pub mod journal;
+pub mod line;
+pub mod view;
 
 use http::StatusCode;
 use serde::{Deserialize, Serialize};

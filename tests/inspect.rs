@@ -486,3 +486,131 @@ async fn on_a_redis_cluster_the_admin_token_lists_every_tenant() {
     assert_eq!(left, Vec::<String>::new());
     h.proxy.shutdown().await;
 }
+
+/// A Codex-shaped Responses request: its thread id as `prompt_cache_key` and `session-id`,
+/// a large shell output the proxy moves out.
+fn codex_request() -> Value {
+    json!({
+        "model": "gpt-5",
+        "instructions": "You are a coding agent.",
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Read a.rs."}]},
+            {"type": "reasoning", "summary": [], "encrypted_content": "gAAAAB-inspect"},
+            {"type": "function_call", "call_id": "call_a", "name": "shell", "arguments": "{\"cmd\":[\"cat\",\"a.rs\"]}"},
+            {"type": "function_call_output", "call_id": "call_a", "output": numbered_lines("a.rs", 600)},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Read.", "annotations": []}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Now summarize it."}]}
+        ],
+        "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}, "strict": false}],
+        "store": false,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "019a-codex-thread",
+    })
+}
+
+/// A Responses session (named by Codex's thread id, no `x-context-session`) is inspected,
+/// read back and erased like a chat session, over HTTP and with the `inspect` subcommand.
+#[tokio::test]
+async fn a_responses_session_is_inspected_read_and_erased() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Harness::start_with(MockConfig::default(), setup(dir.path())).await;
+    let resp = h
+        .client
+        .post(h.url("/v1/responses"))
+        .header("authorization", "Bearer sk-alice")
+        .header("session-id", "019a-codex-thread")
+        .json(&codex_request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let actions = resp.headers()["x-context-actions"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(actions.contains("compacted"), "{actions}");
+
+    let (status, list) = get_json(&h, "/v1/context/sessions", "sk-alice").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        list["data"],
+        json!([{"id": "019a-codex-thread", "object": "context.session"}])
+    );
+    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-bob").await;
+    assert_eq!(list["data"], json!([]));
+    let (status, detail) = get_json(&h, "/v1/context/sessions/019a-codex-thread", "sk-alice").await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["decisions"], 1);
+    assert_eq!(detail["stored_refs"], 1);
+    assert_eq!(detail["refs"][0]["kind"], "tool_result");
+    assert_eq!(detail["refs"][0]["lines"], 600);
+    assert!(detail["last_tokens_after"].as_u64() < detail["last_tokens_before"].as_u64());
+    let reference = detail["refs"][0]["ref"].as_str().unwrap().to_string();
+    // The forwarded request named that reference; the stored text is the output, byte exact.
+    assert!(h.mock.received()[0].json().to_string().contains(&reference));
+    let resp = call(
+        &h,
+        reqwest::Method::GET,
+        &format!("/v1/context/refs/{reference}"),
+        "sk-alice",
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.text().await.unwrap(), numbered_lines("a.rs", 600));
+    let resp = call(
+        &h,
+        reqwest::Method::GET,
+        &format!("/v1/context/refs/{reference}"),
+        "sk-bob",
+    )
+    .await;
+    assert_eq!(resp.status(), 404);
+
+    // The `inspect` subcommand reads the same session from the store.
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"fs\"\npath = {:?}\n[[keys]]\nname = \"alice\"\nsha256 = \"{}\"\n",
+            dir.path().display().to_string(),
+            key("alice", "sk-alice").sha256
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_context-proxy"))
+        .args(["inspect", "--config"])
+        .arg(&config)
+        .arg("019a-codex-thread")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let one: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(one["data"][0]["id"], "019a-codex-thread");
+    assert_eq!(one["data"][0]["key"], "alice");
+    assert_eq!(one["data"][0]["refs"][0]["ref"], reference.as_str());
+
+    // Erased: the session and its content are gone.
+    let resp = call(
+        &h,
+        reqwest::Method::DELETE,
+        "/v1/context/sessions/019a-codex-thread",
+        "sk-alice",
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let (status, _) = get_json(&h, "/v1/context/sessions/019a-codex-thread", "sk-alice").await;
+    assert_eq!(status, 404);
+    let resp = call(
+        &h,
+        reqwest::Method::GET,
+        &format!("/v1/context/refs/{reference}"),
+        "sk-alice",
+    )
+    .await;
+    assert_eq!(resp.status(), 404);
+    assert_eq!(h.mock.received().len(), 1);
+}

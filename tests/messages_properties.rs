@@ -228,7 +228,9 @@ proptest! {
         let input = Input::read(&Messages, &payloads, &counts, &[], fixed);
         let outcome = engine::run(&input, &settings(budget), Decision::default(), &Estimate);
         let Some(items) = outcome.messages else { return Ok(()) };
-        let rules_in = WriteRules { binds_thinking: messages::binds_thinking(model), drop_block_allowed: drop_block };
+        // A conversation the proxy sees for the first time: its thinking was signed after
+        // the client's bytes, so every change is an edit.
+        let rules_in = WriteRules { binds_thinking: messages::binds_thinking(model), drop_block_allowed: drop_block, repeats_forwarded: false };
         match messages::write_bytes(&raw, &body, &payloads, &items, rules_in) {
             Ok(written) => {
                 let out: Value = serde_json::from_slice(&written.body).expect("the new body is JSON");
@@ -271,7 +273,7 @@ proptest! {
                 }
                 prop_assert_eq!(a, b);
             }
-            Err(Unmanaged::LatestThinking | Unmanaged::OpenToolLoop) => {
+            Err(Unmanaged::LatestThinking | Unmanaged::OpenToolLoop | Unmanaged::BoundThinking) => {
                 prop_assert!(binding && thinking && !drop_block);
             }
             Err(other) => prop_assert!(false, "unexpected refusal: {other}"),

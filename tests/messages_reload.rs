@@ -513,3 +513,106 @@ async fn json_an_upstream_error_in_round_two_reaches_the_client() {
 async fn stream_an_upstream_error_in_round_two_ends_the_stream_in_anthropics_shape() {
     error_in_round_two(true).await;
 }
+
+/// A hidden round answered in JSON: the client's answer, and round two's last two messages
+/// (the model's call of the proxy's tool and its result).
+async fn one_hidden_round(h: &Harness) -> (Value, Value, Value) {
+    let reference = warm_up(h).await;
+    h.mock
+        .push(Reply::tool_calls(read(&reference)).thinking("I must read line 77."));
+    h.mock
+        .push(Reply::text(format!("Line 77 holds {NEEDLE}.")).thinking("Found it."));
+    let (status, bytes) = post(h, &conversation(false)).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let got = answer(&bytes, false);
+    let round_two = parse(&forwarded(h)[2]);
+    let m = round_two["messages"].as_array().unwrap();
+    (got, m[m.len() - 2].clone(), m[m.len() - 1].clone())
+}
+
+/// The client's next request asks for no tool call: the transcript put back still holds the
+/// proxy's call, so its tools are defined (the model cannot call them), and the strict mock
+/// accepts the request.
+#[tokio::test]
+async fn with_tool_choice_none_the_restored_round_keeps_its_tools() {
+    let h = harness(4).await;
+    let (got, a1, u1) = one_hidden_round(&h).await;
+    h.mock.push(Reply::text("Summary."));
+    let mut body = next_turn(
+        false,
+        &got,
+        json!({"role": "user", "content": "Summarize."}),
+    );
+    body["tool_choice"] = json!({"type": "none"});
+    let (status, bytes) = post(&h, &body).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let turn = parse(forwarded(&h).last().unwrap());
+    let m = turn["messages"].as_array().unwrap();
+    assert!(m.contains(&a1) && m.contains(&u1), "the round is put back");
+    let names: Vec<&str> = turn["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Read", "context_read", "context_search"]);
+    assert_eq!(turn["tool_choice"], json!({"type": "none"}));
+}
+
+/// The client's next request takes every name the proxy's read tool could have: the round's
+/// call could not be defined, so the round is not put back and the client's messages go as
+/// they came.
+#[tokio::test]
+async fn when_the_proxys_tools_cannot_be_defined_the_round_is_not_put_back() {
+    let h = harness(4).await;
+    let (got, a1, _) = one_hidden_round(&h).await;
+    h.mock.push(Reply::text("Done."));
+    let mut body = next_turn(false, &got, json!({"role": "user", "content": "Thanks."}));
+    for name in [
+        "context_read",
+        "proxy_context_read",
+        "context_proxy_read",
+        "stored_context_read",
+    ] {
+        body["tools"].as_array_mut().unwrap().push(
+            json!({"name": name, "description": "the client's", "input_schema": {"type": "object"}}),
+        );
+    }
+    let (status, bytes) = post(&h, &body).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let turn = parse(forwarded(&h).last().unwrap());
+    assert!(!turn["messages"].as_array().unwrap().contains(&a1));
+    assert_eq!(turn["tools"], body["tools"]);
+}
+
+/// With the proxy's tools offered, `x-context-tokens-after` is the estimate of what was
+/// forwarded, the tools' definitions counted as the estimate counts the client's own (within
+/// a token of rounding).
+#[tokio::test]
+async fn the_tokens_after_count_the_offered_tools_as_the_estimate_does() {
+    use context_proxy::context::adapter::{Adapter, Messages};
+    use context_proxy::tokens::{CountSettings, Counter, Encoding};
+    let h = harness(4).await;
+    h.mock.push(Reply::text("Let me check."));
+    let resp = h
+        .client
+        .post(h.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-reload")
+        .header("x-context-session", "reload-tokens")
+        .header("anthropic-version", "2023-06-01")
+        .json(&conversation(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let after: usize = resp.headers()["x-context-tokens-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let sent = parse(&forwarded(&h).pop().unwrap());
+    assert!(sent["tools"].as_array().unwrap().len() == 3);
+    let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+    let estimate = Messages.count(&counter, &sent).total;
+    assert!(after.abs_diff(estimate) <= 1, "{after} vs {estimate}");
+}

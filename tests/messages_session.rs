@@ -2,7 +2,8 @@
 //! marked system prompt after the attribution line, 16 tools, signed thinking on every assistant
 //! message, large `Read`/`Bash` results, the breakpoint moving to the newest block) replayed
 //! through the real proxy with a small budget, against the strict mock: every forwarded request
-//! is accepted (pairing, breakpoints ≤ 4, thinking signatures), carries only thinking blocks the
+//! is accepted (pairing, breakpoints ≤ 4, thinking signatures), fits the budget by the
+//! upstream's own count unless nothing is left to move, carries only thinking blocks the
 //! client sent, `count_tokens` answers the size of what is forwarded, and between the proxy's
 //! rare edit points each forwarded request repeats the previous one's messages byte for byte.
 
@@ -13,6 +14,8 @@ use context_proxy::context::adapter::{Adapter, Messages};
 use context_proxy::mock::{rules, MockConfig};
 use context_proxy::traffic::{claude_code, TrafficConfig};
 use serde_json::Value;
+
+const BUDGET: usize = 24_000;
 
 fn session() -> context_proxy::corpus::Session {
     let cfg = TrafficConfig {
@@ -71,7 +74,7 @@ async fn a_60_turn_claude_code_session_stays_valid_under_a_small_budget() {
     assert!(s.request_count() >= 60, "{}", s.request_count());
     assert!(s.is_messages() && s.mark_newest);
     let h = Harness::start_with(MockConfig::default(), |c| {
-        c.context.max_context_tokens = Some(24_000);
+        c.context.max_context_tokens = Some(BUDGET);
         c.context.keep_recent_messages = 6;
     })
     .await;
@@ -119,6 +122,30 @@ async fn a_60_turn_claude_code_session_stays_valid_under_a_small_budget() {
         if forwarded.body != body {
             managed += 1;
         }
+        // The upstream's own count of what it got is within the budget (the proxy counts
+        // with an estimate that errs high, corrected from each answer's usage).
+        let mut sent_counted = sent.clone();
+        sent_counted.as_object_mut().unwrap().remove("max_tokens");
+        let upstream: Value = h
+            .client
+            .post(format!("{}/messages/count_tokens", h.mock.base_url()))
+            .header("anthropic-version", "2023-06-01")
+            .json(&sent_counted)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let tokens = upstream["input_tokens"].as_u64().unwrap();
+        // Over it only when nothing is left to move: the prompt, the marker, the recent window
+        // (6 messages) and the round the model has not read, whose parallel results alone may
+        // fill the budget (only the hard cap shortens what the model has not seen).
+        let held = sent["messages"].as_array().unwrap().len();
+        assert!(
+            tokens <= BUDGET as u64 || held <= 9,
+            "request {k}: {tokens} over {BUDGET} with {held} messages ({actions})"
+        );
         let settled = settled_messages(&forwarded.body);
         if let Some(before) = &previous {
             // The previous request's messages, but its newest (the moving breakpoint).
@@ -163,7 +190,7 @@ async fn a_60_turn_claude_code_session_stays_valid_under_a_small_budget() {
     let requests = s.request_count();
     assert!(managed > requests / 2, "{managed} of {requests} managed");
     // Edits are rare: between them every forwarded prefix is byte-identical. (This session is
-    // mostly one task's tool loop: the engine never moves out the current turn, so its edits
-    // are the compaction of old results, in batches.)
+    // mostly one task's tool loop: its older rounds are moved out, once and deep, whenever the
+    // budget forces a cut.)
     assert!(edits * 5 <= requests, "{edits} edit points in {requests}");
 }

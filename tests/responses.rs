@@ -12,6 +12,7 @@ use std::io::Read;
 
 use common::Harness;
 use context_proxy::context::settings::WindowEntry;
+use context_proxy::context::Mode;
 use context_proxy::mock::{MockConfig, Reply};
 use serde_json::{json, Value};
 
@@ -187,6 +188,56 @@ async fn a_streamed_managed_request_relays_the_apis_events() {
     assert!(text.starts_with("event: response.created\n"));
     assert!(text.contains("event: response.completed\n"));
     assert!(!text.contains("[DONE]"));
+}
+
+#[tokio::test]
+async fn an_upstream_error_event_mid_stream_becomes_the_one_response_failed() {
+    let h = small_window().await;
+    h.mock.push(common::responses_error_stream(
+        "Half an",
+        "server_error",
+        "The model failed to finish.",
+    ));
+    // A short input: nothing to move out, no tool offered, the upstream's stream relayed.
+    let resp = post(&h, &codex_body(codex_input(1), true)).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let sent = h.mock.received()[0].json();
+    assert!(!sent.to_string().contains("context_read"), "{sent}");
+    let (events, last) = common::check_responses_stream(&text);
+    assert!(!text.contains("event: error\n"), "{text}");
+    assert_eq!(last["type"], "response.failed");
+    // It takes the error event's place: the stream's id, the error's code and message.
+    assert_eq!(last["sequence_number"], 5);
+    assert_eq!(last["response"]["id"], "resp_e1");
+    assert_eq!(last["response"]["status"], "failed");
+    assert_eq!(last["response"]["error"]["code"], "server_error");
+    assert_eq!(
+        last["response"]["error"]["message"],
+        "The model failed to finish."
+    );
+    assert_eq!(events[4]["delta"], "Half an");
+}
+
+#[tokio::test]
+async fn a_stream_that_stops_early_ends_with_response_failed() {
+    let h = small_window().await;
+    // The API's first events, then the connection closes: no terminal event.
+    let created = json!({"type": "response.created", "sequence_number": 0,
+        "response": {"id": "resp_s1", "object": "response", "status": "in_progress", "output": []}});
+    let body = format!("event: response.created\ndata: {created}\n\n");
+    h.mock.push(Reply::raw(
+        200,
+        vec![("content-type".into(), "text/event-stream".into())],
+        body.into(),
+    ));
+    let resp = post(&h, &codex_body(codex_input(1), true)).await;
+    let text = resp.text().await.unwrap();
+    let (_, last) = common::check_responses_stream(&text);
+    assert_eq!(last["type"], "response.failed");
+    assert_eq!(last["sequence_number"], 1);
+    assert_eq!(last["response"]["id"], "resp_s1");
+    assert_eq!(last["response"]["error"]["code"], "upstream_stream_error");
 }
 
 #[tokio::test]
@@ -404,16 +455,21 @@ async fn a_websocket_upgrade_gets_426_and_other_routes_pass_verbatim() {
 #[tokio::test]
 async fn a_45_turn_codex_session_stays_valid_and_its_prefix_stable() {
     let h = small_window().await;
+    let settings = small_window_settings();
+    let budget = settings.budget;
     let mut input = vec![
         json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>workspace-write</permissions>"}]}),
         json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "port the crate to the new API"}]}),
     ];
     let mut previous: Option<Vec<Value>> = None;
-    let mut rewrites = 0;
+    let (mut rewrites, mut last_rewrite) = (0, None);
     for turn in 0..45 {
         h.mock.push(Reply::text(format!("turn {turn} done")));
         let resp = post(&h, &codex_body(input.clone(), false)).await;
         assert_eq!(resp.status(), 200, "turn {turn}");
+        // One prompt, then one tool round per turn: the budget holds all the way.
+        let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
+        assert!(after <= budget, "turn {turn}: {after} over {budget}");
         resp.bytes().await.unwrap();
         let sent = h.mock.received().last().unwrap().json();
         let sent: Vec<Value> = sent["input"].as_array().unwrap().clone();
@@ -422,6 +478,13 @@ async fn a_45_turn_codex_session_stays_valid_and_its_prefix_stable() {
             let shared = before.len() - 1;
             if sent.len() < shared || sent[..shared] != before[..shared] {
                 rewrites += 1;
+                // A cut goes once down to the target (0.6 of the 9.8k budget, each round adding
+                // about 2.5k): the turn after it extends its prefix unchanged.
+                assert!(
+                    last_rewrite.is_none_or(|at| turn >= at + 2),
+                    "turn {turn}: the prefix moved again right after turn {last_rewrite:?}"
+                );
+                last_rewrite = Some(turn);
             }
         }
         previous = Some(sent);
@@ -438,10 +501,14 @@ async fn a_45_turn_codex_session_stays_valid_and_its_prefix_stable() {
         rewrites > 0,
         "a 45-turn session on a 16k window was never managed"
     );
-    assert!(
-        rewrites <= 8,
-        "the prefix moved {rewrites} times in 45 turns"
-    );
+}
+
+/// The settings the proxy resolves for `small-model` on [`small_window`].
+fn small_window_settings() -> context_proxy::context::Settings {
+    let mut cfg = context_proxy::context::ContextConfig::default();
+    cfg.model_windows
+        .insert("small-model".into(), WindowEntry::Window(16_384));
+    cfg.resolve("small-model", Mode::Auto, &Default::default())
 }
 
 #[tokio::test]

@@ -29,9 +29,14 @@ struct Setup {
 }
 
 async fn start(edit: impl FnOnce(&mut Config)) -> Setup {
+    start_on(MockConfig::default(), edit).await
+}
+
+/// [`start`] in front of an upstream mock configured as `mock`.
+async fn start_on(mock: MockConfig, edit: impl FnOnce(&mut Config)) -> Setup {
     let summarizer = MockUpstream::start(MockConfig::default()).await.unwrap();
     let base = summarizer.base_url();
-    let h = Harness::start_with(MockConfig::default(), |c| {
+    let h = Harness::start_with(mock, |c| {
         c.upstreams.push(UpstreamConfig {
             name: "summ".into(),
             base_url: base,
@@ -419,4 +424,102 @@ async fn native_compaction_forwards_both_to_an_upstream_that_compacts_itself() {
     ];
     let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
     assert_eq!(resp.status(), 200);
+}
+
+/// A Responses upstream that is not OpenAI (a vLLM or llama.cpp server) knows no compaction:
+/// the mock plays one. The proxy serves the trigger and `/responses/compact` itself, so such
+/// an upstream never sees a compaction item, and the next turn's sealed item reaches it as
+/// the summary message.
+fn without_compaction() -> MockConfig {
+    MockConfig {
+        without_compaction: true,
+        ..MockConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_without_compaction_never_sees_the_trigger() {
+    let s = start_on(without_compaction(), |_| {}).await;
+    s.summarizer.push(Reply::text(SUMMARY));
+    s.summarizer.push(Reply::text(SUMMARY));
+    let resp = post(
+        &s.h,
+        "/v1/responses",
+        &body(with_trigger(history()), true),
+        "sk-a",
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let done: Vec<Value> = sse_data(&text)
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter(|e| e["type"] == "response.output_item.done")
+        .collect();
+    assert_eq!(done.len(), 1);
+    let sealed = done[0]["item"].clone();
+    assert_sealed(&sealed);
+    let request = json!({"model": "gpt-5-codex", "input": history()});
+    let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
+    assert_eq!(resp.status(), 200);
+    let compacted: Value = resp.json().await.unwrap();
+    assert_sealed(compacted["output"].as_array().unwrap().last().unwrap());
+    assert!(s.h.mock.received().is_empty(), "the upstream was asked");
+
+    // Next turn: the sealed item goes as the summary message; the upstream accepts it.
+    s.h.mock.push(Reply::text("Running the suite."));
+    let next = vec![
+        history()[1].clone(),
+        sealed,
+        json!({"role": "user", "content": "go on"}),
+    ];
+    let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
+    assert_eq!(resp.status(), 200);
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(
+        answer["output"][0]["content"][0]["text"],
+        "Running the suite."
+    );
+    let received = s.h.mock.received();
+    assert_eq!(received.len(), 1);
+    let sent = received[0].json();
+    let text = sent.to_string();
+    assert!(!text.contains("compaction"), "{text}");
+    assert!(text.contains("off-by-one at line 42"), "{text}");
+}
+
+/// With `native_compaction` the operator says the upstream compacts itself; when it cannot,
+/// the client gets the upstream's own error, unchanged, and no summary is made.
+#[tokio::test]
+async fn native_compaction_on_an_upstream_without_it_gives_the_client_its_error() {
+    let s = start_on(without_compaction(), |c| {
+        c.upstreams[0].native_compaction = true;
+    })
+    .await;
+    for stream in [false, true] {
+        let resp = post(
+            &s.h,
+            "/v1/responses",
+            &body(with_trigger(history()), stream),
+            "sk-a",
+        )
+        .await;
+        assert_eq!(resp.status(), 400);
+        let error = assert_openai_error(&resp.bytes().await.unwrap());
+        assert_eq!(error["code"], "invalid_value");
+        assert_eq!(error["param"], format!("input[{}]", history().len()));
+        assert!(error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Invalid value: 'compaction_trigger'."));
+    }
+    let request = json!({"model": "gpt-5-codex", "input": history()});
+    let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
+    assert_eq!(resp.status(), 404);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap(),
+        json!({"detail": "Not Found"})
+    );
+    assert_eq!(s.h.mock.received().len(), 3);
+    assert_eq!(summarizer_calls(&s), 0);
 }

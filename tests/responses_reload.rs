@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::collections::HashSet;
-
 use common::Harness;
 use context_proxy::app::config::Config;
 use context_proxy::context::settings::WindowEntry;
@@ -105,75 +103,6 @@ fn tool_names(body: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The events of a Responses stream, each checked against the rules the SDK helpers and Codex
-/// depend on; returns the terminal event.
-fn check_stream(text: &str) -> (Vec<Value>, Value) {
-    let mut events = Vec::new();
-    for frame in text.split("\n\n").filter(|f| !f.trim().is_empty()) {
-        let kind = frame
-            .lines()
-            .find_map(|l| l.strip_prefix("event: "))
-            .unwrap_or_else(|| panic!("a frame without `event:`: {frame}"));
-        let data = frame
-            .lines()
-            .find_map(|l| l.strip_prefix("data: "))
-            .unwrap_or_else(|| panic!("a frame without `data:`: {frame}"));
-        let event: Value = serde_json::from_str(data).unwrap();
-        assert_eq!(event["type"], kind, "{frame}");
-        events.push(event);
-    }
-    assert!(!events.is_empty());
-    assert_eq!(events[0]["type"], "response.created", "{text}");
-    let count = |t: &str| events.iter().filter(|e| e["type"] == t).count();
-    assert_eq!(count("response.created"), 1, "{text}");
-    assert!(count("response.in_progress") <= 1, "{text}");
-    // One sequence, from 0, by one.
-    for (i, event) in events.iter().enumerate() {
-        assert_eq!(event["sequence_number"], i as u64, "{text}");
-    }
-    // Items: added in order 0, 1, …; every item event refers to an added item; ids unique.
-    let mut added = 0u64;
-    let mut ids = HashSet::new();
-    let mut done_items = Vec::new();
-    for event in &events {
-        let Some(index) = event["output_index"].as_u64() else {
-            continue;
-        };
-        if event["type"] == "response.output_item.added" {
-            assert_eq!(index, added, "{text}");
-            added += 1;
-            let id = event["item"]["id"].as_str().unwrap().to_string();
-            assert!(ids.insert(id), "an item id twice: {text}");
-        } else {
-            assert!(index < added, "an event of an item never added: {text}");
-        }
-        if event["type"] == "response.output_item.done" {
-            done_items.push(event["item"].clone());
-        }
-    }
-    // Exactly one terminal event, the last.
-    let terminal = [
-        "response.completed",
-        "response.failed",
-        "response.incomplete",
-    ];
-    let ends: Vec<&Value> = events
-        .iter()
-        .filter(|e| terminal.contains(&e["type"].as_str().unwrap_or("")))
-        .collect();
-    assert_eq!(ends.len(), 1, "{text}");
-    let last = events.last().unwrap().clone();
-    assert!(terminal.contains(&last["type"].as_str().unwrap()), "{text}");
-    // Its output is the items the client got, in order; its id the stream's.
-    assert_eq!(
-        last["response"]["output"],
-        Value::Array(done_items),
-        "{text}"
-    );
-    assert_eq!(last["response"]["id"], events[0]["response"]["id"]);
-    (events, last)
-}
-
 #[tokio::test]
 async fn json_a_read_is_answered_by_the_proxy_and_hidden() {
     let h = harness().await;
@@ -265,7 +194,7 @@ async fn stream_a_read_continues_one_response_live() {
     let bytes = resp.bytes().await.unwrap();
     assert_invisible(&bytes);
     let text = String::from_utf8(bytes.to_vec()).unwrap();
-    let (events, last) = check_stream(&text);
+    let (events, last) = common::check_responses_stream(&text);
     assert_eq!(last["type"], "response.completed");
     // Each round's reasoning and text (the mock reasons before the text, so the reasoning
     // goes with the text, not with the proxy's call after it); never the proxy's call.
@@ -305,7 +234,7 @@ async fn mixed_turn(h: &Harness, stream: bool) -> Vec<Value> {
     assert_invisible(&bytes);
     let output = if stream {
         let text = String::from_utf8(bytes.to_vec()).unwrap();
-        let (_, last) = check_stream(&text);
+        let (_, last) = common::check_responses_stream(&text);
         last["response"]["output"].clone()
     } else {
         serde_json::from_slice::<Value>(&bytes).unwrap()["output"].clone()
@@ -406,7 +335,7 @@ async fn after_the_last_round_the_tools_are_withdrawn_stream() {
     assert_eq!(resp.status(), 200);
     let bytes = resp.bytes().await.unwrap();
     assert_invisible(&bytes);
-    let (_, last) = check_stream(std::str::from_utf8(&bytes).unwrap());
+    let (_, last) = common::check_responses_stream(std::str::from_utf8(&bytes).unwrap());
     assert_eq!(last["type"], "response.failed");
     assert_eq!(last["response"]["error"]["code"], "tool_loop_exhausted");
     assert_eq!(h.mock.received().len(), 2);
@@ -423,7 +352,7 @@ async fn an_upstream_failure_in_round_two_ends_the_stream_with_response_failed()
     let resp = post(&h, &body(input(), true)).await;
     assert_eq!(resp.status(), 200);
     let bytes = resp.bytes().await.unwrap();
-    let (_, last) = check_stream(std::str::from_utf8(&bytes).unwrap());
+    let (_, last) = common::check_responses_stream(std::str::from_utf8(&bytes).unwrap());
     assert_eq!(last["type"], "response.failed");
     assert_eq!(last["response"]["status"], "failed");
     assert_eq!(last["response"]["error"]["code"], "server_error");
@@ -431,6 +360,184 @@ async fn an_upstream_failure_in_round_two_ends_the_stream_with_response_failed()
         last["response"]["error"]["message"],
         "The server had an error."
     );
+}
+
+#[tokio::test]
+async fn an_upstream_error_event_in_round_two_becomes_the_one_response_failed() {
+    let h = harness().await;
+    h.mock.push(Reply::tool_calls(vec![read(&ref_a(), 7, 1)]));
+    h.mock.push(common::responses_error_stream(
+        "Line 7",
+        "rate_limit_exceeded",
+        "Rate limit reached. Please try again in 2s.",
+    ));
+    let resp = post(&h, &body(input(), true)).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let text = std::str::from_utf8(&bytes).unwrap();
+    let (events, last) = common::check_responses_stream(text);
+    assert!(!text.contains("event: error\n"), "{text}");
+    assert_eq!(last["type"], "response.failed");
+    assert_eq!(last["response"]["status"], "failed");
+    assert_eq!(last["response"]["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(
+        last["response"]["error"]["message"],
+        "Rate limit reached. Please try again in 2s."
+    );
+    // The first round's identity, not the failing round's.
+    assert_eq!(last["response"]["id"], events[0]["response"]["id"]);
+    assert_ne!(last["response"]["id"], "resp_e1");
+    assert_eq!(h.mock.received().len(), 2);
+}
+
+/// The events the API sends besides items — a background response's `response.queued`, the
+/// reasoning summaries' parts and deltas — pass through the proxy's rounds once and renumbered:
+/// the first round's `created`, `queued` and `in_progress` only, each summary event with its
+/// item's `output_index` as the client numbers it.
+#[tokio::test]
+async fn lifecycle_and_summary_events_pass_once_and_renumbered() {
+    let h = harness().await;
+    h.mock.push(Reply::text_and_tool_calls(
+        "Let me look.",
+        vec![read(&ref_a(), 7, 1)],
+    ));
+    h.mock.push(Reply::text("Line 7 computes value_7."));
+    let mut request = body(input(), true);
+    request["background"] = json!(true);
+    request["store"] = json!(true);
+    request["reasoning"]["summary"] = json!("auto");
+    let resp = post(&h, &request).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let text = std::str::from_utf8(&bytes).unwrap();
+    let (events, last) = common::check_responses_stream(text);
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds[..3],
+        [
+            "response.created",
+            "response.queued",
+            "response.in_progress"
+        ],
+        "{text}"
+    );
+    for once in ["response.queued", "response.in_progress"] {
+        assert_eq!(kinds.iter().filter(|k| **k == once).count(), 1, "{text}");
+    }
+    assert_eq!(events[0]["response"]["status"], "queued");
+    assert_eq!(last["type"], "response.completed");
+    assert_eq!(last["response"]["background"], true);
+    // Each round's reasoning is shown with its summary (it reasons for the text after it).
+    let output = last["response"]["output"].as_array().unwrap();
+    let kinds_out: Vec<&str> = output.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds_out, ["reasoning", "message", "reasoning", "message"]);
+    for (index, item) in output.iter().enumerate() {
+        if item["type"] != "reasoning" {
+            continue;
+        }
+        let summary = item["summary"][0]["text"].as_str().unwrap();
+        let streamed: String = events
+            .iter()
+            .filter(|e| {
+                e["type"] == "response.reasoning_summary_text.delta"
+                    && e["output_index"] == index as u64
+            })
+            .map(|e| e["delta"].as_str().unwrap())
+            .collect();
+        assert_eq!(streamed, summary, "{text}");
+        assert!(events
+            .iter()
+            .any(|e| e["type"] == "response.reasoning_summary_part.done"
+                && e["output_index"] == index as u64
+                && e["item_id"] == item["id"]));
+    }
+    // Round one's summary spoke of the proxy's call: it is the reasoning before the text, so
+    // the call itself is never named to the client (`assert_invisible` above).
+    assert_eq!(h.mock.received().len(), 2);
+}
+
+/// A streamed answer made of `items`, as the API sends one: `response.created`,
+/// `response.in_progress`, each item added then done, `response.completed` with them all.
+fn stream_of(items: &[Value]) -> Reply {
+    let response = json!({"id": "resp_t1", "object": "response", "created_at": 1_767_000_000u64,
+        "status": "in_progress", "model": "gpt-5", "output": [], "usage": null});
+    let mut events = vec![
+        json!({"type": "response.created", "response": response}),
+        json!({"type": "response.in_progress", "response": response}),
+    ];
+    for (n, item) in items.iter().enumerate() {
+        events.push(json!({"type": "response.output_item.added", "output_index": n, "item": item}));
+        events.push(json!({"type": "response.output_item.done", "output_index": n, "item": item}));
+    }
+    let mut done = response.clone();
+    done["status"] = json!("completed");
+    done["output"] = json!(items);
+    done["usage"] = json!({"input_tokens": 900, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 30, "output_tokens_details": {"reasoning_tokens": 10}, "total_tokens": 930});
+    events.push(json!({"type": "response.completed", "response": done}));
+    let body: String = events
+        .into_iter()
+        .enumerate()
+        .map(|(n, mut event)| {
+            event["sequence_number"] = n.into();
+            format!(
+                "event: {}\ndata: {event}\n\n",
+                event["type"].as_str().unwrap()
+            )
+        })
+        .collect();
+    Reply::raw(
+        200,
+        vec![("content-type".into(), "text/event-stream".into())],
+        body.into(),
+    )
+}
+
+/// A reasoning item after the last call of a round that called only the proxy's tools reasons
+/// toward the proxy's exchange: upstream, what follows it is the proxy's `function_call_output`.
+/// Shown to the client it would stand in the client's history before items it was not made
+/// with, so it stays hidden with the exchange; the upstream gets it back byte for byte.
+#[tokio::test]
+async fn a_reasoning_item_ending_a_proxy_only_round_stays_hidden() {
+    let h = harness().await;
+    let said = json!({"type": "message", "id": "msg_t1", "status": "completed", "role": "assistant",
+        "content": [{"type": "output_text", "text": "Let me look.", "annotations": [], "logprobs": []}]});
+    let args = json!({"ref": ref_a(), "offset": 7, "limit": 1}).to_string();
+    let call = json!({"type": "function_call", "id": "fc_t1", "status": "completed",
+        "call_id": "call_t1", "name": "context_read", "arguments": args});
+    let trailing = json!({"type": "reasoning", "id": "rs_trailing", "summary": [],
+        "encrypted_content": "gAAAAB-trailing-reasoning"});
+    h.mock
+        .push(stream_of(&[said.clone(), call.clone(), trailing.clone()]));
+    h.mock.push(Reply::text("Line 7 computes value_7."));
+    let resp = post(&h, &body(input(), true)).await;
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let text = std::str::from_utf8(&bytes).unwrap();
+    assert!(!text.contains("rs_trailing"), "{text}");
+    assert!(!text.contains("gAAAAB-trailing"), "{text}");
+    let (_, last) = common::check_responses_stream(text);
+    assert_eq!(last["type"], "response.completed");
+    let output = last["response"]["output"].as_array().unwrap();
+    let kinds: Vec<&str> = output.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["message", "reasoning", "message"], "{text}");
+    assert_eq!(output[0], said);
+
+    // Upstream, round two continues the model's transcript: the reasoning in its place, then
+    // the proxy's output (the strict mock checks the reasoning is followed by an item).
+    let received = h.mock.received();
+    assert_eq!(received.len(), 2);
+    let second = received[1].json();
+    let items = second["input"].as_array().unwrap();
+    let n = items.len();
+    assert_eq!(items[n - 4], said);
+    assert_eq!(items[n - 3], call);
+    assert_eq!(items[n - 2], trailing);
+    assert_eq!(items[n - 1]["type"], "function_call_output");
+    assert_eq!(items[n - 1]["call_id"], "call_t1");
 }
 
 #[tokio::test]
@@ -451,7 +558,7 @@ async fn after_the_tools_are_withdrawn_the_client_gets_the_answers_text() {
         let bytes = resp.bytes().await.unwrap();
         assert_invisible(&bytes);
         let output = if stream {
-            let (_, last) = check_stream(std::str::from_utf8(&bytes).unwrap());
+            let (_, last) = common::check_responses_stream(std::str::from_utf8(&bytes).unwrap());
             assert_eq!(last["type"], "response.completed");
             last["response"]["output"].clone()
         } else {

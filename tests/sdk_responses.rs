@@ -139,3 +139,65 @@ async fn the_node_sdk_reads_back_through_the_proxy_unseen() {
     assert_read_back(&h, &received[..2], &out["create_usage"]).await;
     assert_read_back(&h, &received[2..4], &out["stream_usage"]).await;
 }
+
+#[tokio::test]
+async fn the_python_stream_helper_ends_cleanly_on_an_upstream_error_event() {
+    let python = common::python_with(&["openai"], &["openai"]);
+    let h = Harness::start_with(MockConfig::default(), reload_config).await;
+    // A plain managed stream: nothing moved out, nothing offered, the upstream's relayed.
+    h.mock.push(common::responses_error_stream(
+        "Line",
+        "server_error",
+        "The model failed.",
+    ));
+    // The proxy's tool loop: round one reads back, round two fails.
+    let r = context_proxy::store::ContentRef::of(&numbered_lines("a.rs", 600));
+    h.mock.push(Reply::tool_calls(vec![(
+        "context_read".into(),
+        json!({"ref": r.as_str(), "offset": 7, "limit": 1}),
+    )]));
+    h.mock.push(common::responses_error_stream(
+        "Line 7",
+        "rate_limit_exceeded",
+        "Rate limit reached. Please try again in 2s.",
+    ));
+    let out = common::run_sdk_script(python, "sdk_responses_failed.py", h.url("/v1")).await;
+    for (run, code, message) in [
+        ("plain", "server_error", "The model failed."),
+        (
+            "loop",
+            "rate_limit_exceeded",
+            "Rate limit reached. Please try again in 2s.",
+        ),
+    ] {
+        let seen = &out[run];
+        let events: Vec<&str> = seen["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert_eq!(events[0], "response.created", "{run}: {seen}");
+        assert_eq!(*events.last().unwrap(), "response.failed", "{run}: {seen}");
+        assert!(!events.contains(&"error"), "{run}: {seen}");
+        assert_eq!(seen["error"], json!([code, message]), "{run}");
+        assert_eq!(seen["status"], "failed");
+        assert_eq!(seen["same_id"], true);
+        assert!(
+            seen["final"]
+                .as_str()
+                .unwrap()
+                .starts_with("raised: Didn't receive a `response.completed` event"),
+            "{run}: {seen}"
+        );
+    }
+    let received: Vec<Value> = h.mock.received().iter().map(|r| r.json()).collect();
+    assert_eq!(received.len(), 3);
+    let names = |body: &Value| body["tools"].as_array().unwrap().len();
+    assert_eq!(
+        names(&received[0]),
+        1,
+        "the plain stream offered the proxy's tools"
+    );
+    assert_eq!(names(&received[1]), 3);
+}

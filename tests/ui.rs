@@ -204,6 +204,12 @@ async fn a_session_is_shown_as_the_proxy_handled_it_and_escaped() {
         "the fake marker is no link"
     );
     assert!(side.contains("hidden rounds"), "{side}");
+    // Where they happened: the side-by-side table's last row, after the last message.
+    let hidden = side
+        .find("<tr class=\"hidden-rounds\">")
+        .expect("a hidden-rounds row");
+    assert_eq!(side.rfind("<tr"), Some(hidden), "the last row");
+    assert!(side[hidden..].contains("context_read"));
 
     // The reference opens paged: the first 500 lines, then a link to the next ones.
     let (status, _, stored) = get(&h, &format!("/ui/ref?r={ref_a}"), Some("sk-alice")).await;
@@ -652,4 +658,133 @@ async fn a_messages_request_is_shown_block_by_block() {
     // The count left no turn (the page writes what waits before it reads).
     let (_, _, again) = get(&h, "/ui/session?s=s-messages", Some("sk-alice")).await;
     assert!(again.contains("id=\"turn-1\"") && !again.contains("id=\"turn-2\""));
+}
+
+/// The row of `session` in a list page.
+fn list_row<'a>(html: &'a str, session: &str) -> &'a str {
+    let at = html
+        .find(&format!(">{session}</a>"))
+        .unwrap_or_else(|| panic!("{session} is not listed: {html}"));
+    let end = at + html[at..].find("</tr>").unwrap();
+    &html[at..end]
+}
+
+/// The text of the first element after `after` (up to the next tag).
+fn text_after<'a>(html: &'a str, after: &str) -> &'a str {
+    let at = html
+        .find(after)
+        .unwrap_or_else(|| panic!("no {after:?} in {html}"))
+        + after.len();
+    &html[at..at + html[at..].find('<').unwrap()]
+}
+
+/// Many sessions through the journal writer, all in one batch (it waits a minute; the page
+/// has it write what waits): the list pages them, 50 a page, newest first, each with the
+/// figures its own page sums from its journal (the list reads the summary the writer kept),
+/// and every request's messages are kept (one store call for the batch), escaped when shown.
+async fn many_sessions_are_listed_from_their_summaries(mut h: Harness) {
+    h.client = no_client();
+    const SESSIONS: usize = 60;
+    for i in 0..SESSIONS {
+        let body = json!({"model": "gpt-4o", "messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": format!("Task {i}: <b>read</b> the file.")}
+        ]});
+        // The first session sends its request twice: two turns, one kept body.
+        for _ in 0..if i == 0 { 2 } else { 1 } {
+            h.mock.push(Reply::text("ok"));
+            send_chat(&h, "sk-alice", &format!("s-{i:03}"), &body).await;
+        }
+    }
+    let started = Instant::now();
+    let (status, _, first) = get(&h, "/ui/", Some("sk-alice")).await;
+    eprintln!("the list of {SESSIONS} sessions: {:?}", started.elapsed());
+    assert_eq!(status, 200);
+    let rows = |html: &str| html.matches("<tr class=\"session\">").count();
+    assert_eq!(rows(&first), 50, "{first}");
+    assert!(first.contains(">s-059</a>") && !first.contains(">s-009</a>"));
+    assert!(first.contains("offset=50"), "a link to the older sessions");
+    let (_, _, second) = get(&h, "/ui/?offset=50", Some("sk-alice")).await;
+    assert_eq!(rows(&second), 10, "{second}");
+    assert!(second.contains(">s-000</a>") && !second.contains(">s-010</a>"));
+    let (_, _, other) = get(&h, "/ui/", Some("sk-bob")).await;
+    assert_eq!(rows(&other), 0, "another key sees no session of alice's");
+    // The list's figures are those the session's page sums from its journal.
+    let row = list_row(&second, "s-000");
+    assert_eq!(text_after(row, "class=\"num turns\">"), "2");
+    let session = wait_turns(&h, "sk-alice", "s-000", 2).await;
+    assert_eq!(
+        text_after(row, "class=\"num sent\">"),
+        text_after(&session, "<dt>Tokens sent</dt><dd>")
+    );
+    let cost = format!(
+        "{} / {}",
+        text_after(row, "class=\"num cost-without\">"),
+        text_after(row, "class=\"num cost-with\">")
+    );
+    assert_eq!(cost, text_after(&session, "id=\"fig-cost\">").trim_end());
+    // Both turns' messages were kept, and shown as text.
+    for turn in 1..=2 {
+        let (status, _, request) = get(
+            &h,
+            &format!("/ui/request?s=s-000&i={}", turn_index(&session, turn)),
+            Some("sk-alice"),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert!(
+            request.contains("Task 0: &lt;b&gt;read&lt;/b&gt; the file."),
+            "{request}"
+        );
+        assert!(!request.contains("not kept"), "{request}");
+    }
+}
+
+/// The journal index of turn `turn` on a session page (its "side by side" link).
+fn turn_index(session: &str, turn: usize) -> usize {
+    let row = &session[session.find(&format!("id=\"turn-{turn}\"")).unwrap()..];
+    let link = &row[row.find("&amp;i=").unwrap() + "&amp;i=".len()..];
+    link[..link.find('"').unwrap()].parse().unwrap()
+}
+
+#[tokio::test]
+async fn many_sessions_are_listed_from_their_summaries_in_memory() {
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        setup(c);
+        c.ui.journal_flush_ms = 60_000;
+    })
+    .await;
+    many_sessions_are_listed_from_their_summaries(h).await;
+}
+
+#[tokio::test]
+async fn many_sessions_are_listed_from_their_summaries_on_redis() {
+    let redis = tokio::task::spawn_blocking(common::redis::TestRedis::start)
+        .await
+        .unwrap();
+    let (url, prefix) = (redis.url.clone(), redis.prefix.clone());
+    let h = Harness::start_with(MockConfig::default(), move |c| {
+        setup(c);
+        c.ui.journal_flush_ms = 60_000;
+        c.store.backend = context_proxy::store::Backend::Redis;
+        c.store.redis_url = url;
+        c.store.redis_key_prefix = prefix;
+    })
+    .await;
+    many_sessions_are_listed_from_their_summaries(h).await;
+}
+
+#[tokio::test]
+async fn many_sessions_are_listed_from_their_summaries_on_fs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let h = Harness::start_with(MockConfig::default(), move |c| {
+        setup(c);
+        c.ui.journal_flush_ms = 60_000;
+        c.store.backend = context_proxy::store::Backend::Fs;
+        c.store.path = path;
+        c.store.fsync = false;
+    })
+    .await;
+    many_sessions_are_listed_from_their_summaries(h).await;
 }

@@ -162,6 +162,25 @@ async fn big_session(store: &StoreConfig) {
     }
 }
 
+/// A session of another model, last active three hours ago: what the list's filters by model
+/// and by time leave out.
+async fn older_mini_session(store: &StoreConfig) {
+    let store = context_proxy::store::open(store).await.unwrap();
+    let at = std::time::SystemTime::now() - Duration::from_secs(3 * 3600);
+    let line = json!({
+        "ts": context_proxy::context::writer::rfc3339(at),
+        "request_id": "req_mini", "event": "request", "route": "chat",
+        "model": "gpt-4o-mini", "upstream": "default", "status": 200, "mode": "auto",
+        "tokens_before": 1_000, "tokens_after": 1_000, "actions": "none",
+        "prompt_tokens": 1_000, "completion_tokens": 10, "upstream_calls": 1,
+    });
+    let session = SessionId::parse("mini-older").unwrap();
+    store
+        .append_log(&key_tenant("alice"), &session, &line)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn the_page_in_a_real_browser() {
     let python = common::python_with(&["playwright"], &["playwright"]);
@@ -222,6 +241,7 @@ async fn the_page_in_a_real_browser() {
         ..StoreConfig::default()
     };
     big_session(&store).await;
+    older_mini_session(&store).await;
 
     let screenshots = std::env::var("UI_SCREENSHOTS").ok();
     let cfg = json!({
@@ -240,6 +260,7 @@ async fn the_page_in_a_real_browser() {
         "fake_ref": "ctx_aaaaaaaaaaaaaaaaaaaaaaaa",
         "hostile_visible": ["<script>alert('xss')</script>", "<img src=x onerror=alert(2)>", "javascript:alert(3)"],
         "big_session": "big-500",
+        "older_session": "mini-older",
         "responses_session": "responses-ui",
         "screenshots": screenshots,
     });

@@ -85,10 +85,12 @@ pub async fn build(config: &ValidConfig) -> Result<Shared, StateError> {
     };
     let journal = config.ui.enabled.then(|| {
         use crate::sessions::journal::{JournalWriter, WriterConfig};
+        let upstreams = upstreams.clone();
         JournalWriter::start(
             store.clone(),
             WriterConfig::of(&config.ui),
             metrics.journal_dropped.clone(),
+            Arc::new(move |name: &str, model: Option<&str>| upstreams.cache_terms(name, model)),
         )
     });
     let state = Shared {

@@ -75,6 +75,11 @@ pub struct Decision {
     /// Messages from the end of the pinned head (instructions, and the task with `pin_task`)
     /// up to this index are moved out.
     pub offload_before: usize,
+    /// The user message inside the moved-out run that stays, right after the marker: the
+    /// latest user message when the cut reached into its turn's tool loop. Kept while the
+    /// boundary stays, so the prefix does not change when the next turn begins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_user: Option<usize>,
 }
 
 impl Decision {
@@ -253,7 +258,8 @@ pub struct Outcome {
     pub decision: Decision,
     pub report: Report,
     /// The input messages moved out behind one marker, which stands at `moved.start` of the
-    /// new messages (where a summary is placed).
+    /// new messages (where a summary is placed); the user message it keeps
+    /// ([`Decision::kept_user`]) follows the marker.
     pub moved: Option<Range<usize>>,
 }
 
@@ -526,6 +532,8 @@ struct Work<'a> {
     /// Per message: its tokens as it now stands.
     counts: Vec<usize>,
     writes: Vec<Write>,
+    /// The decision recorded for this conversation's prefix.
+    prior: Decision,
 }
 
 impl Work<'_> {
@@ -803,6 +811,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         slots: vec![Slot::default(); n],
         counts: input.counts.to_vec(),
         writes: Vec::new(),
+        prior,
     };
 
     work.first_sight(settings);
@@ -813,6 +822,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     let mut decision = Decision {
         compact_before: prior.compact_before.min(unseen),
         offload_before: prior.offload_before.min(unseen),
+        kept_user: None,
     };
     // The first input message this request shows differently from the previous one.
     let mut first_rewritten = n;
@@ -1063,7 +1073,9 @@ impl Work<'_> {
 
 /// Where a moved-out run may stand: from unit `first` (starting at `start`, after the pinned
 /// head: instructions and, with `pin_task`, everything up to the first user message) up to
-/// `limit` (before the next instruction, the recent window and the latest user message).
+/// `limit` (before the next instruction and the recent window). The run may reach into the
+/// current turn, whole tool rounds of a long tool loop included; the latest user message then
+/// stays ([`Work::lifted`]).
 #[derive(Debug, Clone, Copy)]
 struct Movable {
     first: usize,
@@ -1085,16 +1097,11 @@ fn movable(
     let first = units
         .iter()
         .position(|u| u.start >= pinned_end && !is_instruction(u.start))?;
-    let last_user = items
-        .iter()
-        .rposition(|m| m.kind == Kind::User)
-        .unwrap_or(0);
     let limit = units[first..]
         .iter()
         .find(|u| is_instruction(u.start))
         .map_or(items.len(), |u| u.start)
-        .min(recent_start)
-        .min(last_user);
+        .min(recent_start);
     Some(Movable {
         first,
         start: units[first].start,
@@ -1104,17 +1111,42 @@ fn movable(
 
 impl Movable {
     /// The run of whole units moved out up to `boundary` (at most the limit): where it ends,
-    /// and its tokens as they now stand.
+    /// and the tokens it frees as they now stand (its [`Work::lifted`] message stays).
     fn run_to(&self, work: &Work<'_>, units: &[Range<usize>], boundary: usize) -> (usize, usize) {
-        let (mut end, mut tokens) = (self.start, 0);
+        let mut end = self.start;
         for u in &units[self.first..] {
             if u.end > boundary.min(self.limit) {
                 break;
             }
-            tokens += work.counts[u.clone()].iter().sum::<usize>();
             end = u.end;
         }
-        (end, tokens)
+        (end, work.freed(self.start..end))
+    }
+}
+
+impl Work<'_> {
+    /// The message a moved-out `span` keeps, right after the marker: the one the prior
+    /// decision kept while its boundary stays (so the prefix does not change when the next
+    /// turn begins), else the latest user message when the run reaches into its turn. So the
+    /// latest user message is never moved out, and whole tool rounds of a long tool loop may
+    /// go while the question they answer stays.
+    fn lifted(&self, span: &Range<usize>) -> Option<usize> {
+        let items = &self.input.items;
+        let prior = self
+            .prior
+            .kept_user
+            .filter(|_| span.end == self.prior.offload_before);
+        let latest = || items.iter().rposition(|m| m.kind == Kind::User);
+        prior
+            .or_else(latest)
+            .filter(|&i| span.contains(&i) && items[i].kind == Kind::User)
+    }
+
+    /// Tokens a run over `span` frees: its messages as they now stand, but its
+    /// [`lifted`](Work::lifted) one.
+    fn freed(&self, span: Range<usize>) -> usize {
+        let kept = self.lifted(&span).map_or(0, |i| self.counts[i]);
+        self.counts[span].iter().sum::<usize>() - kept
     }
 }
 
@@ -1158,7 +1190,7 @@ fn offload_span(
             if u.end > at.limit || total - moved <= settings.target {
                 break;
             }
-            moved += work.counts[u.clone()].iter().sum::<usize>();
+            moved = work.freed(at.start..u.end);
             end = u.end;
             if fits(moved) {
                 candidates.push((end, moved));
@@ -1170,7 +1202,8 @@ fn offload_span(
         let model = price.cut_model(work.total_to(at.start), settings);
         // What each cut forwards: the kept messages and the marker (its size barely depends
         // on the run's; the deepest run's is counted once, for all).
-        let marker = marker_tokens(work, end - at.start, moved, &settings.readback);
+        let messages = end - at.start - usize::from(work.lifted(&(at.start..end)).is_some());
+        let marker = marker_tokens(work, messages, moved, &settings.readback);
         let sizes: Vec<usize> = candidates
             .iter()
             .map(|&(_, m)| total - m + marker)
@@ -1239,15 +1272,21 @@ struct MovedOut {
     tokens: usize,
 }
 
-fn moved_out_marker(work: &Work<'_>, span: Range<usize>, readback: &markers::Readback) -> MovedOut {
+/// The marker of the moved-out `span` (but its `kept` message, which stays after it).
+fn moved_out_marker(
+    work: &Work<'_>,
+    span: Range<usize>,
+    kept: Option<usize>,
+    readback: &markers::Readback,
+) -> MovedOut {
     let input = work.input;
-    let moved = &input.messages[span.clone()];
+    let moved: Vec<usize> = span.filter(|&i| Some(i) != kept).collect();
     let mut lines = String::new();
-    for m in moved {
-        lines.push_str(&input.adapter.line(m));
+    for &i in &moved {
+        lines.push_str(&input.adapter.line(&input.messages[i]));
         lines.push('\n');
     }
-    let moved_tokens: usize = input.counts[span].iter().sum();
+    let moved_tokens: usize = moved.iter().map(|&i| input.counts[i]).sum();
     let reference = work.env.reference(&lines);
     let message = input.adapter.marker(markers::offloaded(
         moved.len(),
@@ -1278,21 +1317,26 @@ fn assemble(
     let n = input.messages.len();
     // The marker of the moved-out run, built once; a marker no smaller than what the run would
     // have sent saves nothing, and never makes a prompt larger: then the run stays.
+    let mut kept_user = span.as_ref().and_then(|s| work.lifted(s));
     let mut marker = span
         .clone()
         .filter(|s| !s.is_empty())
-        .map(|span| moved_out_marker(&work, span, readback));
+        .map(|span| moved_out_marker(&work, span, kept_user, readback));
     if let (Some(m), Some(span)) = (&marker, &span) {
-        if m.tokens >= work.counts[span.clone()].iter().sum::<usize>() {
+        if m.tokens >= work.freed(span.clone()) {
             marker = None;
             decision.offload_before = 0;
+            kept_user = None;
         }
     }
+    decision.kept_user = kept_user;
     let span = if marker.is_some() {
         span.unwrap_or(0..0)
     } else {
         0..0
     };
+    // Moved out: the span but the message it keeps.
+    let gone = |i: usize| span.contains(&i) && Some(i) != kept_user;
     let moved = (!span.is_empty()).then(|| span.clone());
     let mut out = Vec::with_capacity(n);
     // Unchanged messages are copied only when the request changes at all.
@@ -1317,12 +1361,12 @@ fn assemble(
                 // unless a message left in place was changed with the same text (a content is
                 // written once, for the first message that had it).
                 let needed: std::collections::HashSet<ContentRef> = (0..n)
-                    .filter(|j| !span.contains(j) && work.slots[*j].changed())
+                    .filter(|j| !gone(*j) && work.slots[*j].changed())
                     .filter_map(|j| input.adapter.text(&input.messages[j]))
                     .map(|text| work.env.reference(&text))
                     .collect();
                 work.writes.retain(|w| {
-                    !matches!(w.source, Source::MessageText(i) if span.contains(&i))
+                    !matches!(w.source, Source::MessageText(i) if gone(i))
                         || needed.contains(&w.reference)
                 });
                 work.write(
@@ -1331,10 +1375,10 @@ fn assemble(
                     Source::Owned(lines),
                     Action::MovedOut,
                 );
-                report.offloaded = span.len();
+                report.offloaded = span.len() - usize::from(kept_user.is_some());
             }
         }
-        if span.contains(&i) {
+        if gone(i) {
             continue;
         }
         tokens_after += work.counts[i];
@@ -1545,6 +1589,99 @@ mod tests {
         // Re-running with the decision reproduces the same bytes.
         let again = run_on(&messages, &s, out.decision);
         assert_eq!(again.messages.unwrap(), new);
+    }
+
+    /// One prompt, then many tool rounds with large results: the rounds the model has read
+    /// move out whole, the prompt (pinned) and the rounds it is reading stay.
+    #[test]
+    fn a_long_single_prompt_tool_loop_moves_old_rounds_out() {
+        let mut messages = vec![
+            json!({"role": "system", "content": "sys"}),
+            json!({"role": "user", "content": "fix the build"}),
+        ];
+        for i in 0..40 {
+            messages.extend(tool_round(&format!("c{i}"), lines(60)));
+        }
+        let s = settings(Mode::Auto, 4000);
+        let out = run_on(&messages, &s, Decision::default());
+        assert!(out.report.tokens_before > 4 * s.budget, "{:?}", out.report);
+        assert!(out.report.tokens_after <= s.budget, "{:?}", out.report);
+        assert!(out.report.offloaded > 0, "{:?}", out.report);
+        let new = out.messages.unwrap();
+        assert_eq!(new[..2], messages[..2]);
+        assert!(new[2]["content"]
+            .as_str()
+            .unwrap()
+            .contains("earlier messages"));
+        // The recent round (its result compacted, over budget) and the unseen one come last.
+        assert_eq!(new[new.len() - 2..], messages[messages.len() - 2..]);
+        assert_eq!(new[new.len() - 4], messages[messages.len() - 4]);
+        assert!(segment(&new).is_ok());
+        let moved = out
+            .writes
+            .iter()
+            .find(|w| w.kind == ContentKind::Messages)
+            .unwrap();
+        let Source::Owned(stored) = &moved.source else {
+            panic!("moved run not owned")
+        };
+        assert_eq!(stored.lines().count(), out.report.offloaded);
+        // The next rounds extend the prefix until the budget forces the next cut.
+        let (mut prior, mut previous, mut next) = (out.decision, new, messages.clone());
+        for k in 40..44 {
+            next.extend(tool_round(&format!("c{k}"), lines(5)));
+            let again = run_on(&next, &s, prior);
+            assert!(again.report.tokens_after <= s.budget, "{:?}", again.report);
+            let sent = again.messages.unwrap();
+            assert_eq!(again.decision.offload_before, prior.offload_before);
+            assert_eq!(sent[..previous.len()], previous[..]);
+            (prior, previous) = (again.decision, sent);
+        }
+    }
+
+    /// In a later turn's long tool loop, the user message that opened the turn stays after the
+    /// marker while older turns and the turn's old rounds move out.
+    #[test]
+    fn the_latest_user_message_stays_when_its_old_rounds_move_out() {
+        let mut messages = vec![
+            json!({"role": "system", "content": "sys"}),
+            json!({"role": "user", "content": "first task"}),
+            json!({"role": "assistant", "content": "done"}),
+            json!({"role": "user", "content": "now the second task"}),
+        ];
+        for i in 0..30 {
+            messages.extend(tool_round(&format!("c{i}"), lines(60)));
+        }
+        let s = settings(Mode::Auto, 4000);
+        let out = run_on(&messages, &s, Decision::default());
+        assert!(out.report.tokens_after <= s.budget, "{:?}", out.report);
+        let new = out.messages.unwrap();
+        assert_eq!(new[..2], messages[..2]);
+        assert!(new[2]["content"]
+            .as_str()
+            .unwrap()
+            .contains("earlier messages"));
+        assert_eq!(new[3], messages[3]);
+        assert!(segment(&new).is_ok());
+        let moved = out
+            .writes
+            .iter()
+            .find(|w| w.kind == ContentKind::Messages)
+            .unwrap();
+        let Source::Owned(stored) = &moved.source else {
+            panic!("moved run not owned")
+        };
+        assert!(!stored.contains("now the second task"));
+        assert!(stored.contains("\"done\""));
+        assert_eq!(stored.lines().count(), out.report.offloaded);
+        assert_eq!(new.len(), messages.len() - out.report.offloaded + 1);
+        // The same bytes again, and on the next turn the kept message still stands.
+        assert_eq!(run_on(&messages, &s, out.decision).messages.unwrap(), new);
+        let mut next = messages.clone();
+        next.push(json!({"role": "assistant", "content": "fixed"}));
+        next.push(json!({"role": "user", "content": "thanks"}));
+        let again = run_on(&next, &s, out.decision);
+        assert_eq!(again.messages.unwrap()[..new.len()], new[..]);
     }
 
     #[test]

@@ -104,13 +104,22 @@ pub fn content_tokens(content: Option<&Value>) -> usize {
 
 /// The BPE tokens outside the items of `body`.
 pub fn fixed_tokens(body: &Value) -> usize {
-    let tools: usize = body
+    let tools = body
         .get("tools")
         .and_then(Value::as_array)
-        .map_or(0, |tools| {
-            tools.iter().map(|t| ENCODING.count(&t.to_string())).sum()
-        });
+        .map_or(0, |tools| tool_tokens(tools));
     tools + REPLY_PRIMING
+}
+
+/// The BPE tokens of tool definitions, each as its JSON.
+fn tool_tokens(tools: &[Value]) -> usize {
+    tools.iter().map(|t| ENCODING.count(&t.to_string())).sum()
+}
+
+/// The estimate of what `tools` add to a request, in the units of the request's counts (the
+/// default factor): the room the proxy keeps free for its own tools.
+pub fn tools_estimate(tools: &[Value]) -> usize {
+    scaled(tool_tokens(tools), DEFAULT_FACTOR)
 }
 
 /// `raw` tokens scaled by `factor`, rounded up.

@@ -50,7 +50,7 @@ use adapter::{Adapter, Wire};
 use engine::Report;
 pub use engine::Skipped;
 use planner::Planner;
-pub use planner::{Plan, Route, SummaryJob, SummaryPlan};
+pub use planner::{Plan, Route, Sizing, SummaryJob, SummaryPlan};
 use session::identify;
 pub use session::Identity;
 pub use settings::{ContextConfig, Mode, RequestLimits, Settings};
@@ -120,6 +120,11 @@ pub struct ContextManager {
     planner: Planner,
     writer: Writer,
     vetting: KeyVetting,
+    /// Per conversation on a model binding thinking to its prefix (Anthropic Messages): what
+    /// the last request forwarded showed the model, message by message
+    /// ([`adapter::messages::bound_hashes`]); the thinking blocks of the answer were signed
+    /// after it.
+    forwarded: moka::sync::Cache<Identity, Arc<Vec<u64>>>,
 }
 
 impl ContextManager {
@@ -128,8 +133,18 @@ impl ContextManager {
             planner: Planner::new(config, counter, store.clone()),
             writer: Writer::new(store.clone()),
             vetting: KeyVetting::new(store.clone()),
+            forwarded: caches::per_session(),
             store,
         }
+    }
+
+    /// `identity`'s request was forwarded showing the model `body`'s messages (on a model
+    /// binding thinking to them): the next request's changes are judged against them.
+    pub fn forwarded(&self, identity: &Identity, body: &Value) {
+        self.forwarded.insert(
+            identity.clone(),
+            Arc::new(adapter::messages::bound_hashes(body)),
+        );
     }
 
     /// Serving sessions that other processes serve too (replicas on one Redis): a session's
@@ -165,6 +180,17 @@ impl ContextManager {
     ) -> Option<f64> {
         self.planner
             .observe_usage(identity, wire, estimated, actual)
+    }
+
+    /// `body`'s size against its budget and window before planning ([`Planner::sizing`]).
+    pub async fn sizing(
+        &self,
+        identity: &Identity,
+        body: &Value,
+        mode: Mode,
+        route: &Route<'_>,
+    ) -> Sizing {
+        self.planner.sizing(identity, body, mode, route).await
     }
 
     /// Notes that the upstream accepted `tenant`'s key (a 2xx answer).
@@ -343,7 +369,7 @@ impl ContextManager {
         // be written stores nothing.
         let written = match (&written_into, &decided.outcome.messages) {
             (Some((raw, rules)), Some(items)) => {
-                match adapter::messages::write_bytes(raw, body, &messages, items, *rules) {
+                match self.write_messages(identity, raw, body, &messages, items, *rules) {
                     Ok(written) => Some(written),
                     Err(why) => {
                         tracing::info!(reason = %why, "messages request left unmanaged");
@@ -423,6 +449,49 @@ impl ContextManager {
         }
         let bytes = adapter::messages_added::restored(raw, messages, &found)?;
         Some((Bytes::from(bytes), found.len()))
+    }
+
+    /// Writes a Messages decision into `raw`: as a repetition of what `identity`'s last
+    /// request forwarded when it is one (its thinking blocks were signed after those very
+    /// changes, truncations of results that were new then included), else under the binding
+    /// rules against the client's bytes ([`adapter::messages::write_bytes`]).
+    fn write_messages(
+        &self,
+        identity: &Identity,
+        raw: &[u8],
+        body: &Value,
+        payloads: &[Value],
+        items: &[Value],
+        rules: adapter::messages::WriteRules,
+    ) -> Result<adapter::messages::Written, adapter::messages::Unmanaged> {
+        use adapter::messages::{bound_hashes, write_bytes, WriteRules};
+        if let Some(before) = self
+            .forwarded
+            .get(identity)
+            .filter(|_| rules.binds_thinking)
+        {
+            let repeated = WriteRules {
+                repeats_forwarded: true,
+                ..rules
+            };
+            if let Ok(written) = write_bytes(raw, body, payloads, items, repeated) {
+                let shown = serde_json::from_slice::<Value>(&written.body)
+                    .map(|out| bound_hashes(&out))
+                    .unwrap_or_default();
+                // What was forwarded, then the client's new messages as they came: a change
+                // made to those now would have to be repeated by every later request.
+                let sent = bound_hashes(body);
+                let n = before.len();
+                if shown.len() == sent.len()
+                    && n <= shown.len()
+                    && shown[..n] == before[..]
+                    && shown[n..] == sent[n..]
+                {
+                    return Ok(written);
+                }
+            }
+        }
+        write_bytes(raw, body, payloads, items, rules)
     }
 
     /// identify, plan and apply in one call (tests and benchmarks).

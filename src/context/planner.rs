@@ -45,6 +45,40 @@ pub struct Route<'a> {
     pub reserved_tokens: usize,
     /// The request's wire format (its adapter reads and writes the conversation).
     pub wire: adapter::Wire,
+    /// An estimated wire's (Messages') correction for this request alone, from the upstream's
+    /// exact count of it: the upstream's tokens per estimated token. It replaces the
+    /// conversation's correction learned from usage.
+    pub scale: Option<f64>,
+}
+
+/// A request's size against its budget and its model's window, as the estimate sees it before
+/// planning (`Planner::sizing`): whether the exact count is worth asking the upstream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sizing {
+    /// The count, in the units of the `x-context-tokens-*` headers (an estimated wire's
+    /// default estimate).
+    pub tokens: usize,
+    /// The conversation's correction learned from usage (1 until an answer was seen):
+    /// `tokens × scale` estimates the upstream's count.
+    pub scale: f64,
+    /// The budget, in the upstream's tokens.
+    pub budget: usize,
+    /// The model's context window, in the upstream's tokens.
+    pub window: usize,
+}
+
+impl Sizing {
+    /// The upstream's count of `tokens` (in the headers' units) as the estimate sees it.
+    pub fn upstream_tokens(&self, tokens: usize) -> usize {
+        (tokens as f64 * self.scale).ceil() as usize
+    }
+
+    /// Whether `tokens` (the headers' units) are within `margin` (a share) of `limit` (the
+    /// upstream's tokens), above or below it.
+    pub fn near(&self, tokens: usize, limit: usize, margin: f64) -> bool {
+        let estimated = self.upstream_tokens(tokens) as f64;
+        (estimated - limit as f64).abs() <= margin * limit as f64
+    }
 }
 
 /// What the plan phase decided for one request, handed to the apply phase.
@@ -417,6 +451,29 @@ impl Planner {
         }
     }
 
+    /// `body`'s size against its budget and its model's window, before planning and without
+    /// noting the request (`Sizing`): the count the plan starts from and the correction it
+    /// would apply.
+    pub async fn sizing(
+        &self,
+        identity: &Identity,
+        body: &Value,
+        mode: Mode,
+        route: &Route<'_>,
+    ) -> Sizing {
+        let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+        self.learned.load(&*self.store).await;
+        let counter = self.counter_for(model, route.encoding);
+        let tokens = route.wire.adapter().count(&counter, body).total;
+        let limits = self.request_limits(route, model, body, &identity.tenant);
+        Sizing {
+            tokens,
+            scale: self.scale(route.wire, identity),
+            budget: self.config.resolve(model, mode, &limits).budget,
+            window: self.config.limits_of(model, &limits).window,
+        }
+    }
+
     /// The budget of a second attempt after the upstream stated its `limit`: well below the
     /// input limit it implies, and well below what was sent.
     pub fn retry_budget(&self, limit: usize, body: &Value, sent_tokens: usize) -> usize {
@@ -577,8 +634,11 @@ impl Planner {
             self.settings_for(identity, route, model, mode, body).await;
         // A calibrated estimate: the counts stay in the default estimate's units (a marker
         // stating a size stays byte-stable from one request to the next) and the budget is
-        // brought to them.
-        let scale = self.scale(route.wire, identity);
+        // brought to them. An exact count of this request corrects it for this request alone.
+        let scale = route
+            .scale
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or_else(|| self.scale(route.wire, identity));
         if scale != 1.0 {
             settings.budget = ((settings.budget as f64 / scale) as usize).max(1);
             settings.target = (settings.target as f64 / scale) as usize;

@@ -154,6 +154,16 @@ pub fn offer(body: &Value, config: &ReloadConfig) -> Offer {
     if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
         return Offer::NotOffered(NotOffered::SeveralChoices);
     }
+    names(body, config)
+}
+
+/// The names the tools would be offered under for `body`, whatever its `tool_choice`: what a
+/// conversation holding the proxy's earlier calls must define, even when the model may call
+/// no tool now.
+pub fn names(body: &Value, config: &ReloadConfig) -> Offer {
+    if !config.enabled {
+        return Offer::NotOffered(NotOffered::Disabled);
+    }
     let taken = client_tool_names(body);
     let free = |candidates: &[&str]| {
         candidates

@@ -57,18 +57,27 @@ pub fn messages(stored: &str) -> Option<String> {
     (count > 0).then_some(out)
 }
 
-/// A message's content as text: a string, or its text parts (other parts named).
+/// A message's content as text: a string, or its parts: text as it is, Anthropic's tool calls
+/// as `[calls name(input) [id]]` and their results under `[result of id]`, other parts named.
 fn content(message: &Value) -> String {
+    let str_of =
+        |v: &Value, key: &str| v.get(key).and_then(Value::as_str).unwrap_or("").to_string();
     match message.get("content") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
             .iter()
             .map(|p| match p.get("type").and_then(Value::as_str) {
-                Some("text") => p
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
+                Some("text") => str_of(p, "text"),
+                Some("tool_use" | "server_tool_use" | "mcp_tool_use") => format!(
+                    "[calls {}({}) [{}]]",
+                    str_of(p, "name"),
+                    p.get("input").map(Value::to_string).unwrap_or_default(),
+                    str_of(p, "id")
+                ),
+                Some("tool_result") => {
+                    let result = content(p);
+                    format!("[result of {}]\n{result}", str_of(p, "tool_use_id"))
+                }
                 Some(other) => format!("[{other} part]"),
                 None => String::new(),
             })
@@ -96,6 +105,22 @@ mod tests {
             "--- message 1: user ---\nFix the crash.\n\
              --- message 2: assistant, calls read_file({\"path\":\"a.rs\"}) [c1] ---\n\
              --- message 3: tool, result of read_file [c1] ---\nfn main() {}\nline 2\n"
+        );
+    }
+
+    /// Anthropic Messages: the calls and their results read as text, thinking only named.
+    #[test]
+    fn messages_blocks_read_as_calls_and_results() {
+        let stored = [
+            r#"{"role":"assistant","content":[{"type":"thinking","thinking":"hm","signature":"s"},{"type":"tool_use","id":"toolu_1","name":"Read","input":{"path":"a.rs"}}]}"#,
+            r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"fn main() {}"}]},{"type":"text","text":"go on"}]}"#,
+        ]
+        .join("\n");
+        let out = messages(&stored).unwrap();
+        assert_eq!(
+            out,
+            "--- message 1: assistant ---\n[thinking part]\n[calls Read({\"path\":\"a.rs\"}) [toolu_1]]\n\
+             --- message 2: user ---\n[result of toolu_1]\nfn main() {}\ngo on\n"
         );
     }
 

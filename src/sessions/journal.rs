@@ -4,18 +4,23 @@
 //! body for it). Older journals (only `decision` and `stored` lines) stay readable:
 //! every field has a default, and a journal without `request` lines shows its other lines.
 //!
-//! The record phase only builds the line and hands it to the [`JournalWriter`] (a
-//! non-blocking `try_send` into a bounded queue, as the traffic recorder's): one task owns the
-//! writing. It gathers lines for up to `[ui] journal_flush_ms` and appends each session's
-//! lines with one store call ([`Store::append_logs`]), so a request costs the proxy the line,
-//! not a store append. The page asks it to write what waits before it reads
-//! ([`JournalWriter::flush`]); at shutdown it writes what is queued. A full queue drops the
-//! line and counts it (`context_proxy_journal_dropped_total`): the page never slows a request.
+//! The record phase only builds the line and hands it to the [`JournalWriter`] with the
+//! request's bodies as they are (shared bytes, not copies): a non-blocking `try_send` into a
+//! bounded queue, as the traffic recorder's. One task owns everything else. It gathers lines
+//! for up to `[ui] journal_flush_ms` and then, per session: stores the batch's kept messages
+//! with one store call ([`Store::put_contents`]), appends its lines with another
+//! ([`Store::append_logs`]), and adds them to the session's [`Summary`] (a state record,
+//! compare-and-set), which is what the session list reads. So a request costs the proxy the
+//! line, not a parse or a store call. The page asks the writer to write what waits before it
+//! reads ([`JournalWriter::flush`]); at shutdown it writes what is queued. A full queue drops
+//! the line and counts it (`context_proxy_journal_dropped_total`): the page never slows a
+//! request.
 //!
-//! With `[ui] keep_messages`, the messages the client sent and those the model received (in
-//! the wire's shape, read by the route's `Pending::conversation`) are stored as content (kind `messages`, addressed by their hash, so a turn sent twice is kept
-//! once) and named in the line's `bodies`; erasing the session erases them
-//! ([`crate::sessions::erase`] reads `bodies`).
+//! With `[ui] keep_messages`, the messages the client sent and those the model received (the
+//! wire's list, cut out of the body by the route's `Pending::conversation`, in the writer) are
+//! stored as content (kind `messages`, addressed by their hash: a body sent twice, or
+//! forwarded as sent, is read and kept once) and named in the line's `bodies`; erasing the
+//! session erases them ([`crate::sessions::erase`] reads `bodies`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,105 +30,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use super::line::*;
+use super::view::{Pricing, Summary, SUMMARY_KEY};
 use crate::service::Service;
-use crate::store::{ContentKind, SessionId, Store, Tenant};
-
-/// Longest part of a reload call's answer kept in the line, in characters.
-pub const RESULT_PREVIEW_CHARS: usize = 2_000;
-/// Most reload calls kept in one line (the counts stay exact).
-pub const MAX_CALLS_KEPT: usize = 32;
-
-/// One call of the proxy's own tools, as the page shows it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ReloadCall {
-    /// The round it was made in, from 1.
-    pub round: u32,
-    pub tool: String,
-    /// Its arguments as the model wrote them (clipped).
-    pub arguments: String,
-    pub ok: bool,
-    /// Lines of stored content the answer held.
-    pub lines: usize,
-    /// The start of the answer ([`RESULT_PREVIEW_CHARS`]).
-    pub result: String,
-    /// The answer was longer than `result`.
-    pub clipped: bool,
-}
-
-/// What one request's record phase knows, as a journal line (`"event": "request"`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct RequestLine {
-    pub ts: String,
-    pub request_id: String,
-    pub event: String,
-    /// The route: `chat` for `/v1/chat/completions`, `responses` for `/v1/responses`,
-    /// `messages` for `/v1/messages`.
-    pub route: String,
-    pub model: Option<String>,
-    pub upstream: String,
-    pub status: u16,
-    pub mode: String,
-    pub stream: bool,
-    /// Tokens of the request as the client sent it and as forwarded (the proxy's count).
-    pub tokens_before: usize,
-    pub tokens_after: usize,
-    /// Tokens at the start of the forwarded request the previous one also had.
-    pub kept_prefix_tokens: usize,
-    /// Whether a message the previous request had sent was rewritten.
-    pub rewrote_prefix: bool,
-    /// `minified=2,compacted=1`, `none`, or `skipped (why)`.
-    pub actions: String,
-    /// What a summary did for this request (`hit`, `computed`, `fallback`).
-    pub summary: Option<String>,
-    /// The upstream's usage, summed over every call the request made.
-    pub prompt_tokens: Option<u64>,
-    pub cached_tokens: Option<u64>,
-    pub completion_tokens: Option<u64>,
-    /// Milliseconds from the request's arrival: the proxy's own work, the first byte to the
-    /// client, the end of the answer.
-    pub proxy_ms: Option<f64>,
-    pub ttfb_ms: Option<f64>,
-    pub latency_ms: Option<f64>,
-    pub upstream_calls: u32,
-    pub reload_rounds: u32,
-    pub reload_calls: u32,
-    /// The calls themselves (at most [`MAX_CALLS_KEPT`]).
-    pub reloads: Vec<ReloadCall>,
-    /// The stored content the forwarded request refers to (its markers' references).
-    pub refs: Vec<String>,
-    /// The kept messages, when `[ui] keep_messages`.
-    pub bodies: Option<Bodies>,
-    /// Every upstream call the request made, by kind, with what each sent: the forwarded
-    /// request, rounds of the proxy's tools, a retry, the summarizer's calls it waited for
-    /// (what the page's cost with the proxy adds up; empty in lines written before it).
-    #[serde(skip_serializing_if = "crate::pricing::Bill::is_empty")]
-    pub calls: crate::pricing::Bill,
-}
-
-/// The references of one request's kept messages.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Bodies {
-    /// The `messages` the client sent.
-    pub client: Option<String>,
-    /// The `messages` of the first upstream call (the client's when nothing changed).
-    pub forwarded: Option<String>,
-}
-
-impl RequestLine {
-    /// The line of a journal record, when it is a `request` line.
-    pub fn of(record: &Value) -> Option<RequestLine> {
-        if record.get("event")? != "request" {
-            return None;
-        }
-        serde_json::from_value(record.clone()).ok()
-    }
-}
+use crate::store::{ContentKind, SessionId, StateKey, Store, StoreError, Tenant};
 
 /// What a finished request leaves for the journal: the line and, when kept, the bodies.
 pub struct Pending {
@@ -133,29 +45,10 @@ pub struct Pending {
     /// wire's shape: `routes::ui::journal::conversation`).
     pub conversation: fn(&[u8]) -> Option<String>,
     pub line: RequestLine,
-    /// The client's body, and the forwarded one when it differs, to keep (`keep_messages`).
+    /// The client's body and the forwarded one (`None`: the client's) to keep
+    /// (`keep_messages`).
     pub client_body: Option<bytes::Bytes>,
     pub forwarded_body: Option<bytes::Bytes>,
-}
-
-/// Stores the kept messages of `pending` and names them in its line; the line, as a record.
-async fn prepare(store: &dyn Store, mut pending: Pending) -> Option<Value> {
-    if let Some(client_body) = &pending.client_body {
-        let (tenant, session) = (&pending.tenant, &pending.session);
-        let client = keep(store, tenant, session, client_body, pending.conversation).await;
-        let forwarded = match &pending.forwarded_body {
-            Some(body) => keep(store, tenant, session, body, pending.conversation).await,
-            None => client.clone(),
-        };
-        pending.line.bodies = Some(Bodies { client, forwarded });
-    }
-    match serde_json::to_value(&pending.line) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot write the request's journal line");
-            None
-        }
-    }
 }
 
 /// The settings of a [`JournalWriter`] (`[ui]`).
@@ -187,6 +80,8 @@ enum Msg {
 
 /// The one writer of the page's journal lines (see the module docs).
 pub struct JournalWriter {
+    /// The caching terms the sessions' summaries are priced with (the page's too).
+    pricing: Arc<Pricing>,
     queue: Mutex<Option<mpsc::Sender<Msg>>>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Lines dropped or not written, shared with `/metrics`.
@@ -197,25 +92,36 @@ pub struct JournalWriter {
 
 impl JournalWriter {
     /// Starts the writing task over `store` (on the current runtime); lines it drops or cannot
-    /// write are counted in `dropped`.
+    /// write are counted in `dropped`; `pricing` prices the sessions' summaries.
     pub fn start(
         store: Arc<dyn Store>,
         config: WriterConfig,
         dropped: Arc<AtomicU64>,
+        pricing: Arc<Pricing>,
     ) -> Arc<JournalWriter> {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         let wake = Arc::new(tokio::sync::Notify::new());
         let span = tracing::info_span!("journal_writer");
+        let writer = Writer {
+            store,
+            pricing: pricing.clone(),
+        };
         let task = tokio::spawn(tracing::Instrument::instrument(
-            write_loop(store, rx, config, dropped.clone(), wake.clone()),
+            write_loop(writer, rx, config, dropped.clone(), wake.clone()),
             span,
         ));
         Arc::new(JournalWriter {
+            pricing,
             queue: Mutex::new(Some(tx)),
             task: Mutex::new(Some(task)),
             dropped,
             wake,
         })
+    }
+
+    /// The caching terms of a request, from its upstream's name and its model.
+    pub fn pricing(&self) -> &Pricing {
+        self.pricing.as_ref()
     }
 
     fn sender(&self) -> Option<mpsc::Sender<Msg>> {
@@ -274,7 +180,7 @@ impl Service for JournalWriter {
 /// offered while it sleeps wakes nothing (waking the task for every line cost the request
 /// path as much as writing it). When a batch was full, the next one does not wait.
 async fn write_loop(
-    store: Arc<dyn Store>,
+    writer: Writer,
     mut rx: mpsc::Receiver<Msg>,
     config: WriterConfig,
     dropped: Arc<AtomicU64>,
@@ -314,7 +220,7 @@ async fn write_loop(
         }
         behind = batch.len() >= config.batch;
         let written = batch.len();
-        let failed = write_batch(store.as_ref(), std::mem::take(&mut batch)).await;
+        let failed = writer.write(std::mem::take(&mut batch)).await;
         if failed > 0 {
             dropped.fetch_add(failed as u64, Ordering::Relaxed);
         }
@@ -325,59 +231,227 @@ async fn write_loop(
     }
 }
 
-/// Writes `batch`: each session's lines, in order, with one store call. Returns how many lines
-/// could not be written (each warned).
-async fn write_batch(store: &dyn Store, batch: Vec<Pending>) -> usize {
-    let mut sessions: Vec<(Tenant, SessionId, Vec<Value>)> = Vec::new();
-    let mut index: HashMap<(Tenant, SessionId), usize> = HashMap::new();
-    let mut failed = 0;
-    let keys: Vec<(Tenant, SessionId)> = batch
-        .iter()
-        .map(|p| (p.tenant.clone(), p.session.clone()))
-        .collect();
-    // The kept messages of the whole batch are stored at once (the store bounds how many of
-    // its calls run together), then the lines go in their order.
-    let records =
-        futures_util::future::join_all(batch.into_iter().map(|p| prepare(store, p))).await;
-    for (key, record) in keys.into_iter().zip(records) {
-        let Some(record) = record else {
-            failed += 1;
-            continue;
-        };
-        let i = *index.entry(key).or_insert_with_key(|(t, s)| {
-            sessions.push((t.clone(), s.clone(), Vec::new()));
-            sessions.len() - 1
-        });
-        sessions[i].2.push(record);
-    }
-    for (tenant, session, records) in sessions {
-        if let Err(e) = store.append_logs(&tenant, &session, &records).await {
-            tracing::warn!(error = %e, lines = records.len(), "cannot append to the session log");
-            failed += records.len();
-        }
-    }
-    failed
+/// What the writing task writes with.
+struct Writer {
+    store: Arc<dyn Store>,
+    pricing: Arc<Pricing>,
 }
 
-/// Stores the `messages` of `body`; their reference, when stored.
-async fn keep(
+impl Writer {
+    /// Writes `batch`: each session's kept messages with one store call, its lines, in order,
+    /// with another, then its summary. Returns how many lines could not be written (each
+    /// warned).
+    async fn write(&self, batch: Vec<Pending>) -> usize {
+        let mut sessions: Vec<Vec<Pending>> = Vec::new();
+        let mut index: HashMap<(Tenant, SessionId), usize> = HashMap::new();
+        for pending in batch {
+            let key = (pending.tenant.clone(), pending.session.clone());
+            let i = *index.entry(key).or_insert_with(|| {
+                sessions.push(Vec::new());
+                sessions.len() - 1
+            });
+            sessions[i].push(pending);
+        }
+        let mut failed = 0;
+        for mut lines in sessions {
+            let (tenant, session) = (lines[0].tenant.clone(), lines[0].session.clone());
+            self.keep_messages(&tenant, &session, &mut lines).await;
+            let mut records = Vec::with_capacity(lines.len());
+            for pending in &lines {
+                match serde_json::to_value(&pending.line) {
+                    Ok(v) => records.push(v),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot write the request's journal line");
+                        failed += 1;
+                    }
+                }
+            }
+            if let Err(e) = self.store.append_logs(&tenant, &session, &records).await {
+                tracing::warn!(error = %e, lines = records.len(), "cannot append to the session log");
+                failed += records.len();
+                continue;
+            }
+            if let Err(e) = self.summarize(&tenant, &session, &records).await {
+                tracing::warn!(error = %e, "cannot keep the session's summary for the page");
+            }
+        }
+        failed
+    }
+
+    /// Stores the kept messages of one session's `lines` with one store call and names them in
+    /// each line: each body read once (a body sent again, or forwarded as sent, is one item).
+    async fn keep_messages(&self, tenant: &Tenant, session: &SessionId, lines: &mut [Pending]) {
+        // Each distinct body (by route and bytes) with its text's index, and the texts to
+        // store, in order.
+        let mut bodies: Vec<(&bytes::Bytes, Option<usize>)> = Vec::new();
+        let mut seen: HashMap<(&str, u64), Vec<usize>> = HashMap::new();
+        let mut texts: Vec<String> = Vec::new();
+        // Per line: the body index of the client's and of the forwarded messages.
+        let mut slots: Vec<(Option<usize>, Option<usize>)> = Vec::with_capacity(lines.len());
+        for pending in lines.iter() {
+            let route = pending.line.route.as_str();
+            let mut ids = [None, None];
+            let both = [
+                pending.client_body.as_ref(),
+                pending.forwarded_body.as_ref(),
+            ];
+            for (id, body) in ids.iter_mut().zip(both) {
+                let Some(body) = body else { continue };
+                let hash = xxhash_rust::xxh3::xxh3_64(body);
+                let same = seen.entry((route, hash)).or_default();
+                if let Some(&i) = same.iter().find(|&&i| *bodies[i].0 == *body) {
+                    *id = Some(i);
+                    continue;
+                }
+                let text = (pending.conversation)(body).map(|text| {
+                    texts.push(text);
+                    texts.len() - 1
+                });
+                bodies.push((body, text));
+                same.push(bodies.len() - 1);
+                *id = Some(bodies.len() - 1);
+            }
+            // No forwarded body: the model received what the client sent.
+            let forwarded = match pending.forwarded_body {
+                Some(_) => ids[1],
+                None => ids[0],
+            };
+            slots.push((ids[0], forwarded));
+        }
+        if texts.is_empty() {
+            return;
+        }
+        let refs = match self
+            .store
+            .put_contents(tenant, session, ContentKind::Messages, texts)
+            .await
+        {
+            Ok(refs) => refs,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot keep the requests' messages for the page");
+                return;
+            }
+        };
+        let reference = |slot: Option<usize>| {
+            let text = bodies[slot?].1?;
+            Some(refs.get(text)?.as_str().to_string())
+        };
+        let named: Vec<Option<Bodies>> = slots
+            .iter()
+            .map(|&(client, forwarded)| {
+                client.map(|_| Bodies {
+                    client: reference(client),
+                    forwarded: reference(forwarded),
+                })
+            })
+            .collect();
+        for (pending, bodies) in lines.iter_mut().zip(named) {
+            if bodies.is_some() {
+                pending.line.bodies = bodies;
+            }
+        }
+    }
+
+    /// Adds `records`, just appended, to the session's summary ([`SUMMARY_KEY`]) by
+    /// compare-and-set (replicas sharing a store add theirs in turn). A session without one
+    /// yet has it built from its whole journal, which holds `records` by now.
+    async fn summarize(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        records: &[Value],
+    ) -> Result<(), StoreError> {
+        let key = StateKey::parse(SUMMARY_KEY).map_err(|e| StoreError::Internal(e.to_string()))?;
+        for _ in 0..SUMMARY_TRIES {
+            let old = self.store.get_state(tenant, session, &key).await?;
+            let summary = match old.as_deref().map(serde_json::from_slice::<Summary>) {
+                Some(Ok(mut summary)) => {
+                    for record in records {
+                        summary.read(0, record, self.pricing.as_ref());
+                    }
+                    summary
+                }
+                // None yet, or one this version cannot read: the journal says it all.
+                _ => {
+                    summary_of_journal(self.store.as_ref(), tenant, session, self.pricing.as_ref())
+                        .await?
+                }
+            };
+            let new = serde_json::to_vec(&summary)
+                .map_err(|e| StoreError::Internal(format!("cannot write a summary: {e}")))?;
+            if self
+                .store
+                .compare_and_set_state(tenant, session, &key, old.as_deref(), &new)
+                .await?
+            {
+                return Ok(());
+            }
+        }
+        Err(StoreError::Internal(format!(
+            "the summary changed under the writer {SUMMARY_TRIES} times in a row"
+        )))
+    }
+}
+
+/// How many times the writer tries to add a batch to a session's summary when another writer
+/// changed it meanwhile.
+const SUMMARY_TRIES: usize = 5;
+/// Journal records read at a time when a whole journal is summed.
+pub const READ_CHUNK: usize = 1_000;
+
+/// Hands every record of a session's journal to `read` with its index, oldest first, holding
+/// [`READ_CHUNK`] records at a time; how many there were.
+pub async fn read_journal(
     store: &dyn Store,
     tenant: &Tenant,
     session: &SessionId,
-    body: &bytes::Bytes,
-    conversation: fn(&[u8]) -> Option<String>,
-) -> Option<String> {
-    let text = conversation(body)?;
-    match store
-        .put_content(tenant, session, ContentKind::Messages, &text)
-        .await
-    {
-        Ok(r) => Some(r.as_str().to_string()),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot keep a request's messages for the page");
-            None
+    mut read: impl FnMut(usize, &Value),
+) -> Result<usize, StoreError> {
+    let mut end = READ_CHUNK;
+    loop {
+        let page = store
+            .read_log_page(tenant, session, Some(end), READ_CHUNK)
+            .await?;
+        for (n, record) in page.records.iter().enumerate() {
+            read(page.first_index + n, record);
+        }
+        if end >= page.total {
+            return Ok(page.total);
+        }
+        end += READ_CHUNK;
+    }
+}
+
+/// The summary of a session's whole journal.
+pub async fn summary_of_journal(
+    store: &dyn Store,
+    tenant: &Tenant,
+    session: &SessionId,
+    pricing: &Pricing,
+) -> Result<Summary, StoreError> {
+    let mut summary = Summary::default();
+    read_journal(store, tenant, session, |i, record| {
+        summary.read(i, record, pricing);
+    })
+    .await?;
+    Ok(summary)
+}
+
+/// The summary of a session, as the session list shows it: the one the writer keeps, else
+/// (a journal older than summaries, or written without the page) read from the journal.
+pub async fn summary(
+    store: &dyn Store,
+    tenant: &Tenant,
+    session: &SessionId,
+    pricing: &Pricing,
+) -> Result<Summary, StoreError> {
+    let key = StateKey::parse(SUMMARY_KEY).map_err(|e| StoreError::Internal(e.to_string()))?;
+    if let Some(bytes) = store.get_state(tenant, session, &key).await? {
+        if let Ok(summary) = serde_json::from_slice::<Summary>(&bytes) {
+            return Ok(summary);
         }
     }
+    summary_of_journal(store, tenant, session, pricing).await
 }
 
 #[cfg(test)]
@@ -407,6 +481,16 @@ mod tests {
         Some(value.get("messages")?.to_string())
     }
 
+    /// Caching terms under which every input token costs one.
+    fn free() -> Arc<Pricing> {
+        Arc::new(|_: &str, _: Option<&str>| crate::pricing::CachePricing {
+            cached_read_rate: 1.0,
+            cache_write_premium: 0.0,
+            min_cacheable_prefix: 0,
+            cache_ttl_secs: 300,
+        })
+    }
+
     fn ids(journal: &[Value]) -> Vec<&str> {
         journal
             .iter()
@@ -428,7 +512,7 @@ mod tests {
             flush: Duration::from_secs(3600),
             batch: 1_000,
         };
-        let writer = JournalWriter::start(store.clone(), config, dropped.clone());
+        let writer = JournalWriter::start(store.clone(), config, dropped.clone(), free());
         let t = Tenant::from_api_key(Some("sk-a"));
         let (a, b) = (SessionId::derive(b"a"), SessionId::derive(b"b"));
         let body = r#"{"model":"m","messages":[{"role":"user","content":"<b>hi</b>"}]}"#;
@@ -460,6 +544,94 @@ mod tests {
         assert_eq!(store.read_log(&t, &b).await.unwrap().len(), 2);
     }
 
+    /// The writer keeps each session's summary as its whole journal says it: started from the
+    /// journal for a session whose lines were written before (none yet), then added to batch
+    /// by batch. A body sent twice, or forwarded as sent, is read and kept once.
+    #[tokio::test]
+    async fn the_summary_follows_the_journal_and_a_body_is_kept_once() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
+            &StoreConfig::default(),
+            Arc::new(SystemClock),
+        ));
+        let config = WriterConfig {
+            queue: 100,
+            flush: Duration::from_secs(3600),
+            batch: 1_000,
+        };
+        let writer = JournalWriter::start(store.clone(), config, Arc::default(), free());
+        let t = Tenant::from_api_key(Some("sk-a"));
+        let s = SessionId::derive(b"s");
+        let earlier = serde_json::json!({"event": "request", "ts": "2026-01-01T00:00:00.000Z",
+            "tokens_before": 1000, "tokens_after": 1000, "upstream": "u", "model": "gpt-4o"});
+        store.append_log(&t, &s, &earlier).await.unwrap();
+        let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+        let turn = |id: &str, before: usize, after: usize| {
+            let mut p = pending(&t, &s, id, Some(body));
+            p.line.ts = format!("2026-01-01T00:00:0{}.000Z", before / 1000);
+            p.line.tokens_before = before;
+            p.line.tokens_after = after;
+            p.line.kept_prefix_tokens = after / 2;
+            p.line.upstream = "u".into();
+            p.line.model = Some("gpt-4o".into());
+            p
+        };
+        let mut forwarded_as_sent = turn("r1", 2000, 1500);
+        forwarded_as_sent.forwarded_body = Some(bytes::Bytes::from(body.to_string()));
+        writer.offer(forwarded_as_sent);
+        writer.offer(turn("r2", 3000, 1600));
+        writer.flush().await;
+        let key = StateKey::parse(SUMMARY_KEY).unwrap();
+        let kept = |bytes: Option<Vec<u8>>| serde_json::from_slice::<Summary>(&bytes.unwrap());
+        let pricing = free();
+        let whole = summary_of_journal(store.as_ref(), &t, &s, pricing.as_ref())
+            .await
+            .unwrap();
+        assert_eq!(whole.totals.turns, 3);
+        assert_eq!(whole.totals.tokens_before, 6000);
+        assert_eq!(
+            kept(store.get_state(&t, &s, &key).await.unwrap()).unwrap(),
+            whole
+        );
+        let journal = store.read_log(&t, &s).await.unwrap();
+        let named: Vec<Bodies> = journal[1..]
+            .iter()
+            .map(|r| RequestLine::of(r).unwrap().bodies.unwrap())
+            .collect();
+        assert!(named
+            .iter()
+            .all(|b| b.client.is_some() && b.client == b.forwarded));
+        assert_eq!(named[0], named[1]);
+        // The next batch is added to the summary kept.
+        writer.offer(turn("r3", 4000, 1700));
+        writer.flush().await;
+        let whole = summary_of_journal(store.as_ref(), &t, &s, pricing.as_ref())
+            .await
+            .unwrap();
+        assert_eq!(whole.totals.turns, 4);
+        assert_eq!(
+            whole.totals.last_at.as_deref(),
+            Some("2026-01-01T00:00:04.000Z")
+        );
+        assert_eq!(
+            kept(store.get_state(&t, &s, &key).await.unwrap()).unwrap(),
+            whole
+        );
+        assert_eq!(
+            summary(store.as_ref(), &t, &s, pricing.as_ref())
+                .await
+                .unwrap(),
+            whole
+        );
+        // What the list reads is the record, not the journal.
+        let mut told = whole.clone();
+        told.totals.turns = 999;
+        let told = serde_json::to_vec(&told).unwrap();
+        store.put_state(&t, &s, &key, &told).await.unwrap();
+        let read = summary(store.as_ref(), &t, &s, pricing.as_ref()).await;
+        assert_eq!(read.unwrap().totals.turns, 999);
+        writer.stop().await;
+    }
+
     /// A batch as large as `batch` is written without waiting for the interval.
     #[tokio::test]
     async fn a_full_batch_is_written_without_waiting() {
@@ -472,7 +644,7 @@ mod tests {
             flush: Duration::from_secs(3600),
             batch: 3,
         };
-        let writer = JournalWriter::start(store.clone(), config, Arc::default());
+        let writer = JournalWriter::start(store.clone(), config, Arc::default(), free());
         let t = Tenant::from_api_key(None);
         let s = SessionId::derive(b"s");
         for i in 0..3 {

@@ -145,6 +145,10 @@ macro_rules! suite {
                 super::a_batch_of_lines_appends_as_one_by_one(harness().await).await
             }
             #[tokio::test]
+            async fn a_batch_of_contents_is_stored_as_one_by_one() {
+                super::a_batch_of_contents_is_stored_as_one_by_one(harness().await).await
+            }
+            #[tokio::test]
             async fn state_records_are_replaced_and_read_back() {
                 super::state_records_are_replaced_and_read_back(harness().await).await
             }
@@ -803,6 +807,48 @@ async fn a_batch_of_lines_appends_as_one_by_one(h: Harness) {
     assert_eq!((page.first_index, page.total), (3, 5));
     assert_eq!(page.records, expected[3..]);
     assert!(h.store.read_log(&t, &other).await.unwrap().is_empty());
+}
+
+/// `put_contents` stores what `put_content` would, each under its reference, in order: one
+/// already stored is only refreshed, the same content twice in a batch is one item, and
+/// another tenant reads none of it.
+async fn a_batch_of_contents_is_stored_as_one_by_one(h: Harness) {
+    let (t, s) = (tenant("k"), session("s"));
+    let before = h
+        .store
+        .put_content(&t, &s, ContentKind::Messages, "[1]")
+        .await
+        .unwrap();
+    let batch = vec![
+        "[1]".to_string(),
+        "[\"two\\nlines \u{1f680}\"]".to_string(),
+        "[1]".to_string(),
+    ];
+    let refs = h
+        .store
+        .put_contents(&t, &s, ContentKind::Messages, batch.clone())
+        .await
+        .unwrap();
+    assert_eq!(refs.len(), batch.len());
+    assert_eq!(refs[0], before);
+    assert_eq!(refs[0], refs[2]);
+    for (r, content) in refs.iter().zip(&batch) {
+        assert_eq!(*r, ContentRef::of(content));
+        assert_eq!(
+            h.store.get_content(&t, r).await.unwrap().as_deref(),
+            Some(content.as_str())
+        );
+        assert_eq!(
+            h.store.get_content(&tenant("other"), r).await.unwrap(),
+            None
+        );
+    }
+    let none = h
+        .store
+        .put_contents(&t, &s, ContentKind::Messages, Vec::new())
+        .await
+        .unwrap();
+    assert!(none.is_empty());
 }
 
 async fn state_records_are_replaced_and_read_back(h: Harness) {

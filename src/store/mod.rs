@@ -182,6 +182,23 @@ pub trait Store: Send + Sync + 'static {
         content: &str,
     ) -> Result<ContentRef, StoreError>;
 
+    /// Stores each of `contents` as [`Store::put_content`] does, in as few calls as the
+    /// backend allows (the page's journal writer keeps the messages of many requests at once);
+    /// their references, in order. This default stores them one by one.
+    async fn put_contents(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        kind: ContentKind,
+        contents: Vec<String>,
+    ) -> Result<Vec<ContentRef>, StoreError> {
+        let mut refs = Vec::with_capacity(contents.len());
+        for content in &contents {
+            refs.push(self.put_content(tenant, session, kind, content).await?);
+        }
+        Ok(refs)
+    }
+
     /// The content stored under `r` by `tenant`, byte-exact, or `None` when there is none (never
     /// stored, expired, or stored by another tenant).
     async fn get_content(
@@ -404,6 +421,17 @@ impl Store for Timed {
     ) -> Result<ContentRef, StoreError> {
         let fut = self.inner.put_content(tenant, session, kind, content);
         bounded("put_content", self.timeout, fut).await
+    }
+
+    async fn put_contents(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        kind: ContentKind,
+        contents: Vec<String>,
+    ) -> Result<Vec<ContentRef>, StoreError> {
+        let fut = self.inner.put_contents(tenant, session, kind, contents);
+        bounded("put_contents", self.timeout, fut).await
     }
 
     async fn get_content(

@@ -58,6 +58,14 @@ pub struct UpstreamConfig {
     /// natively (OpenAI's encrypted compaction). Unset: the proxy compacts with its own
     /// summarizer, which any Responses upstream can then read.
     pub native_compaction: bool,
+    /// Anthropic Messages: when a request's estimate is within this share of its budget (or
+    /// of its model's window), the upstream's `POST /v1/messages/count_tokens` is asked for
+    /// the exact figure and the decision follows it; a request the window cannot hold by that
+    /// count is refused with Anthropic's "prompt is too long". 0 (the default): never asked.
+    pub count_tokens_margin: f64,
+    /// How long the proxy waits for that count, in milliseconds (then it decides by the
+    /// estimate).
+    pub count_tokens_timeout_ms: u64,
 }
 
 impl Default for UpstreamConfig {
@@ -79,6 +87,8 @@ impl Default for UpstreamConfig {
             min_cacheable_prefix: None,
             cache_ttl_secs: None,
             native_compaction: false,
+            count_tokens_margin: 0.0,
+            count_tokens_timeout_ms: 2_000,
         }
     }
 }
@@ -99,6 +109,14 @@ impl UpstreamConfig {
             ));
         }
         self.cache_terms(key)?;
+        if !(0.0..=1.0).contains(&self.count_tokens_margin) {
+            return Err(format!(
+                "{key}.count_tokens_margin must be between 0 (never ask) and 1"
+            ));
+        }
+        if self.count_tokens_timeout_ms == 0 {
+            return Err(format!("{key}.count_tokens_timeout_ms must be above 0"));
+        }
         if self.connect_timeout_ms == 0 || self.read_timeout_ms == 0 {
             return Err(format!(
                 "{key}.connect_timeout_ms and read_timeout_ms must be above 0"
@@ -161,5 +179,8 @@ impl UpstreamConfig {
     }
     pub fn read_timeout(&self) -> Duration {
         Duration::from_millis(self.read_timeout_ms)
+    }
+    pub fn count_tokens_timeout(&self) -> Duration {
+        Duration::from_millis(self.count_tokens_timeout_ms)
     }
 }

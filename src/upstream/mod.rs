@@ -69,10 +69,15 @@ pub struct Upstream {
     pub cache: crate::pricing::CacheTerms,
     /// Compaction requests go to this upstream as they came (`native_compaction`).
     pub native_compaction: bool,
+    /// Anthropic Messages: the share of the budget or window within which the exact count is
+    /// asked for (`count_tokens_margin`; 0: never), and how long it is waited for.
+    pub count_tokens_margin: f64,
+    pub count_tokens_timeout: Duration,
 }
 
-/// Every configured upstream and the routing between them.
-#[derive(Debug)]
+/// Every configured upstream and the routing between them (cloned cheaply: the upstreams are
+/// shared).
+#[derive(Debug, Clone)]
 pub struct Upstreams {
     list: Vec<Arc<Upstream>>,
     default: usize,
@@ -152,6 +157,8 @@ impl Upstreams {
                 encoding: cfg.encoding,
                 context_window: cfg.context_window,
                 native_compaction: cfg.native_compaction,
+                count_tokens_margin: cfg.count_tokens_margin,
+                count_tokens_timeout: cfg.count_tokens_timeout(),
                 cache: cfg
                     .cache_terms(&format!("upstream {}", cfg.name))
                     .map_err(UpstreamSetupError::Pricing)?,
@@ -164,6 +171,13 @@ impl Upstreams {
     /// The upstream called `name`.
     pub fn named(&self, name: &str) -> Option<&Arc<Upstream>> {
         self.list.iter().find(|u| u.name == name)
+    }
+
+    /// The prompt-caching terms of a request sent to the upstream `name` (the one `model` is
+    /// routed to when no upstream has that name any more) for `model`.
+    pub fn cache_terms(&self, name: &str, model: Option<&str>) -> crate::pricing::CachePricing {
+        let upstream = self.named(name).unwrap_or_else(|| self.route(model));
+        upstream.cache.for_model(model.unwrap_or(""))
     }
 
     /// The upstream serving `model`: the first whose patterns match, else the default.

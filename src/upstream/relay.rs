@@ -5,7 +5,10 @@
 //! boundary, the client gets one final error event in its API's shape ([`StreamErrors`]: a
 //! `data: {"error":…}` event as OpenAI reports an error mid-stream, or Anthropic's
 //! `event: error`) instead of a bare cut; anywhere else the connection is aborted so the client
-//! sees an incomplete body rather than a truncated one passed off as whole.
+//! sees an incomplete body rather than a truncated one passed off as whole. A Responses API
+//! stream is relayed event by event through a [`TerminalGuard`]: it always ends with exactly
+//! one terminal event (an upstream `error` event, a break or an early end become
+//! `response.failed`).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -20,6 +23,7 @@ use crate::http::body::{BoxError, ProxyBody};
 use crate::upstream::{BodyError, Incoming};
 use crate::wire::anthropic;
 use crate::wire::error::openai_error;
+use crate::wire::responses::TerminalGuard;
 
 /// The shape of the final error event of a stream that fails mid-way: the client's API's.
 #[derive(Debug, Clone, Default)]
@@ -30,6 +34,9 @@ pub enum StreamErrors {
     /// `event: error` with `{"type":"error","error":{"type","message"},"request_id"}`, as
     /// Anthropic's Messages API does.
     Anthropic { request_id: String },
+    /// The Responses API's: exactly one terminal event, `response.failed` when the stream
+    /// fails, breaks off or ends early, or when the upstream sends an `error` event.
+    Responses,
 }
 
 /// How a relayed body ended.
@@ -68,9 +75,10 @@ pub fn relay_observed(
     errors: StreamErrors,
 ) -> http::Response<ProxyBody> {
     let status = incoming.status;
-    let headers = std::mem::take(&mut incoming.headers);
+    let mut headers = std::mem::take(&mut incoming.headers);
     let is_event_stream = is_event_stream(&headers);
     let length = content_length(&headers);
+    guard_length(&mut headers, is_event_stream, &errors);
     let body = relay_body(
         incoming.into_stream(),
         is_event_stream,
@@ -102,6 +110,14 @@ fn content_length(headers: &http::HeaderMap) -> Option<u64> {
         .ok()
 }
 
+/// A Responses event stream the [`TerminalGuard`] may rewrite or end has no declared length
+/// (the client would stop reading at it); it goes chunked.
+fn guard_length(headers: &mut http::HeaderMap, is_event_stream: bool, errors: &StreamErrors) {
+    if is_event_stream && matches!(errors, StreamErrors::Responses) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+}
+
 /// Whether a chunk of an event stream ends where an event ends (a blank line).
 pub fn ends_event(chunk: &[u8]) -> bool {
     chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n")
@@ -116,8 +132,10 @@ pub fn respond_observed(
     observer: impl Observer,
     errors: StreamErrors,
 ) -> http::Response<ProxyBody> {
+    let mut headers = headers;
     let is_event_stream = is_event_stream(&headers);
     let length = content_length(&headers);
+    guard_length(&mut headers, is_event_stream, &errors);
     let body = relay_body(chunks, is_event_stream, length, observer, errors);
     let mut response = http::Response::new(body);
     *response.status_mut() = status;
@@ -192,6 +210,14 @@ fn relay_body(
         ended: false,
         remaining: length.filter(|&n| n > 0),
     };
+    if is_event_stream && matches!(errors, StreamErrors::Responses) {
+        return StreamBody::new(Guarded {
+            chunks: observed,
+            guard: TerminalGuard::default(),
+            done: false,
+        })
+        .boxed_unsync();
+    }
     let frames = observed.map(move |item| match item {
         Ok(bytes) => {
             if !bytes.is_empty() {
@@ -211,6 +237,45 @@ fn relay_body(
     StreamBody::new(frames).boxed_unsync()
 }
 
+/// A Responses event stream through its [`TerminalGuard`]: whole events, one terminal event.
+struct Guarded<S> {
+    chunks: S,
+    guard: TerminalGuard,
+    done: bool,
+}
+
+impl<S> Stream for Guarded<S>
+where
+    S: Stream<Item = Result<Bytes, BodyError>> + Unpin,
+{
+    type Item = Result<Frame<Bytes>, BoxError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let bytes = match std::task::ready!(this.chunks.poll_next_unpin(cx)) {
+                Some(Ok(bytes)) => this.guard.feed(&bytes),
+                Some(Err(err)) => {
+                    tracing::warn!(error = %err, "upstream body ended early");
+                    this.done = true;
+                    let (code, _) = error_code(&err);
+                    this.guard.fail(code, &err.to_string()).unwrap_or_default()
+                }
+                None => {
+                    this.done = true;
+                    this.guard.finish()
+                }
+            };
+            if !bytes.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
+            }
+        }
+    }
+}
+
 /// Any observer, made `Unpin` (its methods take `&mut self`; it is never pinned in place).
 struct Unpinned<O>(O);
 
@@ -225,14 +290,19 @@ impl<O: Observer> Observer for Unpinned<O> {
 
 impl<O> Unpin for Unpinned<O> {}
 
-/// One SSE event carrying `err` in the client's API's error shape.
-fn error_event(err: &BodyError, errors: &StreamErrors) -> Bytes {
-    let (code, status) = match err {
+/// The error code and the HTTP status that stand for `err`.
+fn error_code(err: &BodyError) -> (&'static str, u16) {
+    match err {
         BodyError::Idle { .. } => ("upstream_timeout", 504),
         BodyError::Failed { .. } => ("upstream_stream_error", 502),
-    };
+    }
+}
+
+/// One SSE event carrying `err` in the client's API's error shape.
+fn error_event(err: &BodyError, errors: &StreamErrors) -> Bytes {
+    let (code, status) = error_code(err);
     match errors {
-        StreamErrors::OpenAi => {
+        StreamErrors::OpenAi | StreamErrors::Responses => {
             let value = openai_error(&err.to_string(), "upstream_error", None, Some(code));
             Bytes::from(format!("data: {value}\n\n"))
         }
@@ -302,6 +372,32 @@ mod tests {
         assert_eq!(event["error"]["type"], "api_error");
         assert_eq!(event["request_id"], "req_1");
         assert!(event.get("code").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_responses_stream_that_fails_ends_with_response_failed() {
+        let created = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\"}}\n\n";
+        // Cut mid-event: the whole events go, then one response.failed.
+        let half = Box::leak(format!("{created}event: response.in_pro").into_boxed_str());
+        let (bytes, aborted) = collect(relay_body(
+            failing(half),
+            true,
+            None,
+            (),
+            StreamErrors::Responses,
+        ))
+        .await;
+        assert!(!aborted);
+        let text = String::from_utf8(bytes).unwrap();
+        let (first, last) = text.trim_end().split_once("\n\n").unwrap();
+        assert_eq!(format!("{first}\n\n"), created);
+        let data = last
+            .strip_prefix("event: response.failed\ndata: ")
+            .expect(last);
+        let event: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(event["sequence_number"], 1);
+        assert_eq!(event["response"]["id"], "resp_1");
+        assert_eq!(event["response"]["error"]["code"], "upstream_timeout");
     }
 
     #[tokio::test]

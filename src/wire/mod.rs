@@ -8,6 +8,8 @@
 //! - [`usage`]: the upstream's token usage, summed over several calls and written back.
 //! - [`usage_tap`]: the usage of an answer of either shape, read as it streams past.
 //! - [`anthropic`]: Anthropic Messages: its error shape, the usage of its answers.
+//! - [`responses`]: the Responses API's stream endings: one terminal event, an upstream
+//!   `error` event turned into the `response.failed` that ends the stream.
 //! - [`messages`]: a Messages answer assembled from its events, the proxy's calls hidden from
 //!   the client and the rest renumbered over the tool loop's rounds.
 //!
@@ -19,6 +21,7 @@ pub mod anthropic;
 pub mod error;
 pub mod hide;
 pub mod messages;
+pub mod responses;
 pub mod sse;
 pub mod usage;
 pub mod usage_tap;

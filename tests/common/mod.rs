@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use context_proxy::app::config::Config;
 use context_proxy::app::serve::RunningServer;
-use context_proxy::mock::{MockConfig, MockUpstream};
+use context_proxy::mock::{MockConfig, MockUpstream, Reply};
 use context_proxy::upstream::UpstreamConfig;
 
 /// Longest a test waits for something that should happen at once (a failure guard, not a sleep).
@@ -139,22 +139,23 @@ pub fn python_with(modules: &[&str], packages: &[&str]) -> std::path::PathBuf {
             .unwrap_or(false)
     };
     if !has(&python) {
-        if !python.exists() {
-            let ok = Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(root.join(".venv"))
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "python3 -m venv .venv failed");
-        }
-        let ok = Command::new(root.join(".venv/bin/pip"))
-            .args(["install", "--quiet"])
+        // Test binaries run in parallel and may all find `.venv` missing on a fresh checkout:
+        // one creates it and installs under a lock (flock(1), util-linux), the others wait for
+        // it and then find what they need.
+        let ok = Command::new("flock")
+            .arg(root.join(".venv.lock"))
+            .args([
+                "sh",
+                "-c",
+                r#"cd "$1" && shift && { [ -x .venv/bin/python ] || python3 -m venv .venv; } && .venv/bin/pip install --quiet "$@""#,
+                "sh",
+            ])
+            .arg(&root)
             .args(packages)
             .status()
-            .unwrap()
-            .success();
-        assert!(ok, "pip install {packages:?} failed");
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "creating .venv and pip install {packages:?} failed");
     }
     assert!(has(&python), "{} cannot {import}", python.display());
     python
@@ -171,8 +172,11 @@ pub fn node_modules_with(packages: &[&str]) -> std::path::PathBuf {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".node");
     let modules = root.join("node_modules");
     if packages.iter().any(|p| !modules.join(p).exists()) {
-        let ok = Command::new("npm")
+        // Under a lock, as `.venv` above: parallel installs into one prefix clash.
+        let ok = Command::new("flock")
+            .arg(root.with_extension("lock"))
             .args([
+                "npm",
                 "install",
                 "--no-audit",
                 "--no-fund",
@@ -305,4 +309,106 @@ pub fn messages_prompt_and_output(usage: &serde_json::Value) -> (u64, u64) {
     .map(|k| usage[k].as_u64().unwrap_or(0))
     .sum();
     (prompt, usage["output_tokens"].as_u64().unwrap_or(0))
+}
+
+#[allow(dead_code)]
+/// The events of a Responses stream, each checked against the rules the SDK helpers and Codex
+/// depend on; returns the terminal event.
+pub fn check_responses_stream(text: &str) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let mut events = Vec::new();
+    for frame in text.split("\n\n").filter(|f| !f.trim().is_empty()) {
+        let kind = frame
+            .lines()
+            .find_map(|l| l.strip_prefix("event: "))
+            .unwrap_or_else(|| panic!("a frame without `event:`: {frame}"));
+        let data = frame
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .unwrap_or_else(|| panic!("a frame without `data:`: {frame}"));
+        let event: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(event["type"], kind, "{frame}");
+        events.push(event);
+    }
+    assert!(!events.is_empty());
+    assert_eq!(events[0]["type"], "response.created", "{text}");
+    let count = |t: &str| events.iter().filter(|e| e["type"] == t).count();
+    assert_eq!(count("response.created"), 1, "{text}");
+    assert!(count("response.in_progress") <= 1, "{text}");
+    // One sequence, from 0, by one.
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(event["sequence_number"], i as u64, "{text}");
+    }
+    // Items: added in order 0, 1, …; every item event refers to an added item; ids unique.
+    let mut added = 0u64;
+    let mut ids = std::collections::HashSet::new();
+    let mut done_items = Vec::new();
+    for event in &events {
+        let Some(index) = event["output_index"].as_u64() else {
+            continue;
+        };
+        if event["type"] == "response.output_item.added" {
+            assert_eq!(index, added, "{text}");
+            added += 1;
+            let id = event["item"]["id"].as_str().unwrap().to_string();
+            assert!(ids.insert(id), "an item id twice: {text}");
+        } else {
+            assert!(index < added, "an event of an item never added: {text}");
+        }
+        if event["type"] == "response.output_item.done" {
+            done_items.push(event["item"].clone());
+        }
+    }
+    // Exactly one terminal event, the last.
+    let terminal = [
+        "response.completed",
+        "response.failed",
+        "response.incomplete",
+    ];
+    let ends: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| terminal.contains(&e["type"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(ends.len(), 1, "{text}");
+    let last = events.last().unwrap().clone();
+    assert!(terminal.contains(&last["type"].as_str().unwrap()), "{text}");
+    // Its output is the items the client got, in order; its id the stream's.
+    assert_eq!(
+        last["response"]["output"],
+        serde_json::Value::Array(done_items),
+        "{text}"
+    );
+    assert_eq!(last["response"]["id"], events[0]["response"]["id"]);
+    (events, last)
+}
+
+/// A streamed Responses answer that fails mid-way the way the API reports it: a message item
+/// begun and `said` streamed, then an `error` event with `code` and `message`, then the end.
+#[allow(dead_code)]
+pub fn responses_error_stream(said: &str, code: &str, message: &str) -> Reply {
+    let item = serde_json::json!({"id": "msg_e1", "type": "message", "status": "in_progress", "content": [], "role": "assistant"});
+    let response = serde_json::json!({"id": "resp_e1", "object": "response", "created_at": 1_767_000_000u64, "status": "in_progress", "model": "gpt-5", "output": [], "usage": null});
+    let events = [
+        serde_json::json!({"type": "response.created", "response": response}),
+        serde_json::json!({"type": "response.in_progress", "response": response}),
+        serde_json::json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
+        serde_json::json!({"type": "response.content_part.added", "item_id": "msg_e1", "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+        serde_json::json!({"type": "response.output_text.delta", "item_id": "msg_e1", "output_index": 0, "content_index": 0, "delta": said, "logprobs": []}),
+        serde_json::json!({"type": "error", "code": code, "message": message, "param": null}),
+    ];
+    let body: String = events
+        .into_iter()
+        .enumerate()
+        .map(|(n, mut event)| {
+            event["sequence_number"] = n.into();
+            format!(
+                "event: {}\ndata: {event}\n\n",
+                event["type"].as_str().unwrap()
+            )
+        })
+        .collect();
+    Reply::raw(
+        200,
+        vec![("content-type".into(), "text/event-stream".into())],
+        body.into(),
+    )
 }

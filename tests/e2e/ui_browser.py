@@ -101,6 +101,26 @@ def main():
                 clip={"x": 0, "y": 0, "width": 1400, "height": min(900, bottom + 16)},
             )
 
+        # The filters: by model, then by time (the older session is of another model, last
+        # active three hours ago; the 500-turn one hours ago too).
+        def listed():
+            return {r.locator("a").first.inner_text() for r in page.locator("tr.session").all()}
+
+        everything = listed()
+        assert {cfg["session"], cfg["older_session"]} <= everything, everything
+        page.select_option("#model", "gpt-4o-mini")
+        with page.expect_navigation():
+            page.click("form.filter button")
+        assert listed() == {cfg["older_session"]}, listed()
+        page.select_option("#model", "")
+        page.select_option("#since", "1")
+        with page.expect_navigation():
+            page.click("form.filter button")
+        recent = listed()
+        assert cfg["session"] in recent and cfg["older_session"] not in recent, recent
+        page.goto(base + "/ui/")
+        row = page.locator("tr.session", has_text=cfg["session"])
+
         # The session: its timeline with a reload round, and the chart.
         row.locator("a").first.click()
         page.wait_for_selector("#live")
@@ -135,7 +155,13 @@ def main():
         assert page.locator("table.side-by-side img").count() == 0
         assert page.locator("a[href^='javascript:']").count() == 0
         assert page.locator("a.ref", has_text=cfg["fake_ref"]).count() == 0, "fake marker linked"
-        assert "hidden rounds" in page.content()
+        # The proxy's hidden rounds where they happened: after the last message the model
+        # received (the table's last row), on the model's side, with the call and its answer.
+        last_row = page.locator("table.side-by-side tbody tr").last
+        assert last_row.get_attribute("class") == "hidden-rounds", last_row.inner_html()[:500]
+        hidden = last_row.locator("td.proxy").inner_text()
+        assert "context_read" in hidden and cfg["reload_text"] in hidden, hidden
+        assert "context_read" not in last_row.locator("td.client").inner_text()
         if shots:
             page.screenshot(path=os.path.join(shots, "ui-request.png"), full_page=False)
         link = mark.locator("a.ref").first
@@ -174,6 +200,8 @@ def main():
         other_watch.expect_404 = True
         login(other, base, cfg["other_key"])
         assert cfg["session"] not in other.content()
+        # Not even a count: the other key's list has no row at all.
+        assert other.locator("tr.session").count() == 0, other.content()
         resp = other.goto(base + "/ui/session?s=" + cfg["session"])
         assert resp.status == 404, resp.status
         assert "turn-1" not in other.content()

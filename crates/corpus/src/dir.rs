@@ -259,7 +259,6 @@ mod tests {
             stream: false,
             messages,
             request_ends: ends,
-            api: None,
             fields: None,
             mark_newest: false,
         }

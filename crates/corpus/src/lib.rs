@@ -27,7 +27,7 @@ pub use dir::{
     file_name, load_dir, read_index, stats, write_dir, CorpusIndex, CorpusStats, IndexEntry,
     Origin, SizeBucket, FORMAT_VERSION,
 };
-pub use session::{with_newest_marked, Session, MESSAGES_API};
+pub use session::{with_newest_marked, Session};
 
 /// The kind of agent a session comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -53,7 +53,7 @@ impl AgentKind {
     }
 }
 
-/// The API a session's requests are written for.
+/// The API a session's requests are written for (a session file's `wire`; absent: chat).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Wire {
@@ -63,6 +63,10 @@ pub enum Wire {
     /// The Responses API the way Codex sends it: `instructions` and `input` items, `store`
     /// false, the whole input every turn (`POST /v1/responses`).
     Responses,
+    /// Anthropic Messages the way Claude Code sends it: Messages' `messages` (content blocks,
+    /// `tool_use` / `tool_result`), the other top-level fields in the session's `fields`
+    /// (`POST /v1/messages`).
+    Messages,
 }
 
 impl Wire {

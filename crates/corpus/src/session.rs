@@ -4,11 +4,13 @@
 //! the end of each request: request `k` is `messages[..request_ends[k]]`, and the message at
 //! `request_ends[k]` is the assistant reply the model gave to it (a mock upstream can replay it).
 //!
-//! A session speaks chat completions, or Anthropic Messages (`messages` API, as Claude Code
-//! does): then its messages are Messages' (content blocks, `tool_use` / `tool_result`), its
-//! other top-level fields (`system`, `max_tokens`, `thinking`, `metadata`) are in `fields`, and
-//! Claude Code's moving cache breakpoint is put on the newest block of each request
-//! (`mark_newest`), which is why the stored messages carry none.
+//! A session speaks the API its `wire` names: chat completions; the Responses API (Codex's
+//! input items); or Anthropic Messages (as Claude Code does): then its messages are Messages'
+//! (content blocks, `tool_use` / `tool_result`), its other top-level fields (`system`,
+//! `max_tokens`, `thinking`, `metadata`) are in `fields`, and Claude Code's moving cache
+//! breakpoint is put on the newest block of each request (`mark_newest`), which is why the
+//! stored messages carry none. Files written before `wire` named Messages said so with
+//! `"api": "messages"`; they are still read.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -17,6 +19,7 @@ use crate::{AgentKind, Wire};
 
 /// One agent conversation, stored compactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "SessionFile")]
 pub struct Session {
     pub id: String,
     pub kind: AgentKind,
@@ -35,9 +38,6 @@ pub struct Session {
     /// Responses sessions: the `instructions` every request carries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
-    /// The API the requests speak: [`MESSAGES_API`], or chat completions when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api: Option<String>,
     /// Further top-level fields of every request (Messages: `system`, `max_tokens`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fields: Option<serde_json::Map<String, Value>>,
@@ -77,8 +77,50 @@ enum View<'a> {
     Responses(ResponsesView<'a>),
 }
 
-/// [`Session::api`] of Anthropic Messages sessions.
-pub const MESSAGES_API: &str = "messages";
+/// A session file as read: [`Session`]'s fields, and the `api` field older files named
+/// Anthropic Messages sessions with (`"api": "messages"`) before `wire` did.
+#[derive(Deserialize)]
+struct SessionFile {
+    id: String,
+    kind: AgentKind,
+    model: String,
+    tools: Value,
+    stream: bool,
+    messages: Vec<Value>,
+    request_ends: Vec<usize>,
+    #[serde(default)]
+    wire: Wire,
+    #[serde(default)]
+    instructions: Option<String>,
+    #[serde(default)]
+    api: Option<String>,
+    #[serde(default)]
+    fields: Option<serde_json::Map<String, Value>>,
+    #[serde(default)]
+    mark_newest: bool,
+}
+
+impl From<SessionFile> for Session {
+    fn from(f: SessionFile) -> Session {
+        let wire = match f.api.as_deref() {
+            Some("messages") => Wire::Messages,
+            _ => f.wire,
+        };
+        Session {
+            id: f.id,
+            kind: f.kind,
+            model: f.model,
+            tools: f.tools,
+            stream: f.stream,
+            messages: f.messages,
+            request_ends: f.request_ends,
+            wire,
+            instructions: f.instructions,
+            fields: f.fields,
+            mark_newest: f.mark_newest,
+        }
+    }
+}
 
 /// The history of one request: its messages, the newest block marked when asked.
 struct History<'a> {
@@ -151,12 +193,12 @@ impl Session {
 
     /// Whether the requests speak Anthropic Messages.
     pub fn is_messages(&self) -> bool {
-        self.api.as_deref() == Some(MESSAGES_API)
+        self.wire == Wire::Messages
     }
 
     fn view(&self, end: usize) -> View<'_> {
         match self.wire {
-            Wire::Chat => View::Chat(RequestView {
+            Wire::Chat | Wire::Messages => View::Chat(RequestView {
                 model: &self.model,
                 fields: self.fields.as_ref(),
                 messages: History {
@@ -450,10 +492,35 @@ mod tests {
                 json!({"role": "assistant", "content": "done"}),
             ],
             request_ends: vec![2, 4],
-            api: None,
             fields: None,
             mark_newest: false,
         }
+    }
+
+    #[test]
+    fn one_field_names_the_wire_and_older_files_are_read() {
+        let mut s = sample();
+        s.wire = Wire::Messages;
+        let written = serde_json::to_value(&s).unwrap();
+        assert_eq!(written["wire"], "messages");
+        assert!(written.get("api").is_none());
+        let read: Session = serde_json::from_value(written.clone()).unwrap();
+        assert_eq!(read, s);
+        // A file from before `wire` named Messages: `"api": "messages"`, no `wire`.
+        let mut older = written;
+        let map = older.as_object_mut().unwrap();
+        map.remove("wire");
+        map.insert("api".into(), json!("messages"));
+        let read: Session = serde_json::from_value(older).unwrap();
+        assert!(read.is_messages());
+        assert_eq!(read, s);
+        // Chat is the default and is not written.
+        let chat = serde_json::to_value(sample()).unwrap();
+        assert!(chat.get("wire").is_none());
+        assert_eq!(
+            serde_json::from_value::<Session>(chat).unwrap().wire,
+            Wire::Chat
+        );
     }
 
     #[test]

@@ -7,13 +7,17 @@
 //! every needle should be answerable whatever the proxy compacted or moved out. Against a real
 //! model it measures recall; `--compare-off` sends the same sessions with `x-context-mode: off`
 //! as the baseline. The report gives every needle's result and the input tokens of each run.
+//!
+//! `--codex` plants them in Codex-shaped sessions on the Responses API instead (the largest
+//! `function_call_output` of each): the requests go to `/v1/responses` as Codex sends them, and
+//! the reader reads the stored outputs back with the proxy's `context_read`.
 
 use std::path::PathBuf;
 
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use context_proxy_corpus::Session;
+use context_proxy_corpus::{Session, Wire};
 use context_proxy_mock::reader::{needle_line, QUESTION};
 use context_proxy_tokens::{CountSettings, Counter, Encoding};
 use context_proxy_traffic::TrafficConfig;
@@ -37,6 +41,10 @@ pub struct ProbeArgs {
     /// Also send the same sessions with `x-context-mode: off` and compare.
     #[arg(long)]
     pub compare_off: bool,
+    /// Codex-shaped sessions on the Responses API (`POST /v1/responses`) instead of chat
+    /// completions.
+    #[arg(long)]
+    pub codex: bool,
     /// API key sent as `Authorization: Bearer`.
     #[arg(
         long,
@@ -109,15 +117,44 @@ pub fn sample_sessions(count: usize, seed: u64) -> Vec<Session> {
     })
 }
 
+/// Codex-shaped sample sessions on the Responses API (40 requests and more each).
+pub fn sample_codex_sessions(count: usize, seed: u64) -> Vec<Session> {
+    let cfg = TrafficConfig {
+        seed,
+        sessions: count,
+        max_turns: 40,
+        max_result_bytes: 80_000,
+    };
+    (0..count)
+        .map(|i| context_proxy_traffic::generate_codex_session(&cfg, i))
+        .collect()
+}
+
+/// Where a session's message `m` holds a tool's output as text: a chat `tool` message's
+/// `content`, a Responses output item's `output`.
+fn output_field(s: &Session, m: usize) -> Option<&'static str> {
+    let message = &s.messages[m];
+    let (field, is_output) = match s.wire {
+        Wire::Responses => (
+            "output",
+            message["type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("_call_output")),
+        ),
+        _ => ("content", message["role"] == "tool"),
+    };
+    (is_output && message[field].is_string()).then_some(field)
+}
+
 /// Plants four needles in the middle of the largest tool output of each session that the model
 /// has seen before the last request (so the proxy may compact it).
 pub fn plant(sessions: &mut [Session]) -> Vec<Needle> {
     let mut needles = Vec::new();
     for (i, s) in sessions.iter_mut().enumerate() {
         let seen = s.request_ends[s.request_ends.len().saturating_sub(2)];
-        let Some(target) = (0..seen)
-            .filter(|&m| s.messages[m]["role"] == "tool")
-            .max_by_key(|&m| s.messages[m]["content"].as_str().map_or(0, str::len))
+        let Some((target, field)) = (0..seen)
+            .filter_map(|m| Some((m, output_field(s, m)?)))
+            .max_by_key(|&(m, field)| s.messages[m][field].as_str().map_or(0, str::len))
         else {
             continue;
         };
@@ -143,7 +180,7 @@ pub fn plant(sessions: &mut [Session]) -> Vec<Needle> {
                 format!("error[E0425]:unresolved-name-{i}-at-src/lib.rs:{}", 100 + i),
             ),
         ];
-        let Some(Value::String(content)) = s.messages[target].get_mut("content") else {
+        let Some(Value::String(content)) = s.messages[target].get_mut(field) else {
             continue;
         };
         let middle = content[..content.len() / 2]
@@ -186,12 +223,14 @@ pub async fn probe(
         let last = s.request_count() - 1;
         let mut question = s.request(last);
         let keys: Vec<&Needle> = needles.iter().filter(|n| n.session == s.id).collect();
+        let list: Vec<&str> = keys.iter().map(|n| n.key.as_str()).collect();
+        let ask = json!({"role": "user", "content": format!("{QUESTION} {}", list.join(", "))});
         if let Some(messages) = question["messages"].as_array_mut() {
             messages.extend(s.reply(last).cloned());
-            let list: Vec<&str> = keys.iter().map(|n| n.key.as_str()).collect();
-            messages.push(
-                json!({"role": "user", "content": format!("{QUESTION} {}", list.join(", "))}),
-            );
+            messages.push(ask);
+        } else if let Some(input) = question["input"].as_array_mut() {
+            input.extend(said(&s.messages[s.request_ends[last]..]).iter().cloned());
+            input.push(ask);
         }
         if let Some(o) = question.as_object_mut() {
             o.remove("stream");
@@ -235,10 +274,7 @@ pub async fn probe(
                     return Err(ProbeError::Status(status));
                 }
                 let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                answer = v["choices"][0]["message"]["content"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string();
+                answer = answer_text(&v);
             }
         }
         for n in keys {
@@ -274,12 +310,55 @@ pub async fn probe(
     })
 }
 
+/// The items of a Responses answer a recall question can follow: its reasoning and text up to
+/// its last message, none of its calls (their outputs are not in the session).
+fn said(answer: &[Value]) -> &[Value] {
+    let before_calls = answer
+        .iter()
+        .take_while(|i| matches!(i["type"].as_str(), Some("reasoning" | "message")))
+        .count();
+    let end = answer[..before_calls]
+        .iter()
+        .rposition(|i| i["type"] == "message")
+        .map_or(0, |at| at + 1);
+    &answer[..end]
+}
+
+/// The text of an answer: a chat completion's message, a Responses answer's message items.
+fn answer_text(v: &Value) -> String {
+    if let Some(text) = v["choices"][0]["message"]["content"].as_str() {
+        return text.to_string();
+    }
+    v["output"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["type"] == "message")
+        .flat_map(|i| i["content"].as_array().into_iter().flatten())
+        .filter_map(|part| part["text"].as_str())
+        .collect()
+}
+
+/// The URL the probe's sessions go to: chat completions, or the Responses API for Codex's.
+pub fn url_for(target: &str, sessions: &[Session]) -> String {
+    let chat = crate::replay::chat_url(target);
+    if sessions.iter().any(|s| s.wire == Wire::Responses) {
+        crate::replay::send::url_for(&chat, crate::replay::source::Api::Responses)
+    } else {
+        chat
+    }
+}
+
 /// Runs the probe (and the `off` baseline when asked), prints and writes the report.
 pub async fn run(args: ProbeArgs) -> Result<(), ProbeError> {
-    let mut sessions = sample_sessions(args.sessions, args.seed);
+    let mut sessions = if args.codex {
+        sample_codex_sessions(args.sessions, args.seed)
+    } else {
+        sample_sessions(args.sessions, args.seed)
+    };
     let needles = plant(&mut sessions);
     let client = reqwest::Client::new();
-    let url = crate::replay::chat_url(&args.target);
+    let url = url_for(&args.target, &sessions);
     let mut runs = vec![
         probe(
             &client,

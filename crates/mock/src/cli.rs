@@ -32,6 +32,10 @@ pub struct MockArgs {
     /// Reader mode: answer recall questions only from what the request shows (see `reader`).
     #[arg(long)]
     pub reader: bool,
+    /// Play a Responses server that is not OpenAI: no `compaction`/`compaction_trigger` items,
+    /// no `/v1/responses/compact`.
+    #[arg(long)]
+    pub without_compaction: bool,
 }
 
 impl MockArgs {
@@ -44,6 +48,7 @@ impl MockArgs {
             chunk_interval: Duration::from_millis(self.chunk_interval_ms),
             name: self.name.clone(),
             reader: self.reader,
+            without_compaction: self.without_compaction,
         }
     }
 }

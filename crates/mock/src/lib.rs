@@ -67,10 +67,15 @@ pub struct MockConfig {
     /// Delay between two SSE events.
     pub chunk_interval: Duration,
     /// Reader mode: a recall question is answered only from what the request shows or what
-    /// the proxy's `context_search` finds ([`reader`]), when no reply is scripted.
+    /// the proxy's tools give back ([`reader`]: `context_search` on chat completions,
+    /// `context_read` on the Responses API), when no reply is scripted.
     pub reader: bool,
     /// Sent in the `x-mock-name` response header when not empty (routing tests use two mocks).
     pub name: String,
+    /// Plays a Responses-compatible server that is not OpenAI (a vLLM or llama.cpp server):
+    /// it knows no `compaction` nor `compaction_trigger` input item (the API's 400 for an
+    /// unknown item type) and has no `POST /v1/responses/compact` (404).
+    pub without_compaction: bool,
 }
 
 /// A running mock upstream. Dropping it stops it; [`MockUpstream::shutdown`] also waits until

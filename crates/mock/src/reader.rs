@@ -7,6 +7,11 @@
 //! and a `ctx_…` reference is present; on the next request (after the tool results) the mock
 //! answers `KEY=VALUE` per line, `KEY=?` for a needle it cannot see. A request whose system
 //! prompt asks for `## ` sections (the proxy's summarizer's) gets a summary with those headings.
+//!
+//! On the Responses API ([`reply_responses`]) the reader reads instead: while a needle is not
+//! visible and `context_read` is offered, it reads every stored reference the input names,
+//! page after page as the proxy's answers say (`Next: context_read {…}`), several references
+//! at once, and answers once it sees every needle or has read everything.
 
 use serde_json::{json, Value};
 
@@ -89,12 +94,116 @@ pub fn reply(body: &Value) -> Option<Reply> {
             thinking: None,
         }));
     }
-    let answer = found
+    Some(answer(&found))
+}
+
+/// The answer to a recall question: `KEY=VALUE` per line, `KEY=?` when not found.
+fn answer(found: &[(&str, Option<String>)]) -> Reply {
+    let text = found
         .iter()
         .map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or("?")))
         .collect::<Vec<_>>()
         .join("\n");
-    Some(Reply::text(answer))
+    Reply::text(text)
+}
+
+/// The texts of a Responses input item: a message's content, a tool output's.
+fn item_texts(item: &Value) -> Vec<&str> {
+    let kind = item["type"].as_str().unwrap_or("message");
+    let field = if kind == "message" {
+        "content"
+    } else if kind.ends_with("_output") {
+        "output"
+    } else {
+        return Vec::new();
+    };
+    match item.get(field) {
+        Some(Value::String(s)) => vec![s.as_str()],
+        Some(Value::Array(parts)) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The stored references `text` names (`ctx_…`), in order of first mention.
+fn references(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (at, _) in text.match_indices("ctx_") {
+        let name: String = text[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if name.len() > 4 && !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// Where reading `reference` stands after the proxy's `context_read` answers in `outputs`:
+/// `None` when it has been read to its end (or cannot be read), else the next call's
+/// arguments.
+fn next_read(reference: &str, outputs: &[&str]) -> Option<Value> {
+    let head = format!("[context_read {reference}: ");
+    let Some(last) = outputs.iter().rev().find(|o| o.starts_with(&head)) else {
+        let refused = outputs.iter().any(|o| o.contains(reference));
+        return (!refused).then(|| json!({"ref": reference, "offset": 1, "limit": 100_000}));
+    };
+    let first_line = last.lines().next().unwrap_or("");
+    let (_, next) = first_line.split_once("Next: context_read ")?;
+    let args = &next[..next.find('}')? + 1];
+    serde_json::from_str(args).ok()
+}
+
+/// The reader's reply to a Responses `body`, or `None` when it holds no recall question.
+pub fn reply_responses(body: &Value) -> Option<Reply> {
+    let items = body.get("input")?.as_array()?;
+    let (at, question) = items.iter().enumerate().rev().find_map(|(i, item)| {
+        let user =
+            item["role"] == "user" && item["type"].as_str().unwrap_or("message") == "message";
+        let text = user.then(|| item_texts(item).concat())?;
+        Some((i, text.strip_prefix(QUESTION)?.to_string()))
+    })?;
+    let keys: Vec<&str> = question
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .collect();
+    let seen = items
+        .iter()
+        .flat_map(item_texts)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let found: Vec<(&str, Option<String>)> = keys.iter().map(|k| (*k, find(&seen, k))).collect();
+    let offered = body["tools"]
+        .as_array()
+        .is_some_and(|tools| tools.iter().any(|t| t["name"] == "context_read"));
+    if !offered || found.iter().all(|(_, v)| v.is_some()) {
+        return Some(answer(&found));
+    }
+    // What the proxy answered the reader's reads so far (after the question).
+    let outputs: Vec<&str> = items[at + 1..]
+        .iter()
+        .filter(|i| i["type"] == "function_call_output")
+        .flat_map(item_texts)
+        .collect();
+    let reads: Vec<ToolCall> = references(&seen)
+        .iter()
+        .filter_map(|r| next_read(r, &outputs))
+        .map(|arguments| ToolCall {
+            id: None,
+            name: "context_read".into(),
+            arguments,
+        })
+        .collect();
+    if reads.is_empty() {
+        return Some(answer(&found));
+    }
+    Some(Reply::Completion(Completion {
+        content: None,
+        tool_calls: reads,
+        content_chunks: None,
+        thinking: None,
+    }))
 }
 
 /// A system prompt that asks for sections, each a `## Heading` line of its own (the proxy's
@@ -130,6 +239,47 @@ The mock read {read} messages here.
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn on_responses_it_reads_every_reference_page_by_page() {
+        let question = json!({"role": "user", "content": "Recall the needles: a"});
+        let marker = json!({"type": "function_call_output", "call_id": "call_1",
+            "output": "[context-proxy: tool result compacted: 900 tokens, 40 lines, stored as ctx_abc2.]\nfirst"});
+        let read = json!([{"type": "function", "name": "context_read"}]);
+        let body = json!({"input": [marker, question], "tools": read});
+        let c = content(reply_responses(&body).unwrap());
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].name, "context_read");
+        assert_eq!(c.tool_calls[0].arguments["ref"], "ctx_abc2");
+        assert_eq!(c.tool_calls[0].arguments["offset"], 1);
+        // A first page without the needle: the next one, as the proxy says.
+        let mut after = body.clone();
+        after["input"].as_array_mut().unwrap().extend([
+            json!({"type": "function_call", "call_id": "r1", "name": "context_read", "arguments": "{}"}),
+            json!({"type": "function_call_output", "call_id": "r1",
+                "output": "[context_read ctx_abc2: lines 1–20 of 40. Next: context_read {\"ref\":\"ctx_abc2\",\"offset\":21,\"limit\":100000}]\nx\n"}),
+        ]);
+        let c = content(reply_responses(&after).unwrap());
+        assert_eq!(c.tool_calls[0].arguments["offset"], 21);
+        // The page with the needle: answered.
+        after["input"].as_array_mut().unwrap().extend([
+            json!({"type": "function_call", "call_id": "r2", "name": "context_read", "arguments": "{}"}),
+            json!({"type": "function_call_output", "call_id": "r2",
+                "output": format!("[context_read ctx_abc2: lines 21–40 of 40. End of content]\n{}\n", needle_line("a", "42"))}),
+        ]);
+        let c = content(reply_responses(&after).unwrap());
+        assert_eq!(c.content.as_deref(), Some("a=42"));
+        // Read to the end without it, or nothing offered: what it can see.
+        let ended = after["input"].as_array().unwrap()[..4].to_vec();
+        let mut ended = json!({"input": ended, "tools": read});
+        ended["input"].as_array_mut().unwrap().push(json!({"type": "function_call_output",
+            "call_id": "r2", "output": "[context_read ctx_abc2: lines 21–40 of 40. End of content]\n"}));
+        let c = content(reply_responses(&ended).unwrap());
+        assert_eq!(c.content.as_deref(), Some("a=?"));
+        let c = content(reply_responses(&json!({"input": body["input"]})).unwrap());
+        assert_eq!(c.content.as_deref(), Some("a=?"));
+        assert!(reply_responses(&json!({"input": "hi"})).is_none());
+    }
 
     fn content(reply: Reply) -> Completion {
         match reply {

@@ -84,6 +84,16 @@ const ECHOED: [(&str, Default); 14] = [
     ("truncation", || Value::String("disabled".into())),
 ];
 
+/// The item types this mock knows: every one of the API's, or all but the compaction items
+/// when it plays a server that is not OpenAI ([`crate::MockConfig::without_compaction`]).
+fn known_types(ctx: &Ctx) -> Vec<&'static str> {
+    ITEM_TYPES
+        .iter()
+        .copied()
+        .filter(|t| !(ctx.config.without_compaction && t.starts_with("compaction")))
+        .collect()
+}
+
 /// The parts of a Responses request the mock acts on.
 #[derive(Debug)]
 struct ResponsesRequest {
@@ -94,7 +104,7 @@ struct ResponsesRequest {
 
 /// Answers one `POST /v1/responses`.
 pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
-    let request = match parse(body) {
+    let request = match parse(body, &known_types(ctx)) {
         Ok(request) => request,
         Err(error) => return json_response(StatusCode::BAD_REQUEST, &error),
     };
@@ -132,10 +142,13 @@ pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
             json_response(StatusCode::OK, &answer.to_json())
         };
     }
-    let reply = ctx
-        .state
-        .pop_reply()
-        .unwrap_or_else(|| Reply::text(DEFAULT_REPLY_TEXT));
+    let reply = ctx.state.pop_reply().unwrap_or_else(|| {
+        ctx.config
+            .reader
+            .then(|| crate::reader::reply_responses(&request.body))
+            .flatten()
+            .unwrap_or_else(|| Reply::text(DEFAULT_REPLY_TEXT))
+    });
     if !ctx.life.sleep(delay).await {
         return shutting_down();
     }
@@ -214,7 +227,14 @@ fn compaction_answer(
 /// Answers one `POST /v1/responses/compact` natively: every user message of the input, then
 /// one compaction item (`{"object": "response.compaction", "output": […], "usage": …}`).
 pub(crate) async fn compact(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
-    let request = match parse(body) {
+    if ctx.config.without_compaction {
+        // The route does not exist there: FastAPI's 404 (vLLM's server).
+        return json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"detail": "Not Found"}),
+        );
+    }
+    let request = match parse(body, &known_types(ctx)) {
         Ok(request) => request,
         Err(error) => return json_response(StatusCode::BAD_REQUEST, &error),
     };
@@ -291,8 +311,18 @@ fn answer(
         let included = body["include"]
             .as_array()
             .is_some_and(|list| list.iter().any(|v| v == "reasoning.encrypted_content"));
+        // A summary when asked for (`auto`, `concise`, `detailed`): a line on what comes.
+        let summary = body["reasoning"]["summary"].is_string().then(|| {
+            let what = match (&completion.content, completion.tool_calls.is_empty()) {
+                (_, false) => "which tool to call",
+                (Some(_), true) => "how to answer",
+                (None, true) => "whether anything is left to say",
+            };
+            format!("**Planning the next step**\n\nDeciding {what}.")
+        });
         output.push(OutItem::Reasoning {
             id: ids("rs_", "reasoning", 0),
+            summary,
             encrypted_content: included.then(|| encrypted_content(&[name, &serial])),
         });
     }
@@ -349,6 +379,7 @@ fn answer(
         usage,
         echo,
         obfuscation: body["stream_options"]["include_obfuscation"] != Value::Bool(false),
+        background: body["background"] == Value::Bool(true),
     }
 }
 
@@ -413,7 +444,7 @@ fn item_tokens(item: &Value, encoding: Encoding) -> usize {
 }
 
 /// Parses and validates the body, or gives the body of the API's 400 for it.
-fn parse(body: &[u8]) -> Result<ResponsesRequest, Value> {
+fn parse(body: &[u8], known: &[&str]) -> Result<ResponsesRequest, Value> {
     let invalid = |message: &str, param: Option<&str>, code: Option<&str>| {
         wire::error_body(message, "invalid_request_error", param, code)
     };
@@ -460,7 +491,7 @@ fn parse(body: &[u8]) -> Result<ResponsesRequest, Value> {
     }
     match &body["input"] {
         Value::Null | Value::String(_) => {}
-        Value::Array(items) => check_items(items)?,
+        Value::Array(items) => check_items(items, known)?,
         other => {
             let message = format!(
                 "Invalid type for 'input': expected one of a string or array of input items, \
@@ -502,7 +533,7 @@ fn output_kind(kind: &str) -> Option<&'static str> {
 /// The input items' rules: known types, message roles, call ids, every output answering an
 /// earlier call of its kind, every call answered, a reasoning item followed by an item, no
 /// reference to a stored item.
-fn check_items(items: &[Value]) -> Result<(), Value> {
+fn check_items(items: &[Value], known: &[&str]) -> Result<(), Value> {
     let invalid = |message: &str, param: &str, code: Option<&str>| {
         wire::error_body(message, "invalid_request_error", Some(param), code)
     };
@@ -544,8 +575,8 @@ fn check_items(items: &[Value]) -> Result<(), Value> {
                 ));
             }
         };
-        if !ITEM_TYPES.contains(&kind) {
-            let (last, rest) = ITEM_TYPES.split_last().unwrap_or((&"", &[]));
+        if !known.contains(&kind) {
+            let (last, rest) = known.split_last().unwrap_or((&"", &[]));
             let listed: Vec<String> = rest.iter().map(|t| format!("'{t}'")).collect();
             let message = format!(
                 "Invalid value: '{kind}'. Supported values are: {}, and '{last}'.",
@@ -670,7 +701,7 @@ mod tests {
     use serde_json::json;
 
     fn error_of(body: Value) -> Value {
-        parse(body.to_string().as_bytes()).unwrap_err()["error"].clone()
+        parse(body.to_string().as_bytes(), &ITEM_TYPES).unwrap_err()["error"].clone()
     }
 
     #[test]
@@ -715,7 +746,7 @@ mod tests {
                 {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": content},
                 {"role": "assistant", "content": "y"}]})
         };
-        assert!(parse(input(&sealed).to_string().as_bytes()).is_ok());
+        assert!(parse(input(&sealed).to_string().as_bytes(), &ITEM_TYPES).is_ok());
         let mut changed = sealed.clone();
         changed.replace_range(20..21, if &sealed[20..21] == "A" { "B" } else { "A" });
         let error = error_of(input(&changed));
@@ -740,8 +771,8 @@ mod tests {
             {"type": "function_call_output", "call_id": "a", "output": "r"},
             {"type": "custom_tool_call_output", "call_id": "b", "output": "ok"},
             {"type": "compaction", "encrypted_content": "gAAAABe"}]});
-        assert!(parse(ok.to_string().as_bytes()).is_ok());
-        assert!(parse(br#"{"model":"m","input":"hi"}"#).is_ok());
+        assert!(parse(ok.to_string().as_bytes(), &ITEM_TYPES).is_ok());
+        assert!(parse(br#"{"model":"m","input":"hi"}"#, &ITEM_TYPES).is_ok());
     }
 
     #[test]
@@ -751,7 +782,8 @@ mod tests {
         assert!(parse(
             json!({"model": "m", "input": [user, trigger]})
                 .to_string()
-                .as_bytes()
+                .as_bytes(),
+            &ITEM_TYPES
         )
         .is_ok());
         let misplaced = error_of(json!({"model": "m", "input": [trigger, user]}));

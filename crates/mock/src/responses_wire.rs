@@ -12,9 +12,11 @@ use super::wire::{derived_id, split_arguments, split_even, split_words};
 /// One output item of a response.
 #[derive(Debug, Clone, PartialEq)]
 pub enum OutItem {
-    /// A reasoning item: no summary, the encrypted content when the request included it.
+    /// A reasoning item: its summary's text when the request asked for one
+    /// (`reasoning.summary`), the encrypted content when the request included it.
     Reasoning {
         id: String,
+        summary: Option<String>,
         encrypted_content: Option<String>,
     },
     /// The assistant's text.
@@ -78,6 +80,10 @@ pub struct ResponseAnswer {
     pub echo: Vec<(&'static str, Value)>,
     /// Whether delta events carry the `obfuscation` padding (the API's default).
     pub obfuscation: bool,
+    /// Whether the request asked to run in the background (`background: true`): the stream
+    /// then begins `queued` (`response.created` with status `queued`, `response.queued`)
+    /// before `response.in_progress`, as the API's does.
+    pub background: bool,
 }
 
 /// Ids in the API's form: a prefix and 48 hex digits derived from `seed`.
@@ -122,9 +128,11 @@ impl OutItem {
         match self {
             OutItem::Reasoning {
                 id,
+                summary,
                 encrypted_content,
             } => {
-                let mut item = json!({"id": id, "type": "reasoning", "summary": []});
+                let summary: Vec<Value> = summary.iter().map(|t| summary_text(t)).collect();
+                let mut item = json!({"id": id, "type": "reasoning", "summary": summary});
                 if let (Some(content), Value::Object(map)) = (encrypted_content, &mut item) {
                     map.insert("encrypted_content".into(), json!(content));
                 }
@@ -195,6 +203,10 @@ impl OutItem {
     }
 }
 
+fn summary_text(text: &str) -> Value {
+    json!({"type": "summary_text", "text": text})
+}
+
 fn output_text(text: &str) -> Value {
     json!({"type": "output_text", "annotations": [], "logprobs": [], "text": text})
 }
@@ -244,7 +256,7 @@ impl ResponseAnswer {
         map.insert("object".into(), json!("response"));
         map.insert("created_at".into(), json!(self.created_at));
         map.insert("status".into(), json!(status));
-        map.insert("background".into(), json!(false));
+        map.insert("background".into(), json!(self.background));
         map.insert("error".into(), Value::Null);
         map.insert("incomplete_details".into(), Value::Null);
         for (key, value) in &self.echo {
@@ -273,7 +285,13 @@ impl ResponseAnswer {
             obfuscation: self.obfuscation,
         };
         let pending = self.object("in_progress", json!([]), Value::Null);
-        events.push("response.created", json!({ "response": pending }));
+        if self.background {
+            let queued = self.object("queued", json!([]), Value::Null);
+            events.push("response.created", json!({ "response": queued }));
+            events.push("response.queued", json!({ "response": queued }));
+        } else {
+            events.push("response.created", json!({ "response": pending }));
+        }
         events.push("response.in_progress", json!({ "response": pending }));
         for (index, item) in self.output.iter().enumerate() {
             events.push(
@@ -281,6 +299,40 @@ impl ResponseAnswer {
                 json!({"output_index": index, "item": item.added()}),
             );
             match item {
+                OutItem::Reasoning {
+                    id,
+                    summary: Some(summary),
+                    ..
+                } => {
+                    // The summary part, its text in deltas, as the API streams it.
+                    let at = json!({"item_id": id, "output_index": index, "summary_index": 0});
+                    let with = |extra: Value| {
+                        let mut fields = at.clone();
+                        if let (Value::Object(map), Value::Object(extra)) = (&mut fields, extra) {
+                            map.extend(extra);
+                        }
+                        fields
+                    };
+                    events.push(
+                        "response.reasoning_summary_part.added",
+                        with(json!({"part": summary_text("")})),
+                    );
+                    for piece in split_words(summary) {
+                        events.delta(
+                            "response.reasoning_summary_text.delta",
+                            with(json!({"delta": piece})),
+                            piece,
+                        );
+                    }
+                    events.push(
+                        "response.reasoning_summary_text.done",
+                        with(json!({"text": summary})),
+                    );
+                    events.push(
+                        "response.reasoning_summary_part.done",
+                        with(json!({"part": summary_text(summary)})),
+                    );
+                }
                 OutItem::Reasoning { .. } | OutItem::Compaction { .. } => {}
                 OutItem::Message { id, text, chunks } => {
                     let at = json!({"item_id": id, "output_index": index, "content_index": 0});
@@ -376,6 +428,7 @@ mod tests {
             output: vec![
                 OutItem::Reasoning {
                     id: item_id("rs_", &["1"]),
+                    summary: None,
                     encrypted_content: Some(encrypted_content(&["1"])),
                 },
                 OutItem::Message {
@@ -398,6 +451,7 @@ mod tests {
             },
             echo: vec![("store", json!(false))],
             obfuscation: true,
+            background: false,
         }
     }
 
@@ -452,6 +506,50 @@ mod tests {
             126
         );
         assert_eq!(done["usage"]["input_tokens_details"]["cached_tokens"], 0);
+    }
+
+    #[test]
+    fn a_background_stream_is_queued_first_and_summaries_stream_in_parts() {
+        let mut answer = answer();
+        answer.background = true;
+        answer.output[0] = OutItem::Reasoning {
+            id: item_id("rs_", &["1"]),
+            summary: Some("**Plan**\n\nRead the file.".into()),
+            encrypted_content: None,
+        };
+        let events: Vec<(String, Value)> = answer.to_events().iter().map(data).collect();
+        let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            kinds[..5],
+            [
+                "response.created",
+                "response.queued",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.reasoning_summary_part.added",
+            ]
+        );
+        assert_eq!(events[0].1["response"]["status"], "queued");
+        assert_eq!(events[1].1["response"]["status"], "queued");
+        assert_eq!(events[2].1["response"]["status"], "in_progress");
+        assert_eq!(events[0].1["response"]["background"], true);
+        let summary: String = events
+            .iter()
+            .filter(|(k, _)| k == "response.reasoning_summary_text.delta")
+            .map(|(_, d)| d["delta"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(summary, "**Plan**\n\nRead the file.");
+        let at = kinds
+            .iter()
+            .position(|k| *k == "response.reasoning_summary_part.done")
+            .unwrap();
+        assert_eq!(kinds[at + 1], "response.output_item.done");
+        let done = &events[at + 1].1["item"];
+        assert_eq!(done["summary"][0]["type"], "summary_text");
+        assert_eq!(done["summary"][0]["text"], "**Plan**\n\nRead the file.");
+        assert!(events
+            .iter()
+            .all(|(_, d)| d["output_index"].is_null() || d["output_index"].is_u64()));
     }
 
     #[test]

@@ -112,6 +112,28 @@ async fn streamed_response_follows_the_event_order() {
         assert_eq!(data["sequence_number"], n, "{name}");
     }
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    // Codex asks for reasoning summaries (`summary: "auto"`): the reasoning item streams one.
+    let summary: Vec<&str> = names[3..]
+        .iter()
+        .copied()
+        .take_while(|n| n.starts_with("response.reasoning_summary"))
+        .collect();
+    assert_eq!(summary[0], "response.reasoning_summary_part.added");
+    assert!(summary[1..summary.len() - 2]
+        .iter()
+        .all(|n| *n == "response.reasoning_summary_text.delta"));
+    assert_eq!(
+        summary[summary.len() - 2..],
+        [
+            "response.reasoning_summary_text.done",
+            "response.reasoning_summary_part.done"
+        ]
+    );
+    let names: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !n.starts_with("response.reasoning_summary"))
+        .collect();
     let expected_start = [
         "response.created",
         "response.in_progress",
@@ -188,4 +210,56 @@ async fn the_apis_refusals() {
     assert_eq!(body["error"]["code"], "context_length_exceeded");
     assert_eq!(body["error"]["param"], "input");
     assert_eq!(mock.pending_replies(), 0);
+}
+
+/// A mock playing a Responses server that is not OpenAI knows no compaction: the trigger and
+/// a compaction item are unknown item types (the API's 400), `/responses/compact` a 404;
+/// everything else is served as usual.
+#[tokio::test]
+async fn without_compaction_the_trigger_is_an_unknown_item_type() {
+    let mock = MockUpstream::start(MockConfig {
+        without_compaction: true,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let user = json!({"role": "user", "content": "go"});
+    for (item, at) in [
+        (json!({"type": "compaction_trigger"}), 1),
+        (
+            json!({"type": "compaction", "encrypted_content": "gAAAABx"}),
+            0,
+        ),
+    ] {
+        let input = if at == 1 {
+            json!([user, item])
+        } else {
+            json!([item, user])
+        };
+        let response = post(&mock, &codex_like(input)).await;
+        assert_eq!(response.status(), 400);
+        let error: Value = response.json().await.unwrap();
+        let kind = item["type"].as_str().unwrap();
+        assert_eq!(error["error"]["code"], "invalid_value");
+        assert_eq!(error["error"]["param"], format!("input[{at}]"));
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("Invalid value: '{kind}'. Supported values are:")),
+            "{message}"
+        );
+        let (_, supported) = message.split_once("Supported values are:").unwrap();
+        assert!(!supported.contains("compaction"), "{message}");
+        assert!(supported.contains("'function_call_output'"), "{message}");
+    }
+    let compact = reqwest::Client::new()
+        .post(format!("{}/responses/compact", mock.base_url()))
+        .json(&json!({"model": "gpt-5", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(compact.status(), 404);
+    // A turn without compaction is answered.
+    mock.push(Reply::text("ok"));
+    let response = post(&mock, &codex_like(json!([user]))).await;
+    assert_eq!(response.status(), 200);
 }

@@ -18,7 +18,7 @@ use super::coding;
 use super::prose;
 use super::rng::Rng;
 use super::TrafficConfig;
-use context_proxy_corpus::{AgentKind, Session, MESSAGES_API};
+use context_proxy_corpus::{AgentKind, Session, Wire};
 
 /// Models Claude Code sessions are run with (none binds thinking to the prefix).
 pub const MODELS: &[&str] = &["claude-sonnet-4-5", "claude-opus-4-1", "claude-haiku-4-5"];
@@ -222,7 +222,7 @@ pub fn generate_session(cfg: &TrafficConfig, index: usize, sign: Signer<'_>) -> 
         _ => Vec::new(),
     };
     Session {
-        wire: context_proxy_corpus::Wire::Chat,
+        wire: Wire::Messages,
         instructions: None,
         id: format!("{index:03}-claude-code"),
         kind: AgentKind::Coding,
@@ -231,7 +231,6 @@ pub fn generate_session(cfg: &TrafficConfig, index: usize, sign: Signer<'_>) -> 
         stream,
         messages,
         request_ends: chat_ends.iter().map(|&e| at[e]).collect(),
-        api: Some(MESSAGES_API.to_string()),
         fields: Some(fields),
         mark_newest: true,
     }

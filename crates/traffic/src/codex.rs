@@ -63,7 +63,6 @@ pub fn session(seed: u64, index: usize, max_turns: usize, max_result_bytes: usiz
         request_ends,
         wire: Wire::Responses,
         instructions: Some(INSTRUCTIONS.into()),
-        api: None,
         fields: None,
         mark_newest: false,
     }

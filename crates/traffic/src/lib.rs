@@ -126,7 +126,6 @@ pub fn generate_session(cfg: &TrafficConfig, index: usize) -> Session {
         stream,
         messages,
         request_ends,
-        api: None,
         fields: None,
         mark_newest: false,
     }
@@ -155,7 +154,6 @@ pub fn generate_support_session(cfg: &TrafficConfig, index: usize) -> Session {
         stream,
         messages,
         request_ends,
-        api: None,
         fields: None,
         mark_newest: false,
     }

@@ -20,10 +20,15 @@
 //!   the request had (and so never over four when it had at most four);
 //! - thinking blocks are never modified; on models whose thinking signatures bind the
 //!   conversation before them, an edit before a thinking block invalidates it and every later
-//!   one: the edit happens only where no tool loop is open and the latest assistant message is
-//!   after it without thinking, removing the invalidated blocks, or with
+//!   one, and with thinking on every answer's thinking is signed after what the request
+//!   forwarded, so a change must then be repeated by every later request, tool loops
+//!   included. So on such a model a change is made with
 //!   `thinking.block_binding.prefix_mismatch_behavior: "drop_block"` when the client's betas
-//!   allow it; otherwise the request goes unmanaged, with the reason;
+//!   allow it; with thinking off, only where no tool loop is open and the latest assistant
+//!   message is after it without thinking, removing the invalidated blocks; a decision that
+//!   repeats what the conversation's last request forwarded is no edit
+//!   ([`WriteRules::repeats_forwarded`]); otherwise the request goes unmanaged, with the
+//!   reason;
 //! - a block type the adapter does not know, in a message that would change or move, leaves
 //!   the request unmanaged, with the reason.
 
@@ -452,6 +457,13 @@ pub struct WriteRules {
     /// The client's betas allow `thinking.block_binding.prefix_mismatch_behavior` (or the
     /// request already asks for `drop_block`).
     pub drop_block_allowed: bool,
+    /// The decision repeats what the previous request of the conversation forwarded before the
+    /// model's last answer (the engine rewrote nothing it had sent: `Report::rewrote_prefix`
+    /// is false), so every thinking block the client sends back was signed after those very
+    /// changes: a change there that the client's bytes do not have (a tool result truncated
+    /// when it was new, compacted since) is what the upstream saw, not an edit. Only a new
+    /// edit invalidates thinking blocks.
+    pub repeats_forwarded: bool,
 }
 
 /// A decision written back.
@@ -474,6 +486,8 @@ pub enum Unmanaged {
     LatestThinking,
     #[error("an edit before a thinking block inside an open tool loop would invalidate it")]
     OpenToolLoop,
+    #[error("the model binds thinking to the conversation before it and the client's betas do not allow drop_block: a change now would invalidate the thinking of every later turn")]
+    BoundThinking,
     #[error("the body's messages could not be located in its bytes")]
     NoSpans,
     #[error("the decision does not line up with the request's items")]
@@ -504,16 +518,19 @@ pub fn tools_would_unbind(rules: WriteRules, body: &Value) -> bool {
     if !rules.binds_thinking || rules.drop_block_allowed {
         return false;
     }
-    let thinking_on = body
-        .get("thinking")
-        .and_then(|t| t.get("type"))
-        .and_then(Value::as_str)
-        .is_some_and(|t| t != "disabled");
     let has_blocks = body
         .get("messages")
         .and_then(Value::as_array)
         .is_some_and(|messages| messages.iter().any(has_thinking));
-    thinking_on || has_blocks
+    thinking_on(body) || has_blocks
+}
+
+/// Whether the request turns thinking on (`enabled` or `adaptive`).
+fn thinking_on(body: &Value) -> bool {
+    body.get("thinking")
+        .and_then(|t| t.get("type"))
+        .and_then(Value::as_str)
+        .is_some_and(|t| t != "disabled")
 }
 
 fn is_thinking(block: &Value) -> bool {
@@ -591,12 +608,25 @@ pub fn write_bytes(
         .enumerate()
         .position(|(g, k)| *k != Some(g))
         .unwrap_or(kept_at.len());
+    // With thinking on, every answer's thinking is signed after what this request forwards: a
+    // change made now must be repeated, byte for byte, by every later request, including the
+    // ones in an open tool loop where nothing may change. Without `drop_block` the proxy
+    // cannot promise that, so it changes nothing (unless the change repeats what was
+    // forwarded already).
+    if rules.binds_thinking
+        && !rules.drop_block_allowed
+        && !rules.repeats_forwarded
+        && edit_at < kept_at.len()
+        && thinking_on(body)
+    {
+        return Err(Unmanaged::BoundThinking);
+    }
     let mut removed = 0;
     let mut drop_block = false;
     let invalidated: Vec<usize> = (edit_at..groups.len())
         .filter(|&g| kept_at[g].is_some() && has_thinking(&groups[g].value))
         .collect();
-    if rules.binds_thinking && !invalidated.is_empty() {
+    if rules.binds_thinking && !rules.repeats_forwarded && !invalidated.is_empty() {
         if rules.drop_block_allowed && body.get("thinking").is_some_and(Value::is_object) {
             drop_block = true;
         } else {
@@ -648,6 +678,46 @@ pub fn write_bytes(
         thinking_removed: removed,
         drop_block,
     })
+}
+
+/// What a thinking signature binds of each message of `body`, hashed: the message without its
+/// `cache_control` markers (moving a marker is not an edit). Two requests whose first `n`
+/// hashes agree show the model the same first `n` messages.
+pub fn bound_hashes(body: &Value) -> Vec<u64> {
+    fn write(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(map) => {
+                out.push('{');
+                for (k, v) in map.iter().filter(|(k, _)| k.as_str() != "cache_control") {
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    write(v, out);
+                    out.push(',');
+                }
+                out.push('}');
+            }
+            Value::Array(list) => {
+                out.push('[');
+                for v in list {
+                    write(v, out);
+                    out.push(',');
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    messages
+        .iter()
+        .map(|m| {
+            let mut text = String::new();
+            write(m, &mut text);
+            xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+        })
+        .collect()
 }
 
 /// `raw` with `thinking.block_binding.prefix_mismatch_behavior` set to `drop_block`.
@@ -772,6 +842,7 @@ mod tests {
         let binding = WriteRules {
             binds_thinking: true,
             drop_block_allowed: false,
+            repeats_forwarded: false,
         };
         // The latest assistant message has no thinking and no loop is open: removed.
         let out = write(&items, binding).unwrap();
@@ -798,6 +869,28 @@ mod tests {
             "drop_block"
         );
         assert_eq!(v["messages"][1]["content"][0]["type"], "thinking");
+    }
+
+    /// A change the previous request already forwarded (a tool result truncated when it was
+    /// new) is what the later thinking blocks were signed after: kept, none removed, even with
+    /// the latest assistant message thinking.
+    #[test]
+    fn a_change_repeating_the_forwarded_one_is_no_edit() {
+        let body = body();
+        let payloads = Messages.payloads(&body).unwrap().into_owned();
+        let mut items = payloads.clone();
+        items[1] = Messages.with_text(&payloads[1], "c".into());
+        let repeated = WriteRules {
+            binds_thinking: true,
+            drop_block_allowed: false,
+            repeats_forwarded: true,
+        };
+        let out = write(&items, repeated).unwrap();
+        assert_eq!(out.thinking_removed, 0);
+        assert!(!out.drop_block);
+        let v: Value = serde_json::from_slice(&out.body).unwrap();
+        assert_eq!(v["messages"][1]["content"][0]["type"], "thinking");
+        assert_eq!(v["messages"][0]["content"], "c");
     }
 
     #[test]

@@ -65,6 +65,11 @@ pub struct ChatCtx {
     pub summary: Option<&'static str>,
     /// A smaller budget for a second plan, after the upstream said the context is too long.
     pub budget_override: Option<usize>,
+    /// The request's size against its budget and window before planning, when the format and
+    /// the upstream ask for exact counts near them (`exact.rs`).
+    pub sizing: Option<crate::context::Sizing>,
+    /// The upstream's tokens per estimated token, from its exact count of this request.
+    pub exact_scale: Option<f64>,
 }
 
 /// When each step of the request happened.
@@ -123,6 +128,8 @@ impl ChatCtx {
             model: None,
             summary: None,
             budget_override: None,
+            sizing: None,
+            exact_scale: None,
         }
     }
 

@@ -42,6 +42,14 @@ pub struct Format {
     /// The client reads errors in Anthropic's shape: a stream failing mid-way ends with
     /// Anthropic's `error` event (else OpenAI's).
     pub anthropic_errors: bool,
+    /// Where the upstream counts a request exactly, asked near the budget and the window
+    /// (`exact.rs`; Anthropic's `count_tokens`), when the upstream's `count_tokens_margin` is
+    /// set.
+    pub exact_count: Option<&'static super::exact::ExactCount>,
+    /// What each request forwards is remembered per conversation when its model binds
+    /// thinking blocks to what they follow (Anthropic Messages; not `count_tokens`, whose
+    /// count no answer follows): the next request's changes are judged against it.
+    pub remembers_forwarded: bool,
 }
 
 /// Writes a decision by serializing the changed body.
@@ -81,4 +89,6 @@ pub const CHAT: Format = Format {
     tool_loop: Some(&super::loop_wire::ChatLoop),
     write_rules: serialized,
     anthropic_errors: false,
+    exact_count: None,
+    remembers_forwarded: false,
 };

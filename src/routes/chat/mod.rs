@@ -24,6 +24,7 @@
 
 mod ctx;
 mod dom;
+pub mod exact;
 pub mod format;
 mod loop_stream;
 mod loop_wire;
@@ -101,6 +102,8 @@ pub async fn finish(
         apply(&state, &mut ctx).await
     })
     .await?;
+    exact::refuse_overflow(&ctx).await?;
+    remember_forwarded(&state, &ctx);
     reserve(&mut ctx)?;
     let answer = forward(&mut ctx).await?;
     vet_key(&state, &ctx, answer.status).await;
@@ -256,11 +259,47 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
     } else if ctx.format.tool_loop.is_some() {
         ctx.offer = crate::proxy_tools::offer(&ctx.request.body, state.context.reload_config());
     }
+    carry_restored_rounds(state, ctx);
     if let crate::proxy_tools::Offer::Tools(names) = &ctx.offer {
         let encoding = ctx.upstream.encoding.unwrap_or_else(|| {
             crate::tokens::Encoding::for_model(ctx.model.as_deref().unwrap_or(""))
         });
-        ctx.offer_tokens = crate::proxy_tools::definitions_tokens(names, encoding);
+        ctx.offer_tokens = match ctx.format.wire {
+            // Counted as the estimate counts the request's own tools.
+            crate::context::adapter::Wire::Messages => crate::context::estimate::tools_estimate(
+                &crate::proxy_tools::messages_definitions(names),
+            ),
+            _ => crate::proxy_tools::definitions_tokens(names, encoding),
+        };
+    }
+    let mut route = crate::context::Route {
+        upstream: Some(&ctx.upstream.name),
+        encoding: ctx.upstream.encoding,
+        default_window: ctx.upstream.context_window,
+        readback: match &ctx.offer {
+            crate::proxy_tools::Offer::Tools(names) => crate::context::markers::Readback::Tools {
+                read: names.read.clone(),
+                search: names.search.clone(),
+            },
+            crate::proxy_tools::Offer::NotOffered(_) => crate::context::markers::Readback::Stored,
+        },
+        budget_override: ctx.budget_override,
+        summarize: state.summarizer.is_some(),
+        cache: Some(
+            ctx.upstream
+                .cache
+                .for_model(ctx.model.as_deref().unwrap_or("")),
+        ),
+        reserved_tokens: ctx.offer_tokens,
+        wire: ctx.format.wire,
+        scale: None,
+    };
+    // Near the budget, the upstream's exact count decides (when the format and the upstream
+    // ask for it).
+    if let Some((sizing, scale)) = exact::near_budget(state, ctx, &route).await {
+        ctx.sizing = Some(sizing);
+        ctx.exact_scale = scale;
+        route.scale = scale;
     }
     let plan = state
         .context
@@ -268,31 +307,7 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
             ctx.identity.as_ref(),
             &mut ctx.request.body,
             ctx.mode,
-            &crate::context::Route {
-                upstream: Some(&ctx.upstream.name),
-                encoding: ctx.upstream.encoding,
-                default_window: ctx.upstream.context_window,
-                readback: match &ctx.offer {
-                    crate::proxy_tools::Offer::Tools(names) => {
-                        crate::context::markers::Readback::Tools {
-                            read: names.read.clone(),
-                            search: names.search.clone(),
-                        }
-                    }
-                    crate::proxy_tools::Offer::NotOffered(_) => {
-                        crate::context::markers::Readback::Stored
-                    }
-                },
-                budget_override: ctx.budget_override,
-                summarize: state.summarizer.is_some(),
-                cache: Some(
-                    ctx.upstream
-                        .cache
-                        .for_model(ctx.model.as_deref().unwrap_or("")),
-                ),
-                reserved_tokens: ctx.offer_tokens,
-                wire: ctx.format.wire,
-            },
+            &route,
         )
         .await;
     if plan.restored > 0 {
@@ -301,6 +316,36 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
     }
     ctx.plan = Some(plan);
     settle::settle(state, ctx).await;
+}
+
+/// After the rounds were put back: the upstream transcript holds the proxy's calls, which the
+/// API refuses without their tools. When the client asks for no tool call (`tool_choice`
+/// none) the tools are defined all the same (the model cannot call them); when they cannot be
+/// defined at all (disabled since, their names taken by the client's, thinking bound to the
+/// tools), the request goes with the client's own messages, as it came.
+fn carry_restored_rounds(state: &Shared, ctx: &mut ChatCtx) {
+    use crate::proxy_tools::{NotOffered, Offer};
+    let Some(client) = ctx.client_raw.as_ref() else {
+        return;
+    };
+    if matches!(ctx.offer, Offer::NotOffered(NotOffered::ToolChoiceNone)) {
+        ctx.offer = crate::proxy_tools::names(&ctx.request.body, state.context.reload_config());
+    }
+    let Offer::NotOffered(why) = &ctx.offer else {
+        return;
+    };
+    match ChatRequest::parse(client.clone()) {
+        Ok(theirs) => {
+            tracing::info!(
+                ?why,
+                "the proxy's tools cannot be defined: its rounds are not put back"
+            );
+            ctx.request = theirs;
+            ctx.client_raw = None;
+            ctx.restored = 0;
+        }
+        Err(e) => tracing::warn!(error = %e, "the client's request does not parse"),
+    }
 }
 
 /// Before planning, on a format whose tool loop merges its rounds into one answer (Anthropic
@@ -431,6 +476,32 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     }
     ctx.timings.planned = Some(Instant::now());
     Ok(())
+}
+
+/// After `apply`, on a format whose model binds thinking to what it follows: what the model is
+/// shown is remembered for the conversation, for the next request's changes to be judged
+/// against (`ContextManager::forwarded`).
+fn remember_forwarded(state: &Shared, ctx: &ChatCtx) {
+    let Some(identity) = ctx
+        .identity
+        .as_ref()
+        .filter(|_| ctx.format.remembers_forwarded)
+    else {
+        return;
+    };
+    let binds = (ctx.format.write_rules)(&ctx.headers, &ctx.request.body)
+        .is_some_and(|rules| rules.binds_thinking);
+    if !binds {
+        return;
+    }
+    match &ctx.managed.body {
+        Some(bytes) => {
+            if let Ok(shown) = serde_json::from_slice::<Value>(bytes) {
+                state.context.forwarded(identity, &shown);
+            }
+        }
+        None => state.context.forwarded(identity, &ctx.request.body),
+    }
 }
 
 /// After `apply`: reserves the request's estimated tokens (the prompt as forwarded, and the

@@ -251,19 +251,20 @@ fn journal_line(
         bodies: None,
         calls: bill,
     };
+    // The bodies as they are (shared, not copied): the writer reads them, and finds the
+    // forwarded one equal to the client's when nothing changed.
     let keep = ui.config.keep_messages && ctx.request.raw.len() <= ui.config.max_kept_bytes;
-    let forwarded = ctx
-        .outgoing
-        .as_ref()
-        .map(|o| o.body.clone())
-        .filter(|body| *body != ctx.request.raw);
     let pending = journal::Pending {
         tenant: identity.tenant.clone(),
         session: identity.session.clone(),
         conversation: journal::conversation(ctx.format.wire),
         line,
         client_body: keep.then(|| ctx.request.raw.clone()),
-        forwarded_body: if keep { forwarded } else { None },
+        forwarded_body: ctx
+            .outgoing
+            .as_ref()
+            .filter(|_| keep)
+            .map(|o| o.body.clone()),
     };
     ui.journal.offer(pending);
 }

@@ -11,6 +11,7 @@ use http::{HeaderValue, Response};
 
 use super::record::record;
 use super::{Answer, ChatCtx};
+use crate::context::adapter::Wire;
 use crate::context::{
     Managed, ACTIONS_HEADER, KEPT_PREFIX_HEADER, TOKENS_AFTER_HEADER, TOKENS_BEFORE_HEADER,
 };
@@ -56,6 +57,9 @@ pub fn respond(state: Arc<Shared>, ctx: ChatCtx, answer: Answer) -> Response<Pro
         StreamErrors::Anthropic {
             request_id: ctx.request_id().to_string(),
         }
+    } else if ctx.format.wire == Wire::Responses {
+        // One terminal event, whatever the upstream's stream does.
+        StreamErrors::Responses
     } else {
         StreamErrors::OpenAi
     };

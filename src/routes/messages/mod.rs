@@ -41,6 +41,7 @@ use crate::context::adapter::messages::{binds_thinking, WriteRules};
 use crate::context::adapter::Wire;
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
+use crate::routes::chat::exact::ExactCount;
 use crate::routes::chat::{self, format, Format};
 use crate::routes::shared::Shared;
 
@@ -67,6 +68,8 @@ pub const MESSAGES: Format = Format {
     write_rules,
     anthropic_errors: true,
     tool_loop: Some(&loop_wire::MessagesLoop),
+    exact_count: Some(&EXACT),
+    remembers_forwarded: true,
 };
 
 /// `POST /v1/messages/count_tokens`: planned as `/v1/messages` would be, so that the count is
@@ -74,8 +77,58 @@ pub const MESSAGES: Format = Format {
 pub const COUNT_TOKENS: Format = Format {
     name: "count_tokens",
     path: "/messages/count_tokens",
+    exact_count: Some(&EXACT_COUNTED),
+    remembers_forwarded: false,
     ..MESSAGES
 };
+
+/// The exact count of a Messages request: `count_tokens` (free, rate-limited; "an estimate"
+/// that "may differ by a small amount", far closer than the proxy's own).
+const EXACT: ExactCount = ExactCount {
+    path: "/messages/count_tokens",
+    body: count_tokens_body,
+    tokens: counted_tokens,
+    refuses_overflow: true,
+    too_long: crate::wire::anthropic::prompt_too_long,
+};
+
+/// `count_tokens` itself decides near the budget as `/v1/messages` would, so that it answers
+/// the size of what would be forwarded; the overflow is for the request to refuse.
+const EXACT_COUNTED: ExactCount = ExactCount {
+    refuses_overflow: false,
+    ..EXACT
+};
+
+/// The fields `count_tokens` takes (Anthropic's API reference): the rest of a Messages
+/// request (`max_tokens`, `stream`, `metadata`, sampling) is left out.
+const COUNTED_FIELDS: [&str; 9] = [
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "mcp_servers",
+    "output_config",
+    "cache_control",
+];
+
+/// The `count_tokens` body of a Messages request `body`.
+fn count_tokens_body(body: &Value) -> Option<Vec<u8>> {
+    let fields = body.as_object()?;
+    let counted: serde_json::Map<String, Value> = fields
+        .iter()
+        .filter(|(k, _)| COUNTED_FIELDS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    serde_json::to_vec(&counted).ok()
+}
+
+/// `input_tokens` of a `count_tokens` answer.
+fn counted_tokens(answer: &[u8]) -> Option<usize> {
+    let answer: Value = serde_json::from_slice(answer).ok()?;
+    usize::try_from(answer.get("input_tokens")?.as_u64()?).ok()
+}
 
 /// Runs the managed phases for one request.
 pub async fn handle(
@@ -97,6 +150,8 @@ fn write_rules(headers: &HeaderMap, body: &Value) -> Option<WriteRules> {
     Some(WriteRules {
         binds_thinking: binds_thinking(model),
         drop_block_allowed: drop_block_allowed(headers, body),
+        // Judged per plan, when the decision is written (`ContextManager::apply_to`).
+        repeats_forwarded: false,
     })
 }
 

@@ -9,9 +9,12 @@
 //! `response.output_item.added`, which names the tool), and of a `reasoning` item until the
 //! item after it shows whether it reasons for such a call (then it is held back with it). A
 //! round that called only the proxy's tools does not end the client's stream: the proxy runs
-//! the calls and the next round's items follow. A mixed round ends it; the proxy's calls are
+//! the calls and the next round's items follow. A reasoning item that ends such a round is the
+//! proxy's too: upstream, the item after it is the proxy's `function_call_output`, and shown to
+//! the client it would stand before the next round's items, which it was not made with. A mixed round ends it; the proxy's calls are
 //! kept for the next turn. Whatever goes wrong after the stream started ends it with
-//! `response.failed`, never silently.
+//! `response.failed`, never silently; an upstream `error` event becomes that
+//! `response.failed`, with the error's code and message.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -25,6 +28,7 @@ use crate::routes::tool_loop::stream::{
 };
 use crate::routes::tool_loop::{EventStream, Round};
 use crate::upstream::Incoming;
+use crate::wire::responses;
 use crate::wire::sse::Event;
 use crate::wire::Usage;
 
@@ -89,11 +93,8 @@ impl Across {
             .response
             .clone()
             .unwrap_or_else(|| json!({"object": "response"}));
-        let mut response = self.final_response(&base, round);
-        if let Value::Object(map) = &mut response {
-            map.insert("status".into(), "failed".into());
-            map.insert("error".into(), json!({"code": code, "message": message}));
-        }
+        let response = self.final_response(&base, round);
+        let response = responses::failed_response(Some(&response), code, message);
         self.frame(json!({"type": "response.failed", "response": response}))
     }
 
@@ -242,8 +243,11 @@ impl<'r> Relay<'r> {
                 self.terminal = Some(parsed);
                 (Vec::new(), false)
             }
-            // The upstream's own error ends the stream as it sent it.
-            "error" => (vec![self.across.frame(parsed)], true),
+            // The upstream's own error ends the client's stream as its one terminal event.
+            "error" => {
+                let (code, message) = responses::error_fields(&parsed);
+                (vec![self.across.failed(self.round, &code, &message)], true)
+            }
             "response.output_item.added" => (self.added(parsed), false),
             _ => (self.item_event(parsed), false),
         }
@@ -355,6 +359,9 @@ impl<'r> Relay<'r> {
             .unwrap_or_default();
         let completed = kind == "response.completed";
         if completed && self.proxy_calls && !self.client_calls && !self.withdrawn {
+            // Reasoning still held ends the round: bound to the proxy's outputs after it, it
+            // stays hidden (the next request carries it, in `output`, byte for byte).
+            self.pending.clear();
             let calls = calls(&output);
             return RoundEnd::Continue(output, calls);
         }

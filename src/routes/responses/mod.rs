@@ -57,6 +57,8 @@ pub const RESPONSES: Format = Format {
     tool_loop: Some(&loop_wire::ResponsesLoop),
     write_rules: chat::format::serialized,
     anthropic_errors: false,
+    exact_count: None,
+    remembers_forwarded: false,
 };
 
 /// Runs the managed phases for one `POST /v1/responses`.

@@ -2,9 +2,7 @@
 //! as one list. The line and its writer are the domain's ([`crate::sessions::journal`]),
 //! re-exported here.
 
-use serde_json::Value;
-
-use crate::context::adapter::Wire;
+use crate::context::adapter::{scan, Wire};
 
 pub use crate::sessions::journal::*;
 
@@ -12,24 +10,46 @@ pub use crate::sessions::journal::*;
 /// messages or items in the wire's own shape (chat's and Anthropic's `messages`, the Responses
 /// API's `input`), with the instructions first as a `system` message when the wire keeps
 /// them apart (Anthropic's `system`, the Responses API's `instructions`), so both sides of
-/// the side-by-side view are one list.
+/// the side-by-side view are one list. Cut out of the body's bytes, never parsed into values:
+/// the messages are kept as the client wrote them (the page parses them when it shows them).
 fn messages_of(body: &[u8], wire: Wire) -> Option<String> {
-    let value: Value = serde_json::from_slice(body).ok()?;
     let (list, instructions) = match wire {
-        Wire::Chat => (value.get("messages")?, None),
-        Wire::Responses => (value.get("input")?, value.get("instructions")),
-        Wire::Messages => (value.get("messages")?, value.get("system")),
+        Wire::Chat => ("messages", None),
+        Wire::Responses => ("input", Some("instructions")),
+        Wire::Messages => ("messages", Some("system")),
     };
-    let mut items = match list {
-        Value::Array(items) => items.clone(),
+    let text = |span: std::ops::Range<usize>| std::str::from_utf8(body.get(span)?).ok();
+    let list = text(scan::member(body, list.as_bytes())?)?;
+    let instructions = instructions
+        .and_then(|name| text(scan::member(body, name.as_bytes())?))
+        .filter(|v| *v != "null");
+    let mut out = String::with_capacity(list.len() + instructions.map_or(0, str::len) + 64);
+    out.push('[');
+    if let Some(system) = instructions {
+        out.push_str(r#"{"role":"system","content":"#);
+        out.push_str(system);
+        out.push('}');
+    }
+    let items = match list.as_bytes().first()? {
+        b'[' => list[1..list.len() - 1].trim(),
         // The Responses API's `input` may be one string: the user's message.
-        Value::String(text) => vec![serde_json::json!({"role": "user", "content": text})],
+        b'"' => {
+            if instructions.is_some() {
+                out.push(',');
+            }
+            out.push_str(r#"{"role":"user","content":"#);
+            out.push_str(list);
+            out.push_str("}]");
+            return Some(out);
+        }
         _ => return None,
     };
-    if let Some(system) = instructions.filter(|v| !v.is_null()) {
-        items.insert(0, serde_json::json!({"role": "system", "content": system}));
+    if instructions.is_some() && !items.is_empty() {
+        out.push(',');
     }
-    Some(Value::Array(items).to_string())
+    out.push_str(items);
+    out.push(']');
+    Some(out)
 }
 
 /// The reader of `wire`'s conversation, for [`Pending::conversation`].
@@ -69,6 +89,25 @@ mod tests {
             messages_of(messages, Wire::Messages).unwrap(),
             r#"[{"role":"system","content":[{"type":"text","text":"sys"}]},{"role":"user","content":"u"}]"#
         );
+        // Cut out of the bytes: the client's spacing stays inside, every result is one list.
+        let spaced = b"{ \"system\" : \"s\", \"messages\" : [ {\"role\": \"user\"} ]\n}";
+        assert_eq!(
+            messages_of(spaced, Wire::Messages).unwrap(),
+            r#"[{"role":"system","content":"s"},{"role": "user"}]"#
+        );
+        let empty = br#"{"instructions":"x","input":[ ]}"#;
+        assert_eq!(
+            messages_of(empty, Wire::Responses).unwrap(),
+            r#"[{"role":"system","content":"x"}]"#
+        );
+        let null = br#"{"system":null,"messages":[]}"#;
+        assert_eq!(messages_of(null, Wire::Messages).unwrap(), "[]");
+        let both = br#"{"instructions":"x","input":"hi"}"#;
+        assert_eq!(
+            messages_of(both, Wire::Responses).unwrap(),
+            r#"[{"role":"system","content":"x"},{"role":"user","content":"hi"}]"#
+        );
+        assert_eq!(messages_of(br#"{"messages":3}"#, Wire::Chat), None);
         assert_eq!(messages_of(br#"{"input":"hi"}"#, Wire::Chat), None);
         assert_eq!(messages_of(b"not json", Wire::Messages), None);
     }

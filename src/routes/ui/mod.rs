@@ -25,7 +25,7 @@
 pub mod chart;
 pub mod journal;
 pub mod pages;
-pub mod view;
+pub use crate::sessions::view;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -56,12 +56,12 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 /// Sessions on one page of the list; journal records on one page of a session.
 const LIST_PAGE: usize = 50;
 const TIMELINE_PAGE: usize = 100;
+/// Sessions' summaries the list reads at once.
+const SUMMARIES_AT_ONCE: usize = 16;
 /// Lines on one page of stored text.
 const TEXT_PAGE: usize = 500;
 /// Largest form a `POST` may send.
 const MAX_FORM_BYTES: usize = 16 << 10;
-/// Journal records read at a time when a whole journal is summed.
-const READ_CHUNK: usize = 1_000;
 
 const SCRIPT: &str = include_str!("assets/ui.js");
 const STYLE: &str = include_str!("assets/ui.css");
@@ -140,7 +140,6 @@ where
     let query = Query::of(req.uri().query());
     let store = state.context.store().clone();
     let ctx = PageCtx {
-        state: &state,
         ui,
         store: store.as_ref(),
         caller: &caller,
@@ -190,7 +189,6 @@ where
 
 /// What a page handler reads.
 struct PageCtx<'a> {
-    state: &'a Shared,
     ui: &'a UiState,
     store: &'a dyn Store,
     caller: &'a Caller,
@@ -219,44 +217,26 @@ impl PageCtx<'_> {
         SessionId::parse(s).map_err(|_| not_found("session"))
     }
 
-    /// A request's caching terms, from its upstream (the default one when it is gone).
-    fn pricing(&self) -> impl Fn(&str, Option<&str>) -> crate::pricing::CachePricing + '_ {
-        move |upstream: &str, model: Option<&str>| {
-            let up = self
-                .state
-                .upstreams
-                .named(upstream)
-                .unwrap_or_else(|| self.state.upstreams.route(model));
-            up.cache.for_model(model.unwrap_or(""))
-        }
-    }
-
     /// Every record of a session's journal, summed into turns, holding a chunk at a time.
     async fn read_all(
         &self,
         tenant: &Tenant,
         session: &SessionId,
     ) -> Result<(Reader, usize), PageError> {
-        let pricing = self.pricing();
+        let pricing = self.ui.journal.pricing();
         let mut reader = Reader::default();
-        let mut end = READ_CHUNK;
-        loop {
-            let page = self
-                .store
-                .read_log_page(tenant, session, Some(end), READ_CHUNK)
-                .await
-                .map_err(InspectError::from)?;
-            for (n, record) in page.records.iter().enumerate() {
-                reader.read(page.first_index + n, record, &pricing);
-            }
-            if end >= page.total {
-                return Ok((reader, page.total));
-            }
-            end += READ_CHUNK;
-        }
+        let total = journal::read_journal(self.store, tenant, session, |i, record| {
+            reader.read(i, record, pricing);
+        })
+        .await
+        .map_err(InspectError::from)?;
+        Ok((reader, total))
     }
 
+    /// The sessions, newest first, a page at a time: each read from the summary the journal
+    /// writer keeps (one small record per session), never from its journal.
     async fn list(&self, q: &Query) -> PageResult {
+        use futures_util::StreamExt;
         let scope = (!self.caller.admin).then_some(&self.caller.tenant);
         let sessions = self
             .store
@@ -271,60 +251,52 @@ impl PageCtx<'_> {
         });
         let model = q.get("model").filter(|m| !m.is_empty());
         let offset: usize = q.get("offset").and_then(|o| o.parse().ok()).unwrap_or(0);
-        // Newest first: each session's last record.
-        let mut by_time = Vec::with_capacity(sessions.len());
-        for (tenant, session) in sessions {
-            let last = self
-                .store
-                .read_log_page(&tenant, &session, None, 1)
-                .await
-                .map_err(InspectError::from)?;
-            let at = last
-                .records
-                .first()
-                .and_then(|r| r.get("ts"))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            if since.as_deref().is_some_and(|since| at.as_str() < since) {
-                continue;
-            }
-            by_time.push((at, tenant, session));
-        }
-        by_time.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.name().cmp(&b.2.name())));
-        let mut rows = Vec::new();
+        let pricing = self.ui.journal.pricing();
+        let summaries: Vec<_> = futures_util::stream::iter(sessions)
+            .map(|(tenant, session)| async move {
+                let summary = journal::summary(self.store, &tenant, &session, pricing).await;
+                summary.map(|summary| (tenant, session, summary.totals))
+            })
+            .buffered(SUMMARIES_AT_ONCE)
+            .collect()
+            .await;
+        let mut by_time = Vec::with_capacity(summaries.len());
         let mut models = std::collections::BTreeSet::new();
-        let mut matched = 0;
-        let mut more = None;
-        for (_, tenant, session) in &by_time {
-            let (reader, _) = self.read_all(tenant, session).await?;
-            if let Some(m) = &reader.totals.model {
+        for summary in summaries {
+            let (tenant, session, totals) = summary.map_err(InspectError::from)?;
+            if let Some(m) = &totals.model {
                 models.insert(m.clone());
             }
-            if model.is_some() && reader.totals.model.as_deref() != model {
+            let at = totals.last_at.clone().unwrap_or_default();
+            if since.as_deref().is_some_and(|since| at.as_str() < since)
+                || model.is_some_and(|m| totals.model.as_deref() != Some(m))
+            {
                 continue;
             }
-            matched += 1;
-            if matched <= offset {
-                continue;
-            }
-            if rows.len() == LIST_PAGE {
-                let mut next = q.clone();
-                next.set("offset", (offset + LIST_PAGE).to_string());
-                more = Some(format!("/ui/?{}", next.encode()));
-                break;
-            }
-            rows.push(pages::ListRow {
-                query: session_query(tenant, session),
+            by_time.push((at, tenant, session, totals));
+        }
+        // Newest first: each session's last record.
+        by_time.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.name().cmp(&b.2.name())));
+        let more = (by_time.len() > offset.saturating_add(LIST_PAGE)).then(|| {
+            let mut next = q.clone();
+            next.set("offset", (offset + LIST_PAGE).to_string());
+            format!("/ui/?{}", next.encode())
+        });
+        let rows: Vec<pages::ListRow> = by_time
+            .into_iter()
+            .skip(offset)
+            .take(LIST_PAGE)
+            .map(|(_, tenant, session, totals)| pages::ListRow {
+                query: session_query(&tenant, &session),
                 session: session.name().into_owned(),
                 tenant: self.names.map(|names| {
                     names
-                        .name_of(tenant)
+                        .name_of(&tenant)
                         .map_or_else(|| tenant.as_str().to_string(), |n| format!("key {n}"))
                 }),
-                totals: reader.totals,
-            });
-        }
+                totals,
+            })
+            .collect();
         if let Some(m) = model {
             models.insert(m.to_string());
         }
@@ -378,7 +350,7 @@ impl PageCtx<'_> {
             query: &query,
             session: &name,
             tenant: tenant_label.as_deref(),
-            totals: &reader.totals,
+            totals: reader.totals(),
             turns: &reader.turns,
             page: page
                 .records

@@ -457,18 +457,34 @@ pub fn request_page(viewer: &Viewer, r: &RequestView) -> Markup {
                         thead { tr { th { "What the client sent" } th { "What the model received" } } }
                         tbody {
                             @for row in rows { (side_row(r, row)) }
+                            // Where they happened: after the last message the model received,
+                            // before the answer the client got.
+                            @if !l.reloads.is_empty() {
+                                tr.hidden-rounds {
+                                    td.client { p.empty { "(the client saw none of this)" } }
+                                    td.proxy { (hidden_rounds(l)) }
+                                }
+                            }
                         }
                     }
                 }
             }
-            @if !l.reloads.is_empty() {
-                section.hidden-rounds {
-                    h2 { "The proxy's hidden rounds" }
-                    p { "After the first answer the model called the proxy's own tools; the proxy answered and asked again. The client never saw these." }
-                    (reload_list(&l.reloads))
-                }
+            @if r.rows.is_none() && !l.reloads.is_empty() {
+                section { (hidden_rounds(l)) }
             }
         }))
+    }
+}
+
+/// The proxy's hidden rounds of a request: the calls of its own tools the model made and
+/// what they returned.
+fn hidden_rounds(l: &RequestLine) -> Markup {
+    html! {
+        div.hidden-rounds {
+            h2 { "The proxy's hidden rounds" }
+            p { "Here the model called the proxy's own tools; the proxy answered and asked again. The client never saw these." }
+            (reload_list(&l.reloads))
+        }
     }
 }
 

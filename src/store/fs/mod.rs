@@ -124,6 +124,28 @@ impl Store for FsStore {
             .await
     }
 
+    /// One blocking task for the whole batch.
+    async fn put_contents(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        kind: ContentKind,
+        contents: Vec<String>,
+    ) -> Result<Vec<ContentRef>, StoreError> {
+        if contents.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (t, s) = (tenant.clone(), session.clone());
+        self.tree
+            .run("put_contents", move |tree| {
+                contents
+                    .iter()
+                    .map(|content| tree.put_content(&t, &s, kind, content))
+                    .collect()
+            })
+            .await
+    }
+
     async fn get_content(
         &self,
         tenant: &Tenant,

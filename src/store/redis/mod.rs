@@ -173,6 +173,52 @@ impl Store for RedisStore {
         Ok(r)
     }
 
+    /// Two round trips for the whole batch: every key refreshed at once, then the missing ones
+    /// set at once. (Keys of one tenant share a hash slot: one pipeline works on a cluster.)
+    async fn put_contents(
+        &self,
+        tenant: &Tenant,
+        _session: &SessionId,
+        _kind: ContentKind,
+        contents: Vec<String>,
+    ) -> Result<Vec<ContentRef>, StoreError> {
+        if contents.is_empty() {
+            return Ok(Vec::new());
+        }
+        let refs: Vec<ContentRef> = contents.iter().map(|c| ContentRef::of(c)).collect();
+        let keys: Vec<String> = refs.iter().map(|r| self.content_key(tenant, r)).collect();
+        let mut conn = self.conn().await?;
+        let mut refresh = redis::pipe();
+        for key in &keys {
+            refresh.cmd("EXPIRE").arg(key).arg(self.ttl_secs);
+        }
+        let refreshed: Vec<bool> = refresh
+            .query_async(&mut conn)
+            .await
+            .map_err(failed("put_contents"))?;
+        let mut set = redis::pipe();
+        let mut missing = 0;
+        for ((key, content), refreshed) in keys.iter().zip(&contents).zip(refreshed) {
+            if !refreshed {
+                // NX: a concurrent writer of the same content may have been first; same bytes.
+                set.cmd("SET")
+                    .arg(key)
+                    .arg(content.as_bytes())
+                    .arg("NX")
+                    .arg("EX")
+                    .arg(self.ttl_secs)
+                    .ignore();
+                missing += 1;
+            }
+        }
+        if missing > 0 {
+            set.query_async::<()>(&mut conn)
+                .await
+                .map_err(failed("put_contents"))?;
+        }
+        Ok(refs)
+    }
+
     async fn get_content(
         &self,
         tenant: &Tenant,

@@ -54,6 +54,8 @@ impl Percentiles {
 pub struct Side {
     pub upstream_calls: usize,
     pub input_tokens: usize,
+    /// The input tokens of the largest call: what a budget bounds.
+    pub largest_call: usize,
     /// Share of consecutive calls of a session whose messages start with the previous call's.
     pub prefix_stability: f64,
     /// Share of input tokens that repeat the previous call's prefix.
@@ -175,6 +177,7 @@ impl Side {
         Side {
             upstream_calls: flat.len(),
             input_tokens,
+            largest_call: flat.iter().map(|c| c.tokens).max().unwrap_or(0),
             prefix_stability: ratio(stable, pairs),
             cached_share: ratio(shared, input_tokens),
             cost,
@@ -338,6 +341,9 @@ impl EstimateError {
 pub struct BilledSide {
     /// Answers that reported a usage.
     pub answers: usize,
+    /// The largest prompt an answer billed (input, cache writes and reads): what a budget
+    /// bounds, by the upstream's own count.
+    pub largest_prompt: u64,
     #[serde(flatten)]
     pub usage: super::send::Billed,
     pub cost: f64,
@@ -353,6 +359,8 @@ impl BilledSide {
         for billed in outcomes.iter().filter_map(|o| o.billed.as_ref()) {
             side.answers += 1;
             side.usage.add(billed);
+            let prompt = billed.input + billed.cache_write + billed.cache_read;
+            side.largest_prompt = side.largest_prompt.max(prompt);
         }
         side.cost = side.usage.cost(terms);
         (side.answers > 0).then_some(side)
@@ -508,6 +516,13 @@ impl Report {
         );
         row(
             &mut out,
+            "largest call",
+            wo.largest_call as f64,
+            w.map(|w| w.largest_call as f64),
+            false,
+        );
+        row(
+            &mut out,
             "prefix stability",
             wo.prefix_stability,
             w.map(|w| w.prefix_stability),
@@ -535,6 +550,7 @@ impl Report {
                 ),
                 ("cache writes", |b| b.usage.cache_write as f64),
                 ("cache reads", |b| b.usage.cache_read as f64),
+                ("largest prompt", |b| b.largest_prompt as f64),
                 ("output", |b| b.usage.output as f64),
                 ("cost", |b| b.cost),
             ] {

@@ -13,7 +13,7 @@ use std::path::Path;
 use bytes::Bytes;
 use serde_json::Value;
 
-use context_proxy_corpus::recording;
+use context_proxy_corpus::{recording, Wire};
 
 /// The API a request speaks, and so the path it goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -116,12 +116,10 @@ pub fn load(path: &Path) -> io::Result<Vec<Session>> {
                         body: Bytes::from(s.request_body(k)),
                         offset_ms: None,
                         stream: s.stream,
-                        api: if s.is_messages() {
-                            Api::Messages
-                        } else if s.wire == context_proxy_corpus::Wire::Responses {
-                            Api::Responses
-                        } else {
-                            Api::Chat
+                        api: match s.wire {
+                            Wire::Chat => Api::Chat,
+                            Wire::Responses => Api::Responses,
+                            Wire::Messages => Api::Messages,
                         },
                     })
                     .collect(),

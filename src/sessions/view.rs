@@ -14,11 +14,24 @@
 //! (`completion_tokens`, every call of the request), the same with and without the proxy
 //! (the answer is the client's either way). A model missing from the price table has no
 //! dollar figure; the page then shows full-price input tokens.
+//!
+//! A session's [`Summary`] (its totals and what the next turn's cost needs) is what the
+//! session list shows: the journal writer keeps one per session as a state record
+//! ([`SUMMARY_KEY`]), added to with every batch of lines, so the list reads one small record
+//! per session instead of every journal whole.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::journal::RequestLine;
+use super::line::RequestLine;
 use crate::pricing::{CachePricing, ModelPrice};
+
+/// The state record a session's [`Summary`] is kept under.
+pub const SUMMARY_KEY: &str = "ui-summary";
+
+/// A request's caching terms from its upstream's name and its model (the upstream routed to
+/// when that name is gone).
+pub type Pricing = dyn Fn(&str, Option<&str>) -> CachePricing + Send + Sync;
 
 /// The numbers of one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,14 +49,15 @@ pub struct Turn {
 }
 
 /// A cost in dollars, with the proxy and without it.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Dollars {
     pub with: f64,
     pub without: f64,
 }
 
 /// A session's totals over its requests.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Totals {
     pub turns: usize,
     pub tokens_before: u64,
@@ -73,25 +87,21 @@ impl Totals {
     }
 }
 
-/// Turns the request lines of a journal into turns, in order, carrying what the cost of the
-/// next one needs.
-#[derive(Debug, Default)]
-pub struct Reader {
-    previous_before: Option<usize>,
+/// A session's totals, and what the cost of its next turn needs: read line by line, in the
+/// journal's order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Summary {
+    /// The client's tokens of the last request read: the prefix the next one shares with it
+    /// without the proxy.
+    pub previous_before: Option<usize>,
     pub totals: Totals,
-    /// The turns read, oldest first.
-    pub turns: Vec<Turn>,
 }
 
-impl Reader {
-    /// Reads one journal record (its index `index`); `pricing` gives a request's caching terms
-    /// from its upstream and model.
-    pub fn read(
-        &mut self,
-        index: usize,
-        record: &Value,
-        pricing: &dyn Fn(&str, Option<&str>) -> CachePricing,
-    ) {
+impl Summary {
+    /// Reads one journal record (its index `index`) into the totals; its turn, when it is a
+    /// request line. `pricing` gives a request's caching terms from its upstream and model.
+    pub fn read(&mut self, index: usize, record: &Value, pricing: &Pricing) -> Option<Turn> {
         let ts = record.get("ts").and_then(Value::as_str).map(str::to_string);
         if self.totals.first_at.is_none() {
             self.totals.first_at.clone_from(&ts);
@@ -99,9 +109,7 @@ impl Reader {
         if ts.is_some() {
             self.totals.last_at = ts;
         }
-        let Some(line) = RequestLine::of(record) else {
-            return;
-        };
+        let line = RequestLine::of(record)?;
         let price = pricing(&line.upstream, line.model.as_deref());
         let shared_without = self
             .previous_before
@@ -146,14 +154,36 @@ impl Reader {
         if line.model.is_some() {
             t.model.clone_from(&line.model);
         }
-        self.turns.push(Turn {
+        Some(Turn {
             index,
             number: t.turns,
             line,
             cost_with,
             cost_without,
             dollars,
-        });
+        })
+    }
+}
+
+/// Turns the request lines of a journal into turns, in order, with the session's totals.
+#[derive(Debug, Default)]
+pub struct Reader {
+    pub summary: Summary,
+    /// The turns read, oldest first.
+    pub turns: Vec<Turn>,
+}
+
+impl Reader {
+    /// Reads one journal record (its index `index`), keeping its turn.
+    pub fn read(&mut self, index: usize, record: &Value, pricing: &Pricing) {
+        if let Some(turn) = self.summary.read(index, record, pricing) {
+            self.turns.push(turn);
+        }
+    }
+
+    /// The session's totals so far.
+    pub fn totals(&self) -> &Totals {
+        &self.summary.totals
     }
 }
 
@@ -185,11 +215,11 @@ mod tests {
         assert_eq!(r.turns[1].cost_without, 500.0 + 2000.0);
         assert_eq!(r.turns[1].cost_with, 400.0 + 400.0);
         assert_eq!(r.turns[1].index, 2);
-        assert_eq!(r.totals.turns, 2);
-        assert_eq!(r.totals.tokens_before, 4000);
-        assert_eq!(r.totals.summaries, 2);
-        assert_eq!(r.totals.last_at.as_deref(), Some("t"));
-        assert_eq!(r.totals.saved_share(), Some(1.0 - 2200.0 / 4000.0));
+        assert_eq!(r.totals().turns, 2);
+        assert_eq!(r.totals().tokens_before, 4000);
+        assert_eq!(r.totals().summaries, 2);
+        assert_eq!(r.totals().last_at.as_deref(), Some("t"));
+        assert_eq!(r.totals().saved_share(), Some(1.0 - 2200.0 / 4000.0));
     }
 
     /// With the proxy a turn costs every call it made: its forwarded request, a round of the
@@ -225,7 +255,7 @@ mod tests {
             "{t:?}"
         );
         assert_eq!(t.cost_without, 3000.0);
-        assert!((r.totals.cost_with - t.cost_with).abs() < 1e-9);
+        assert!((r.totals().cost_with - t.cost_with).abs() < 1e-9);
         // Dollars: those units at gpt-4o's input price.
         let d = t.dollars.unwrap();
         assert!((d.with - t.cost_with * 2.5 / 1e6).abs() < 1e-12, "{d:?}");
@@ -258,10 +288,10 @@ mod tests {
         let d = r.turns[1].dollars.unwrap();
         assert!((d.without - (0.125 + 1.25)).abs() < 1e-9, "{d:?}");
         assert!((d.with - 2.5).abs() < 1e-9);
-        let total = r.totals.dollars.unwrap();
+        let total = r.totals().dollars.unwrap();
         assert!((total.with - 3.76).abs() < 1e-9);
         r.read(2, &line("my-local-llama", 10, 0), &pricing);
         assert_eq!(r.turns[2].dollars, None);
-        assert_eq!(r.totals.dollars, None);
+        assert_eq!(r.totals().dollars, None);
     }
 }
