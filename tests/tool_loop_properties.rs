@@ -293,7 +293,9 @@ proptest! {
             }
             // On a model binding thinking to the prefix, an edit before the open loop's latest
             // assistant message is refused unless the API may drop the block.
-            Err(messages::Unmanaged::LatestThinking) => prop_assert!(binding && !drop_block),
+            Err(messages::Unmanaged::LatestThinking | messages::Unmanaged::BoundThinking) => {
+                prop_assert!(binding && !drop_block)
+            }
             Err(other) => prop_assert!(false, "unexpected refusal: {other}"),
         }
     }

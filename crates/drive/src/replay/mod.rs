@@ -28,7 +28,7 @@ use serde_json::Value;
 use context_proxy_pricing::CachePricing;
 use context_proxy_tokens::{CountSettings, Counter, Encoding};
 use cost::{Pricing, SummarizerCalls};
-use report::{report, BilledSide, Report, Side};
+use report::{report, BilledSide, Report, Side, UsageCache};
 use send::{drive, DriveOptions};
 use source::Session;
 
@@ -444,6 +444,26 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
     let mut report = report(&outcomes, duration, without, with, headline.name);
     report.sessions = sessions.iter().map(|s| s.id.clone()).collect();
     report.billed = BilledSide::of(&outcomes, &headline.terms);
+    // Anthropic caches at breakpoints, and its answers say what it read: on Messages traffic
+    // the prefix rows come from the usage, not from the prefix model.
+    let messages = sessions
+        .iter()
+        .any(|s| s.requests.iter().any(|r| r.api == source::Api::Messages));
+    if messages {
+        if let (Some(side), Some(usage)) = (
+            report.with_proxy.as_mut(),
+            UsageCache::of(&outcomes, sessions.len()),
+        ) {
+            usage.onto(side);
+        }
+        match direct
+            .as_ref()
+            .and_then(|(d, _)| UsageCache::of(d, sessions.len()))
+        {
+            Some(usage) => usage.onto(&mut report.without_proxy),
+            None => UsageCache::unknown(&mut report.without_proxy),
+        }
+    }
     if let Some((direct, seconds)) = direct {
         report.billed_direct = BilledSide::of(&direct, &headline.terms);
         report.direct_latency_ms = Some(report::Percentiles::of(

@@ -216,6 +216,80 @@ fn ratio(a: usize, b: usize) -> f64 {
     }
 }
 
+/// Prefix stability and the cached share of Anthropic Messages traffic, from the usage of its
+/// answers (what the provider's cache actually did), not from the prefix model of [`Side`]:
+/// Anthropic caches only at `cache_control` breakpoints, and its usage says what was read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct UsageCache {
+    /// Share of the answers after a session's first whose request read back the whole prefix
+    /// the previous request cached (its cache reads and writes).
+    pub prefix_stability: f64,
+    /// Cache reads over the prompt (input, cache writes and reads).
+    pub cached_share: f64,
+    /// The same share, per session in the traffic's order.
+    pub per_session: Vec<f64>,
+}
+
+impl UsageCache {
+    /// From `outcomes` (any order) over `sessions` sessions; `None` when no answer reported a
+    /// usage.
+    pub fn of(outcomes: &[Outcome], sessions: usize) -> Option<UsageCache> {
+        let mut ordered: Vec<(usize, usize, &super::send::Billed)> = outcomes
+            .iter()
+            .filter_map(|o| Some((o.session, o.index, o.billed.as_ref()?)))
+            .collect();
+        if ordered.is_empty() {
+            return None;
+        }
+        ordered.sort_by_key(|(s, i, _)| (*s, *i));
+        let (mut pairs, mut stable) = (0usize, 0usize);
+        let mut read = vec![0u64; sessions];
+        let mut prompt = vec![0u64; sessions];
+        let mut previous: Option<(usize, u64)> = None;
+        for (session, _, b) in ordered {
+            if let Some((_, cached)) = previous.filter(|(s, _)| *s == session) {
+                pairs += 1;
+                if b.cache_read >= cached && cached > 0 {
+                    stable += 1;
+                }
+            }
+            previous = Some((session, b.cache_read + b.cache_write));
+            if let (Some(r), Some(p)) = (read.get_mut(session), prompt.get_mut(session)) {
+                *r += b.cache_read;
+                *p += b.input + b.cache_write + b.cache_read;
+            }
+        }
+        let share = |r: u64, p: u64| if p == 0 { 0.0 } else { r as f64 / p as f64 };
+        Some(UsageCache {
+            prefix_stability: ratio(stable, pairs),
+            cached_share: share(read.iter().sum(), prompt.iter().sum()),
+            per_session: read
+                .iter()
+                .zip(&prompt)
+                .map(|(r, p)| share(*r, *p))
+                .collect(),
+        })
+    }
+
+    /// `side`'s prefix stability and cached shares replaced by these.
+    pub fn onto(&self, side: &mut Side) {
+        side.prefix_stability = self.prefix_stability;
+        side.cached_share = self.cached_share;
+        for (s, share) in side.per_session.iter_mut().zip(&self.per_session) {
+            s.cached_share = *share;
+        }
+    }
+
+    /// What is not known without the answers' usage (going direct was not measured).
+    pub fn unknown(side: &mut Side) {
+        side.prefix_stability = f64::NAN;
+        side.cached_share = f64::NAN;
+        for s in &mut side.per_session {
+            s.cached_share = f64::NAN;
+        }
+    }
+}
+
 /// Everything the replay measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -482,14 +556,18 @@ impl Report {
         let w = self.with_proxy.as_ref();
         let row = |out: &mut String, name: &str, a: f64, b: Option<f64>, pct: bool| {
             let fmt = |v: f64| {
-                if pct {
+                if v.is_nan() {
+                    "-".to_string()
+                } else if pct {
                     format!("{:.1}%", v * 1e2)
                 } else {
                     format!("{v:.0}")
                 }
             };
             let change = match b {
-                Some(b) if !pct && a > 0.0 => format!("{:+.1}%", (b / a - 1.0) * 1e2),
+                Some(b) if !pct && a > 0.0 && !b.is_nan() => {
+                    format!("{:+.1}%", (b / a - 1.0) * 1e2)
+                }
                 _ => String::new(),
             };
             let _ = writeln!(
@@ -879,5 +957,63 @@ mod tests {
         assert!((e.calibrated.p50 - 0.05).abs() < 1e-9, "{:?}", e.calibrated);
         assert_eq!(e.calibrated.under, 1);
         assert_eq!(EstimateError::of(&[]), None);
+    }
+
+    /// Messages traffic: stability and cached share from the answers' usage, hand-computed.
+    #[test]
+    fn messages_prefix_rows_come_from_the_usage() {
+        let outcome = |session, index, read, write| Outcome {
+            session,
+            index,
+            status: 200,
+            billed: Some(super::super::send::Billed {
+                input: 10,
+                cache_write: write,
+                cache_read: read,
+                ..Default::default()
+            }),
+            ..Outcome::default()
+        };
+        // Session 0: the second request reads back all the first cached; the third reads
+        // less than the second cached (an edit before its breakpoint). Given out of order.
+        let outcomes = [
+            outcome(0, 2, 1_000, 1_500),
+            outcome(1, 0, 0, 1_000),
+            outcome(0, 0, 0, 2_000),
+            outcome(0, 1, 2_000, 500),
+        ];
+        let u = UsageCache::of(&outcomes, 2).unwrap();
+        assert_eq!(u.prefix_stability, 0.5);
+        assert!((u.cached_share - 3_000.0 / 8_040.0).abs() < 1e-12);
+        assert!((u.per_session[0] - 3_000.0 / 7_030.0).abs() < 1e-12);
+        assert_eq!(u.per_session[1], 0.0);
+        assert_eq!(UsageCache::of(&[], 2), None);
+        // Onto a side; unknown without usage, shown as "-".
+        let calls = vec![
+            vec![call(100, 0, false, false)],
+            vec![call(50, 0, false, false)],
+        ];
+        let providers = super::super::cost::providers();
+        let mut side = Side::from_calls(&calls, &providers, &providers[0]);
+        u.onto(&mut side);
+        assert_eq!(side.prefix_stability, 0.5);
+        assert_eq!(side.per_session[1].cached_share, 0.0);
+        UsageCache::unknown(&mut side);
+        let r = Report {
+            without_proxy: side,
+            ..report(
+                &outcomes,
+                1.0,
+                Side::from_calls(&calls, &providers, &providers[0]),
+                None,
+                "anthropic",
+            )
+        };
+        let table = r.table();
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("cached share"))
+            .unwrap();
+        assert!(row.contains(" -"), "{row}");
     }
 }
