@@ -166,6 +166,13 @@ pub struct Report {
     /// The first such cut of its session: the manager warned about it just now (set by the
     /// planner, counted by the metrics).
     pub warn_unpaid: bool,
+    /// The marker of the moved-out run is part of `kept_prefix_tokens` (the boundary did not
+    /// move): a summary placed into it later counts there too.
+    pub marker_kept: bool,
+    /// The kept prefix shows stored content (the marker, a compacted or truncated result):
+    /// the previous request was offered the proxy's tools too, whose definitions the route
+    /// then counts in the kept prefix as well.
+    pub kept_refers_to_stored: bool,
     /// The pinned head takes more than half the budget ([`head_crowds_budget`]): the proxy's
     /// tools go out from the conversation's first request (set by the planner).
     pub head_crowds_budget: bool,
@@ -1347,6 +1354,7 @@ fn assemble(
                 tokens_after += tokens;
                 if i < kept_end {
                     kept += tokens;
+                    report.marker_kept = true;
                 }
                 out.push(message);
                 // The moved run holds these messages whole: their own writes are not needed,
@@ -1378,6 +1386,7 @@ fn assemble(
             kept += work.counts[i];
         }
         let slot = std::mem::take(&mut work.slots[i]);
+        report.kept_refers_to_stored |= i < kept_end && (slot.compacted || slot.truncated);
         if slot.compacted {
             report.compacted += 1;
         } else {
@@ -1396,6 +1405,7 @@ fn assemble(
     }
     report.tokens_after = tokens_after;
     report.kept_prefix_tokens = kept;
+    report.kept_refers_to_stored |= report.marker_kept;
     let changed =
         report.offloaded + report.truncated + report.compacted + report.minified + report.deduped
             > 0;

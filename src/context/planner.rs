@@ -909,7 +909,12 @@ fn place_into(
     let before = count(m);
     *m = adapter.with_text(m, summary::message_text(&slot.marker, &summary));
     let after = count(m);
-    outcome.report.tokens_after = (outcome.report.tokens_after + after).saturating_sub(before);
+    let report = &mut outcome.report;
+    report.tokens_after = (report.tokens_after + after).saturating_sub(before);
+    // The previous request showed the same summary: it is part of the prefix kept.
+    if report.marker_kept {
+        report.kept_prefix_tokens = (report.kept_prefix_tokens + after).saturating_sub(before);
+    }
     true
 }
 

@@ -5,7 +5,8 @@
 //! `NEEDLE KEY=VALUE` somewhere in the conversation. For the question itself (the last
 //! message), keys not visible are searched with `context_search` when that tool is offered
 //! and a `ctx_…` reference is present; on the next request (after the tool results) the mock
-//! answers `KEY=VALUE` per line, `KEY=?` for a needle it cannot see.
+//! answers `KEY=VALUE` per line, `KEY=?` for a needle it cannot see. A request whose system
+//! prompt asks for `## ` sections (the proxy's summarizer's) gets a summary with those headings.
 //!
 //! On the Responses API ([`reply_responses`]) the reader reads instead: while a needle is not
 //! visible and `context_read` is offered, it reads every stored reference the input names,
@@ -46,9 +47,13 @@ fn find(text: &str, key: &str) -> Option<String> {
     })
 }
 
-/// The reader's reply to `body`, or `None` when it holds no recall question.
+/// The reader's reply to `body`, or `None` when it holds no recall question nor asks for a
+/// structured summary.
 pub fn reply(body: &Value) -> Option<Reply> {
     let messages = body.get("messages")?.as_array()?;
+    if let Some(summary) = summary(messages) {
+        return Some(Reply::text(summary));
+    }
     let (at, question) = messages.iter().enumerate().rev().find_map(|(i, m)| {
         let text = (m["role"] == "user").then(|| texts(m).concat())?;
         Some((i, text.strip_prefix(QUESTION)?.to_string()))
@@ -210,6 +215,36 @@ pub fn reply_responses(body: &Value) -> Option<Reply> {
     }))
 }
 
+/// A system prompt that asks for sections, each a `## Heading` line of its own (the proxy's
+/// summarizer does): a summary with every heading and one line under it, saying how many
+/// messages it read and nothing of what they said (so a needle it read is not shown again:
+/// it is found by searching the stored originals).
+fn summary(messages: &[Value]) -> Option<String> {
+    let first = messages.first().filter(|m| m["role"] == "system")?;
+    let headings: Vec<&str> = texts(first)
+        .into_iter()
+        .flat_map(str::lines)
+        .filter(|l| l.starts_with("## "))
+        .collect();
+    if headings.is_empty() {
+        return None;
+    }
+    let read = messages.len() - 1;
+    Some(
+        headings
+            .iter()
+            .map(|h| {
+                format!(
+                    "{h}
+The mock read {read} messages here.
+"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,5 +319,18 @@ mod tests {
         let c = content(reply(&no_tools).unwrap());
         assert_eq!(c.content.as_deref(), Some("a=42\nb=?"));
         assert!(reply(&json!({"messages": [{"role": "user", "content": "hi"}]})).is_none());
+    }
+
+    #[test]
+    fn a_request_for_sections_gets_each_heading_and_no_needle() {
+        let system = json!({"role": "system", "content": "Write these sections:\n\n## Task overview\nWhat.\n\n## Next steps\nThen."});
+        let span = json!({"role": "user", "content": needle_line("a", "42")});
+        let c = content(reply(&json!({"messages": [system, span]})).unwrap());
+        let text = c.content.unwrap();
+        assert_eq!(
+            text,
+            "## Task overview\nThe mock read 1 messages here.\n\n## Next steps\nThe mock read 1 messages here.\n"
+        );
+        assert!(!text.contains("NEEDLE"));
     }
 }

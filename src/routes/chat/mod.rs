@@ -449,8 +449,16 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             ctx.managed.body = Some(bytes::Bytes::from(ctx.request.body.to_string()));
         }
         if ctx.managed.body.is_some() {
-            // The definitions go out with the request: they are counted in what it sends.
-            ctx.managed.report.tokens_after += ctx.offer_tokens;
+            // The definitions go out with the request: they are counted in what it sends, and
+            // in the prefix it keeps when the previous request had them too (it showed the
+            // same stored content, or the head crowds the budget).
+            let report = &mut ctx.managed.report;
+            report.tokens_after += ctx.offer_tokens;
+            if report.kept_prefix_tokens > 0
+                && (report.kept_refers_to_stored || report.head_crowds_budget)
+            {
+                report.kept_prefix_tokens += ctx.offer_tokens;
+            }
             ctx.reload = Some(tool_loop::Reload {
                 names,
                 client_had_tools,
