@@ -787,3 +787,39 @@ proptest! {
         prop_assert_eq!(plain.messages, deep.messages);
     }
 }
+
+/// Tool rounds before any user message (the task has not come yet) stay where they are with
+/// `pin_task`: a run moved out then would be pinned back into the head when the task arrives,
+/// its marker gone and the prefix rewritten without a boundary move (a case
+/// `stable_as_the_conversation_grows` found).
+#[test]
+fn rounds_before_the_task_are_pinned_until_it_comes() {
+    let turns = vec![
+        Turn::Tools(vec![322]),
+        Turn::Tools(vec![18642]),
+        Turn::Tools(vec![206]),
+        Turn::User(1),
+    ];
+    let full = build(&turns, 3477015008764128637);
+    let s = settings(Mode::Auto, 3000, 4);
+    let mut prior = Decision::default();
+    let mut previous: Option<Vec<Value>> = None;
+    for end in [3, 5, 7, 8, 9] {
+        let messages = &full[..end];
+        let outcome = run(messages, &s, prior);
+        assert_eq!(
+            outcome.decision.offload_before, 0,
+            "request of {end} moved out"
+        );
+        let out = outcome
+            .messages
+            .clone()
+            .unwrap_or_else(|| messages.to_vec());
+        assert_eq!(out[1], full[1], "request of {end}");
+        if let (Some(prev), true) = (&previous, outcome.decision == prior) {
+            assert_eq!(&out[..prev.len()], &prev[..], "request of {end}");
+        }
+        prior = outcome.decision;
+        previous = Some(out);
+    }
+}

@@ -1090,8 +1090,12 @@ fn movable(
     recent_start: usize,
 ) -> Option<Movable> {
     let is_instruction = |i: usize| items[i].kind == Kind::Instructions;
+    // With `pin_task`, a conversation whose task has not come yet (no user message: tool
+    // rounds after the instructions alone) is pinned whole: a run moved out now would be
+    // pinned back into the head, the marker gone, when the first user message arrives.
     let pinned_end = match items.iter().position(|m| m.kind == Kind::User) {
         Some(task) if settings.pin_task => task + 1,
+        None if settings.pin_task => items.len(),
         _ => 0,
     };
     let first = units
