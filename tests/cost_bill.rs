@@ -50,19 +50,8 @@ fn request(k: usize, last: &str) -> Value {
 
 /// `context_proxy_<name>_total{kind="<kind>"}` from the proxy's `/metrics`.
 async fn metric(h: &Harness, name: &str, kind: &str) -> f64 {
-    let text = h
-        .client
-        .get(h.url("/metrics"))
-        .send()
+    h.metric(&format!("context_proxy_{name}_total{{kind=\"{kind}\"}}"))
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let line = format!("context_proxy_{name}_total{{kind=\"{kind}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&line))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
 #[tokio::test]

@@ -95,19 +95,8 @@ fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
 
 /// The counter `name` from the proxy's `/metrics`.
 async fn metric(h: &Harness, name: &str) -> u64 {
-    let text = h
-        .client
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let full = format!("context_proxy_summary_{name}_total ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&full))
-        .map_or(0, |v| v.trim().parse().unwrap())
+    h.metric(&format!("context_proxy_summary_{name}_total"))
+        .await as u64
 }
 
 /// Waits (with a deadline) until every background summary queued has ended.

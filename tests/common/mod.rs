@@ -60,6 +60,24 @@ impl Harness {
     }
 
     /// POSTs `body` (sent as-is) to the proxy's chat-completions route.
+    /// The value of one series of the proxy's `/metrics`, named whole with its labels as the
+    /// exposition writes them (`context_proxy_calls_total{kind="reload"}`); 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let line = format!("{series} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .map_or(0.0, |v| v.trim().parse().unwrap())
+    }
+
     pub async fn chat_raw(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
         self.client
             .post(self.url("/v1/chat/completions"))
