@@ -10,52 +10,14 @@ mod common;
 use common::Harness;
 use context_proxy::context::adapter::{Adapter, Messages};
 use context_proxy::mock::{rules, MockConfig, Reply};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-/// A Claude Code session: the attribution line and a marked system prompt, tools, `turns`
-/// rounds of `Read` calls with large results, thinking on every assistant message (signed as
-/// the mock signs), the newest block marked; it ends with a plain user turn.
+/// A Claude Code session ([`common::claude_code_session`]) whose `Read` results repeat one
+/// line.
 fn session(model: &str, turns: usize, thinking: bool) -> Value {
-    let mut body = json!({
-        "model": model,
-        "max_tokens": 1024,
-        "system": [
-            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3.abc; cc_entrypoint=cli; cch=00000;"},
-            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}
-        ],
-        "tools": [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}],
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "Fix the failing test."}]}],
-    });
-    if thinking {
-        body["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
-    }
-    let push = |body: &mut Value, m: Value| body["messages"].as_array_mut().unwrap().push(m);
-    for t in 0..turns {
-        let mut content = vec![
-            json!({"type": "tool_use", "id": format!("toolu_{t:03}"), "name": "Read", "input": {"file_path": format!("/repo/src/f{t}.rs")}}),
-        ];
-        if thinking {
-            content.insert(0, rules::signed_thinking(&body, &format!("read file {t}")));
-        }
-        push(&mut body, json!({"role": "assistant", "content": content}));
-        let file = format!("fn f{t}() {{ println!(\"line\"); }}\n").repeat(120);
-        push(
-            &mut body,
-            json!({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": format!("toolu_{t:03}"), "content": file}]}),
-        );
-    }
-    let mut last = vec![json!({"type": "text", "text": "The test passes now."})];
-    if thinking {
-        last.insert(0, rules::signed_thinking(&body, "done"));
-    }
-    push(&mut body, json!({"role": "assistant", "content": last}));
-    push(
-        &mut body,
-        json!({"role": "user", "content": [
-        {"type": "text", "text": "Thanks. What else?", "cache_control": {"type": "ephemeral"}}]}),
-    );
-    body
+    common::claude_code_session(model, turns, thinking, |t| {
+        format!("fn f{t}() {{ println!(\"line\"); }}\n").repeat(120)
+    })
 }
 
 async fn small_budget() -> Harness {

@@ -13,49 +13,14 @@ use context_proxy::mock::{rules, MockConfig, MockUpstream, Reply};
 use context_proxy::upstream::UpstreamConfig;
 use serde_json::{json, Value};
 
-/// A Claude Code session of `turns` `Read` rounds (large results), thinking off unless
-/// `thinking`, ending with a plain user turn whose block is marked, as Claude Code marks it.
+/// A Claude Code session ([`common::claude_code_session`]) of `Read` results whose lines
+/// all differ.
 fn session(model: &str, turns: usize, thinking: bool) -> Value {
-    let mut body = json!({
-        "model": model,
-        "max_tokens": 1024,
-        "system": [
-            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3.abc; cc_entrypoint=cli; cch=00000;"},
-            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}
-        ],
-        "tools": [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}],
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "Fix the failing test."}]}],
-    });
-    if thinking {
-        body["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
-    }
-    let push = |body: &mut Value, m: Value| body["messages"].as_array_mut().unwrap().push(m);
-    for t in 0..turns {
-        let mut content = vec![json!({"type": "tool_use", "id": format!("toolu_{t:03}"),
-            "name": "Read", "input": {"file_path": format!("/repo/src/f{t}.rs")}})];
-        if thinking {
-            content.insert(0, rules::signed_thinking(&body, &format!("read file {t}")));
-        }
-        push(&mut body, json!({"role": "assistant", "content": content}));
-        let file: String = (0..120)
+    common::claude_code_session(model, turns, thinking, |t| {
+        (0..120)
             .map(|l| format!("fn f{t}_{l}() -> u32 {{ {l} }} // src/f{t}.rs:{l}\n"))
-            .collect();
-        push(
-            &mut body,
-            json!({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": format!("toolu_{t:03}"), "content": file}]}),
-        );
-    }
-    push(
-        &mut body,
-        json!({"role": "assistant", "content": [{"type": "text", "text": "The test passes now."}]}),
-    );
-    push(
-        &mut body,
-        json!({"role": "user", "content": [
-            {"type": "text", "text": "Thanks. What else?", "cache_control": {"type": "ephemeral"}}]}),
-    );
-    body
+            .collect()
+    })
 }
 
 async fn post(h: &Harness, session: &str, body: &Value) -> reqwest::Response {

@@ -430,3 +430,68 @@ pub fn responses_error_stream(said: &str, code: &str, message: &str) -> Reply {
         body.into(),
     )
 }
+
+/// A Claude Code session: the attribution line and a marked system prompt, tools, `turns`
+/// rounds of `Read` calls whose results are `file(round)`, thinking on every assistant message (signed as
+/// the mock signs), the newest block marked; it ends with a plain user turn.
+pub fn claude_code_session(
+    model: &str,
+    turns: usize,
+    thinking: bool,
+    file: impl Fn(usize) -> String,
+) -> serde_json::Value {
+    let mut body = serde_json::json!({
+        "model": model,
+        "max_tokens": 1024,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3.abc; cc_entrypoint=cli; cch=00000;"},
+            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}
+        ],
+        "tools": [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Fix the failing test."}]}],
+    });
+    if thinking {
+        body["thinking"] = serde_json::json!({"type": "enabled", "budget_tokens": 1024});
+    }
+    let push = |body: &mut serde_json::Value, m: serde_json::Value| {
+        body["messages"].as_array_mut().unwrap().push(m)
+    };
+    for t in 0..turns {
+        let mut content = vec![
+            serde_json::json!({"type": "tool_use", "id": format!("toolu_{t:03}"), "name": "Read", "input": {"file_path": format!("/repo/src/f{t}.rs")}}),
+        ];
+        if thinking {
+            content.insert(
+                0,
+                context_proxy::mock::rules::signed_thinking(&body, &format!("read file {t}")),
+            );
+        }
+        push(
+            &mut body,
+            serde_json::json!({"role": "assistant", "content": content}),
+        );
+        let file = file(t);
+        push(
+            &mut body,
+            serde_json::json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_{t:03}"), "content": file}]}),
+        );
+    }
+    let mut last = vec![serde_json::json!({"type": "text", "text": "The test passes now."})];
+    if thinking {
+        last.insert(
+            0,
+            context_proxy::mock::rules::signed_thinking(&body, "done"),
+        );
+    }
+    push(
+        &mut body,
+        serde_json::json!({"role": "assistant", "content": last}),
+    );
+    push(
+        &mut body,
+        serde_json::json!({"role": "user", "content": [
+        {"type": "text", "text": "Thanks. What else?", "cache_control": {"type": "ephemeral"}}]}),
+    );
+    body
+}
