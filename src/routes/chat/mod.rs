@@ -608,11 +608,15 @@ async fn tool_loop(
     answer: upstream::Incoming,
 ) -> Result<Answer, ProxyError> {
     let answer = match overflow::learn_limit(state, ctx, answer).await {
-        Ok((relayed, Some(limit))) => match overflow::retry(state, ctx, limit).await {
-            // A second "too long" is relayed as the upstream sent it.
-            Some(answer) => answer,
-            None => return Ok(relayed),
-        },
+        Ok((relayed, Some(limit))) => {
+            // Refused as too long: made, and not billed (`pricing::Call::refused`).
+            ctx.stats.refuse_last();
+            match overflow::retry(state, ctx, limit).await {
+                // A second "too long" is relayed as the upstream sent it.
+                Some(answer) => answer,
+                None => return Ok(relayed),
+            }
+        }
         Ok((relayed, None)) => return Ok(relayed),
         Err(answer) => answer,
     };
