@@ -451,13 +451,17 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         if ctx.managed.body.is_some() {
             // The definitions go out with the request: they are counted in what it sends, and
             // in the prefix it keeps when the previous request had them too (it showed the
-            // same stored content, or the head crowds the budget).
+            // same stored content, or the head crowds the budget). When they are new, the
+            // request's `tools` changed, and they lead the prompt the provider caches: nothing
+            // is kept.
             let report = &mut ctx.managed.report;
             report.tokens_after += ctx.offer_tokens;
-            if report.kept_prefix_tokens > 0
-                && (report.kept_refers_to_stored || report.head_crowds_budget)
-            {
-                report.kept_prefix_tokens += ctx.offer_tokens;
+            if report.kept_refers_to_stored || report.head_crowds_budget || rounds_back {
+                if report.kept_prefix_tokens > 0 {
+                    report.kept_prefix_tokens += ctx.offer_tokens;
+                }
+            } else {
+                report.kept_prefix_tokens = 0;
             }
             ctx.reload = Some(tool_loop::Reload {
                 names,
