@@ -176,7 +176,10 @@ async fn a_replay_with_a_reload_round_and_a_summary_bills_every_call_as_computed
         );
     }
     assert!(close(with.cost["deepseek"], forwarded + reload + summary));
-    assert!(close(with.cost["none"], t1 + t2 + t3 + hidden * 4.0 + summary));
+    assert!(close(
+        with.cost["none"],
+        t1 + t2 + t3 + hidden * 4.0 + summary
+    ));
 
     // The proxy counted the same calls, priced with its own count of what it sent (the
     // tokenizer's, but it counts its tool definitions apart from the client's) and the
@@ -319,7 +322,10 @@ async fn a_request_refused_as_too_long_is_not_billed_and_its_retry_is() {
     let tokens = |b: &Value| c.count_request(b).total;
     assert!(tokens(refused) > 6_000 && tokens(retry) <= 6_000);
     assert_eq!(refused["messages"], second["messages"]);
-    assert_ne!(retry["tools"], one["tools"], "the retry offers the proxy's tools");
+    assert_ne!(
+        retry["tools"], one["tools"],
+        "the retry offers the proxy's tools"
+    );
     // By hand: the first call in full (nothing before it), the refused one free, the retry in
     // full (its prompt starts with tools the first call did not have).
     let (t1, t3) = (tokens(one) as f64, tokens(retry) as f64);
@@ -334,7 +340,10 @@ async fn a_request_refused_as_too_long_is_not_billed_and_its_retry_is() {
     let close = |a: f64, b: f64| (a - b).abs() < 1e-6 * b.max(1.0);
     for (k, cost) in [("forwarded", t1), ("retry", t3)] {
         let by_report = kind(k).cost["deepseek"];
-        assert!(close(by_report, cost), "{k}: {by_report} by the report, {cost} by hand");
+        assert!(
+            close(by_report, cost),
+            "{k}: {by_report} by the report, {cost} by hand"
+        );
     }
     assert!(close(with.cost["deepseek"], t1 + t3));
 
@@ -373,12 +382,7 @@ async fn a_request_refused_as_too_long_is_not_billed_and_its_retry_is() {
     other["model"] = json!("other-model");
     let resp = h.chat(&other).await;
     assert_eq!(resp.status(), 200);
-    let header = |name: &str| {
-        resp.headers()[name]
-            .to_str()
-            .unwrap()
-            .to_string()
-    };
+    let header = |name: &str| resp.headers()[name].to_str().unwrap().to_string();
     assert_eq!(
         header("x-context-upstream-calls"),
         "forwarded=1,reload=0,retry=1,summarizer=0"
@@ -386,8 +390,15 @@ async fn a_request_refused_as_too_long_is_not_billed_and_its_retry_is() {
     let after: f64 = header("x-context-tokens-after").parse().unwrap();
     let kept: f64 = header("x-context-kept-prefix-tokens").parse().unwrap();
     let cost: f64 = header("x-context-cost-tokens").parse().unwrap();
-    let deepseek = if kept >= 64.0 { kept * 0.1 + (after - kept) } else { after };
-    assert!((cost - deepseek).abs() <= 0.1, "{cost} by the header, {deepseek} by hand");
+    let deepseek = if kept >= 64.0 {
+        kept * 0.1 + (after - kept)
+    } else {
+        after
+    };
+    assert!(
+        (cost - deepseek).abs() <= 0.1,
+        "{cost} by the header, {deepseek} by hand"
+    );
     assert!(after <= 6_000.0);
     assert_eq!(metric(&h, "calls", "retry").await, 2.0);
 }
