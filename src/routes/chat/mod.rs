@@ -396,8 +396,10 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     // do not change the cached prefix at its first cut (`engine::head_crowds_budget`).
     let rounds_back = ctx.client_raw.is_some();
     let early = plan.report.head_crowds_budget && !plan.store_failed;
+    // The input names stored content itself (an expanded compaction): the tools read it.
+    let named = !ctx.named_refs.is_empty();
     let offered = match (
-        plan.refers_to_stored_content() || rounds_back || early,
+        plan.refers_to_stored_content() || rounds_back || early || named,
         ctx.format.tool_loop,
     ) {
         (true, Some(wire)) => match ctx.offer.clone() {
@@ -444,7 +446,7 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
                     .inject_bytes(body, &ctx.request.body, &names)
                     .map(bytes::Bytes::from);
             }
-        } else if early && unchanged && ctx.managed.counted {
+        } else if (early || named) && unchanged && ctx.managed.counted {
             // Nothing else changed: the body goes out with the tools alone.
             ctx.managed.body = Some(bytes::Bytes::from(ctx.request.body.to_string()));
         }
@@ -459,10 +461,17 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             {
                 report.kept_prefix_tokens += ctx.offer_tokens;
             }
+            let mut refs = ctx.managed.refs.clone();
+            refs.extend(
+                ctx.named_refs
+                    .iter()
+                    .filter(|r| !ctx.managed.refs.contains(r))
+                    .cloned(),
+            );
             ctx.reload = Some(tool_loop::Reload {
                 names,
                 client_had_tools,
-                refs: ctx.managed.refs.clone(),
+                refs,
             });
         } else {
             // Nothing was stored after all (the store failed): no tools either.
