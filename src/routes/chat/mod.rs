@@ -453,13 +453,17 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         if ctx.managed.body.is_some() {
             // The definitions go out with the request: they are counted in what it sends, and
             // in the prefix it keeps when the previous request had them too (it showed the
-            // same stored content, or the head crowds the budget).
+            // same stored content, or the head crowds the budget). When they are new, the
+            // request's `tools` changed, and they lead the prompt the provider caches: nothing
+            // is kept.
             let report = &mut ctx.managed.report;
             report.tokens_after += ctx.offer_tokens;
-            if report.kept_prefix_tokens > 0
-                && (report.kept_refers_to_stored || report.head_crowds_budget)
-            {
-                report.kept_prefix_tokens += ctx.offer_tokens;
+            if report.kept_refers_to_stored || report.head_crowds_budget || rounds_back {
+                if report.kept_prefix_tokens > 0 {
+                    report.kept_prefix_tokens += ctx.offer_tokens;
+                }
+            } else {
+                report.kept_prefix_tokens = 0;
             }
             let mut refs = ctx.managed.refs.clone();
             refs.extend(
@@ -617,11 +621,15 @@ async fn tool_loop(
     answer: upstream::Incoming,
 ) -> Result<Answer, ProxyError> {
     let answer = match overflow::learn_limit(state, ctx, answer).await {
-        Ok((relayed, Some(limit))) => match overflow::retry(state, ctx, limit).await {
-            // A second "too long" is relayed as the upstream sent it.
-            Some(answer) => answer,
-            None => return Ok(relayed),
-        },
+        Ok((relayed, Some(limit))) => {
+            // Refused as too long: made, and not billed (`pricing::Call::refused`).
+            ctx.stats.refuse_last();
+            match overflow::retry(state, ctx, limit).await {
+                // A second "too long" is relayed as the upstream sent it.
+                Some(answer) => answer,
+                None => return Ok(relayed),
+            }
+        }
         Ok((relayed, None)) => return Ok(relayed),
         Err(answer) => answer,
     };
