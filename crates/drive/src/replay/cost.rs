@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use context_proxy_pricing::{CachePricing, ModelPrice, PRESETS};
-use context_proxy_tokens::Counter;
+use context_proxy_tokens::{head_tokens, shared_prefix, Counter};
 
 /// One row of the report: a name and its caching terms.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -122,52 +122,54 @@ fn count(counter: &Counter, body: &Value) -> context_proxy_tokens::RequestCount 
     }
 }
 
-/// Counts the upstream calls of one session, in order.
+/// Counts the upstream calls of one session, in order. The prefix a call shares with the
+/// previous one is [`shared_prefix`]'s (the page's too): its parts are the head (model, tools
+/// and instructions, by their bytes; [`head_tokens`]) and each message or input item, by its
+/// bytes.
 pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
     let mut calls = Vec::with_capacity(bodies.len());
-    let mut previous: Option<(&Value, Vec<Vec<u8>>)> = None;
+    let mut previous: Option<(&Value, Vec<Part>)> = None;
     for body in bodies {
         let count = count(counter, body);
-        let messages: Vec<Vec<u8>> = conversation(body)
-            .map(|m| {
-                m.iter()
-                    .map(|m| serde_json::to_vec(m).unwrap_or_default())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let (shared, extends) = match &previous {
-            Some((prev, prev_messages))
-                if prev.get("model") == body.get("model")
-                    && prev.get("tools") == body.get("tools")
-                    && prev.get("instructions") == body.get("instructions") =>
-            {
-                let common = prev_messages
-                    .iter()
-                    .zip(&messages)
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                // What comes before the conversation: the tools (and on the Responses API
-                // the instructions, counted outside the items).
-                let head = if is_responses(body) {
-                    count.total - count.per_message.iter().sum::<usize>()
-                } else {
-                    count.tools
-                };
-                let tokens = head + count.per_message[..common].iter().sum::<usize>();
-                (tokens, common == prev_messages.len())
-            }
-            _ => (0, false),
-        };
+        let head = Part::Head(
+            body.get("model"),
+            body.get("tools"),
+            body.get("instructions"),
+        );
+        let parts: Vec<Part> = std::iter::once(head)
+            .chain(
+                conversation(body)
+                    .into_iter()
+                    .flatten()
+                    .map(|m| Part::Message(serde_json::to_vec(m).unwrap_or_default())),
+            )
+            .collect();
+        let tokens: Vec<usize> = std::iter::once(head_tokens(&count, is_responses(body)))
+            .chain(count.per_message.iter().copied())
+            .collect();
+        let shared = shared_prefix(
+            previous.as_ref().map(|(_, p)| p.as_slice()),
+            &parts,
+            &tokens,
+        );
         calls.push(Call {
             kind: kind_of(body, previous.as_ref().map(|(p, _)| *p)),
             tokens: count.total,
-            shared_prefix_tokens: shared.min(count.total),
-            extends_previous: extends,
+            shared_prefix_tokens: shared.tokens.min(count.total),
+            extends_previous: shared.extends,
             has_previous: previous.is_some(),
         });
-        previous = Some((body, messages));
+        previous = Some((body, parts));
     }
     calls
+}
+
+/// A part of a call's prefix: its head (model, tools, instructions, compared as JSON values),
+/// or one message or input item (compared byte for byte).
+#[derive(PartialEq)]
+enum Part<'a> {
+    Head(Option<&'a Value>, Option<&'a Value>, Option<&'a Value>),
+    Message(Vec<u8>),
 }
 
 /// The summarizer's calls of a run: they answer no client request of their own, are billed at
