@@ -301,7 +301,7 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         ctx.exact_scale = scale;
         route.scale = scale;
     }
-    let plan = state
+    let mut plan = state
         .context
         .plan(
             ctx.identity.as_ref(),
@@ -310,6 +310,9 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
             &route,
         )
         .await;
+    if state.ui.is_some() {
+        ctx.client_parts = plan.client_parts.take();
+    }
     if plan.restored > 0 {
         ctx.restored = plan.restored;
         ctx.body_changed = true;
