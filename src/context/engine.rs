@@ -176,6 +176,10 @@ pub struct Report {
     /// The pinned head takes more than half the budget ([`head_crowds_budget`]): the proxy's
     /// tools go out from the conversation's first request (set by the planner).
     pub head_crowds_budget: bool,
+    /// Changes decided before a thinking block the model binds to its prefix were held back:
+    /// only what follows the last thinking block changed (set when the decision is written;
+    /// `x-context-actions` says `held_back=thinking`).
+    pub held_back: bool,
 }
 
 /// A forced cut that costs more than going direct, by the [`CutModel`].
@@ -240,6 +244,9 @@ impl Report {
             if n > 0 {
                 parts.push(format!("{what}={n}"));
             }
+        }
+        if self.held_back {
+            parts.push("held_back=thinking".into());
         }
         if parts.is_empty() {
             "none".into()

@@ -108,6 +108,14 @@ pub trait LoopWire: Send + Sync {
         false
     }
 
+    /// Whether the client's answer holds its part of the earlier rounds' answers too
+    /// ([`LoopWire::merge`]): where a stream shows each round's items as they come (the
+    /// Responses API) the JSON answer must hold them too, so both modes give the same items.
+    /// True for every wire that merges rounds.
+    fn shows_earlier_rounds(&self) -> bool {
+        self.merges_rounds()
+    }
+
     /// Puts the client's part of the `earlier` answers before the final `answer`'s own.
     fn merge(&self, answer: &mut Value, earlier: &[Value], is_proxy: &dyn Fn(&str) -> bool) {
         let _ = (answer, earlier, is_proxy);

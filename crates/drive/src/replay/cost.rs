@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use context_proxy_pricing::{CachePricing, ModelPrice, PRESETS};
-use context_proxy_tokens::Counter;
+use context_proxy_tokens::{head_tokens, shared_prefix, Counter};
 
 /// One row of the report: a name and its caching terms.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -141,23 +141,35 @@ fn count(counter: &Counter, body: &Value) -> context_proxy_tokens::RequestCount 
     }
 }
 
-/// Counts the upstream calls of one session, in order. A retry follows a call the upstream
-/// refused as too long: that call is marked refused, and the retry's cached prefix is the one
-/// of the call before it (a refused request is not cached).
+/// Counts the upstream calls of one session, in order. The prefix a call shares with the
+/// previous one is [`shared_prefix`]'s (the page's too): its parts are the head (model, tools
+/// and instructions, by their bytes; [`head_tokens`]) and each message or input item, by its
+/// bytes. A retry follows a call the upstream refused as too long: that call is marked
+/// refused, and the retry's cached prefix is the one of the call before it (a refused request
+/// is not cached).
 pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
     let mut calls: Vec<Call> = Vec::with_capacity(bodies.len());
     // The last call sent, and the one before it.
-    let mut previous: Option<(&Value, Vec<Vec<u8>>)> = None;
-    let mut before_previous: Option<(&Value, Vec<Vec<u8>>)> = None;
+    let mut previous: Option<(&Value, Vec<Part>)> = None;
+    let mut before_previous: Option<(&Value, Vec<Part>)> = None;
     for body in bodies {
         let count = count(counter, body);
-        let messages: Vec<Vec<u8>> = conversation(body)
-            .map(|m| {
-                m.iter()
-                    .map(|m| serde_json::to_vec(m).unwrap_or_default())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let head = Part::Head(
+            body.get("model"),
+            body.get("tools"),
+            body.get("instructions"),
+        );
+        let parts: Vec<Part> = std::iter::once(head)
+            .chain(
+                conversation(body)
+                    .into_iter()
+                    .flatten()
+                    .map(|m| Part::Message(serde_json::to_vec(m).unwrap_or_default())),
+            )
+            .collect();
+        let tokens: Vec<usize> = std::iter::once(head_tokens(&count, is_responses(body)))
+            .chain(count.per_message.iter().copied())
+            .collect();
         let kind = kind_of(body, previous.as_ref().map(|(p, _)| *p));
         if kind == CallKind::Retry {
             if let Some(refused) = calls.last_mut() {
@@ -169,38 +181,17 @@ pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
         } else {
             &previous
         };
-        let (shared, extends) = match base {
-            Some((prev, prev_messages))
-                if prev.get("model") == body.get("model")
-                    && prev.get("tools") == body.get("tools")
-                    && prev.get("instructions") == body.get("instructions") =>
-            {
-                let common = prev_messages
-                    .iter()
-                    .zip(&messages)
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                // What comes before the conversation: the tools (and on the Responses API
-                // the instructions, counted outside the items).
-                let head = if is_responses(body) {
-                    count.total - count.per_message.iter().sum::<usize>()
-                } else {
-                    count.tools
-                };
-                let tokens = head + count.per_message[..common].iter().sum::<usize>();
-                (tokens, common == prev_messages.len())
-            }
-            _ => (0, false),
-        };
+        let shared = shared_prefix(base.as_ref().map(|(_, p)| p.as_slice()), &parts, &tokens);
         // A reload round resends the model's output of the round before it, which the
-        // client never saw: from the previous call's end, what is not a result.
+        // client never saw: from the previous call's end (its parts are its head, then its
+        // messages), what is not a result.
         let hidden_output: usize = match (kind, &previous) {
-            (CallKind::Reload, Some((_, prev_messages))) => conversation(body)
+            (CallKind::Reload, Some((_, prev_parts))) => conversation(body)
                 .map(|items| {
                     items
                         .iter()
                         .zip(&count.per_message)
-                        .skip(prev_messages.len())
+                        .skip(prev_parts.len().saturating_sub(1))
                         .filter(|(item, _)| is_model_output(item))
                         .map(|(_, &t)| t)
                         .sum()
@@ -215,14 +206,22 @@ pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
             hidden_output,
             hidden_output_cost: ModelPrice::relative_cost(model, model, 0, hidden_output),
             refused: false,
-            shared_prefix_tokens: shared.min(count.total),
-            extends_previous: extends,
+            shared_prefix_tokens: shared.tokens.min(count.total),
+            extends_previous: shared.extends,
             has_previous: previous.is_some(),
         });
         before_previous = previous.take();
-        previous = Some((body, messages));
+        previous = Some((body, parts));
     }
     calls
+}
+
+/// A part of a call's prefix: its head (model, tools, instructions, compared as JSON values),
+/// or one message or input item (compared byte for byte).
+#[derive(PartialEq)]
+enum Part<'a> {
+    Head(Option<&'a Value>, Option<&'a Value>, Option<&'a Value>),
+    Message(Vec<u8>),
 }
 
 /// The summarizer's calls of a run: they answer no client request of their own, are billed at
