@@ -309,7 +309,7 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         ctx.exact_scale = scale;
         route.scale = scale;
     }
-    let plan = state
+    let mut plan = state
         .context
         .plan(
             ctx.identity.as_ref(),
@@ -318,6 +318,9 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
             &route,
         )
         .await;
+    if state.ui.is_some() {
+        ctx.client_parts = plan.client_parts.take();
+    }
     if plan.restored > 0 {
         ctx.restored = plan.restored;
         ctx.body_changed = true;
@@ -404,8 +407,10 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     // do not change the cached prefix at its first cut (`engine::head_crowds_budget`).
     let rounds_back = ctx.client_raw.is_some();
     let early = plan.report.head_crowds_budget && !plan.store_failed;
+    // The input names stored content itself (an expanded compaction): the tools read it.
+    let named = !ctx.named_refs.is_empty();
     let offered = match (
-        plan.refers_to_stored_content() || rounds_back || early,
+        plan.refers_to_stored_content() || rounds_back || early || named,
         ctx.format.tool_loop,
     ) {
         (true, Some(wire)) => match ctx.offer.clone() {
@@ -452,25 +457,36 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
                     .inject_bytes(body, &ctx.request.body, &names)
                     .map(bytes::Bytes::from);
             }
-        } else if early && unchanged && ctx.managed.counted {
+        } else if (early || named) && unchanged && ctx.managed.counted {
             // Nothing else changed: the body goes out with the tools alone.
             ctx.managed.body = Some(bytes::Bytes::from(ctx.request.body.to_string()));
         }
         if ctx.managed.body.is_some() {
             // The definitions go out with the request: they are counted in what it sends, and
             // in the prefix it keeps when the previous request had them too (it showed the
-            // same stored content, or the head crowds the budget).
+            // same stored content, or the head crowds the budget). When they are new, the
+            // request's `tools` changed, and they lead the prompt the provider caches: nothing
+            // is kept.
             let report = &mut ctx.managed.report;
             report.tokens_after += ctx.offer_tokens;
-            if report.kept_prefix_tokens > 0
-                && (report.kept_refers_to_stored || report.head_crowds_budget)
-            {
-                report.kept_prefix_tokens += ctx.offer_tokens;
+            if report.kept_refers_to_stored || report.head_crowds_budget || rounds_back {
+                if report.kept_prefix_tokens > 0 {
+                    report.kept_prefix_tokens += ctx.offer_tokens;
+                }
+            } else {
+                report.kept_prefix_tokens = 0;
             }
+            let mut refs = ctx.managed.refs.clone();
+            refs.extend(
+                ctx.named_refs
+                    .iter()
+                    .filter(|r| !ctx.managed.refs.contains(r))
+                    .cloned(),
+            );
             ctx.reload = Some(tool_loop::Reload {
                 names,
                 client_had_tools,
-                refs: ctx.managed.refs.clone(),
+                refs,
             });
         } else {
             // Nothing was stored after all (the store failed): no tools either.
@@ -616,11 +632,15 @@ async fn tool_loop(
     answer: upstream::Incoming,
 ) -> Result<Answer, ProxyError> {
     let answer = match overflow::learn_limit(state, ctx, answer).await {
-        Ok((relayed, Some(limit))) => match overflow::retry(state, ctx, limit).await {
-            // A second "too long" is relayed as the upstream sent it.
-            Some(answer) => answer,
-            None => return Ok(relayed),
-        },
+        Ok((relayed, Some(limit))) => {
+            // Refused as too long: made, and not billed (`pricing::Call::refused`).
+            ctx.stats.refuse_last();
+            match overflow::retry(state, ctx, limit).await {
+                // A second "too long" is relayed as the upstream sent it.
+                Some(answer) => answer,
+                None => return Ok(relayed),
+            }
+        }
         Ok((relayed, None)) => return Ok(relayed),
         Err(answer) => answer,
     };
