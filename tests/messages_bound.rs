@@ -43,6 +43,10 @@ fn edit_config(config: &mut Config, budget: usize) {
 async fn proxy(mock: &MockUpstream, store: StoreConfig, budget: usize) -> RunningServer {
     let mut config = common::config_for(&mock.base_url());
     config.store = store;
+    // A store call that times out fails open: the client's bytes go, which a binding
+    // conversation's signatures refuse (see the report of issue 22). The loaded test machine
+    // has seen the fs store take over the default 2 s.
+    config.store.op_timeout_ms = 10_000;
     edit_config(&mut config, budget);
     RunningServer::start(config.validate().unwrap())
         .await
@@ -66,6 +70,11 @@ struct Session {
 
 impl Session {
     fn new() -> Session {
+        Session::with("You are Claude Code.", "Read every file and summarize.")
+    }
+
+    /// A conversation with its own system prompt and task (a sub-agent's).
+    fn with(system: &str, task: &str) -> Session {
         Session {
             body: json!({
                 "model": MODEL,
@@ -73,10 +82,10 @@ impl Session {
                 "thinking": {"type": "adaptive"},
                 "system": [
                     {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328; cc_entrypoint=sdk-cli;"},
-                    {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}
+                    {"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}
                 ],
                 "tools": [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}],
-                "messages": [{"role": "user", "content": "Read every file and summarize."}],
+                "messages": [{"role": "user", "content": task}],
             }),
         }
     }
@@ -280,4 +289,37 @@ async fn older_results_are_compacted_at_the_turn_boundary_and_repeated_in_the_lo
         "{}",
         sent[rounds + 1]
     );
+}
+
+/// Claude Code's sub-agents share the session header of the agent that started them: two
+/// conversations of one session, interleaved request by request, each repeat their own edits.
+#[tokio::test]
+async fn a_sub_agent_in_the_same_session_keeps_its_own_record() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let memory = StoreConfig {
+        backend: Backend::Memory,
+        ..StoreConfig::default()
+    };
+    let server = proxy(&mock, memory, 60_000).await;
+    let rounds = 4;
+    for r in 0..2 * rounds {
+        mock.push(Reply::tool_calls(vec![(
+            "Read".into(),
+            json!({"file_path": format!("/repo/src/g{r}.rs")}),
+        )]));
+    }
+    mock.push(Reply::text("Done."));
+    mock.push(Reply::text("Done."));
+    let mut main = Session::new();
+    let mut sub = Session::with("You are a sub-agent of Claude Code.", "Find the tests.");
+    let mut actions = Vec::new();
+    for k in 0..=rounds {
+        actions.push(main.send(server.addr(), 2 * k, "Next.").await.actions);
+        actions.push(sub.send(server.addr(), 2 * k + 1, "Next.").await.actions);
+    }
+    let truncated = actions.iter().filter(|a| a.contains("truncated")).count();
+    assert!(truncated >= 2 * rounds - 2, "{actions:#?}");
+    for (k, body) in forwarded(&mock).iter().enumerate() {
+        assert_eq!(rules::check_messages(body), Ok(()), "request {k}");
+    }
 }

@@ -128,10 +128,6 @@ pub struct ContextManager {
     vetting: KeyVetting,
 }
 
-/// The session state key of what a conversation on a model binding thinking to its prefix
-/// last forwarded ([`Forwarded`]).
-const FORWARDED_KEY: &str = "forwarded";
-
 impl ContextManager {
     pub fn new(config: ContextConfig, counter: Counter, store: Arc<dyn Store>) -> ContextManager {
         ContextManager {
@@ -143,11 +139,12 @@ impl ContextManager {
     }
 
     /// `identity`'s request was forwarded as `record` says (on a model binding thinking to
-    /// its prefix, with thinking on): kept in the store, where the next request of the
-    /// conversation, on any replica or after a restart, finds what it must repeat. A store
-    /// error only warns.
+    /// its prefix, with thinking on): kept in the store, under the session's state key
+    /// `forwarded-…` of the conversation ([`adapter::messages_bound::state_key`]), where the
+    /// next request of the conversation, on any replica or after a restart, finds what it must
+    /// repeat. A store error only warns.
     pub async fn remember_forwarded(&self, identity: &Identity, record: &Forwarded) {
-        let Ok(key) = crate::store::StateKey::parse(FORWARDED_KEY) else {
+        let Ok(key) = crate::store::StateKey::parse(record.state_key()) else {
             return;
         };
         let Ok(bytes) = serde_json::to_vec(record) else {
@@ -164,8 +161,8 @@ impl ContextManager {
 
     /// What `identity`'s previous request forwarded ([`ContextManager::remember_forwarded`]);
     /// `None` when nothing is kept or the store fails (warned).
-    async fn forwarded_before(&self, identity: &Identity) -> Option<Forwarded> {
-        let key = crate::store::StateKey::parse(FORWARDED_KEY).ok()?;
+    async fn forwarded_before(&self, identity: &Identity, body: &Value) -> Option<Forwarded> {
+        let key = crate::store::StateKey::parse(&adapter::messages_bound::state_key(body)).ok()?;
         match self
             .store
             .get_state(&identity.tenant, &identity.session, &key)
@@ -526,7 +523,7 @@ impl ContextManager {
             ..rules
         };
         let decided = write_bytes(raw, body, payloads, items, unbound)?;
-        let before = self.forwarded_before(identity).await;
+        let before = self.forwarded_before(identity, body).await;
         let written = adapter::messages_bound::write_bound(raw, body, decided, before.as_ref())?;
         let shown: Value =
             serde_json::from_slice(&written.body).map_err(|_| Unmanaged::Misaligned)?;

@@ -33,9 +33,23 @@ use crate::tokens::field;
 /// not remembered, and its next request is judged as if nothing had been rewritten before.
 pub const MAX_RECORD_BYTES: usize = 4 << 20;
 
+/// The session state key of the record of `body`'s conversation: `forwarded-` and a hash of
+/// its `system` and first message (without `cache_control`). Claude Code's sub-agents share
+/// the session of the agent that started them, with a system prompt and a task of their own:
+/// each conversation keeps its own record.
+pub fn state_key(body: &Value) -> String {
+    let system = body.get("system").map(without_markers).unwrap_or_default();
+    let first = bound_hashes(body).first().copied().unwrap_or_default();
+    let mut bytes = system.to_string().into_bytes();
+    bytes.extend_from_slice(&first.to_le_bytes());
+    format!("forwarded-{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
+}
+
 /// What one request of a conversation forwarded, against the client's messages it stood for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Forwarded {
+    /// The conversation's state key ([`state_key`]).
+    key: String,
     /// How many of the client's messages the request held.
     covers: usize,
     /// The digest of those messages as a signature reads them ([`bound_hashes`]), hex.
@@ -113,10 +127,16 @@ impl Forwarded {
             }
         }
         Some(Forwarded {
+            key: state_key(client),
             covers: client_hashes.len(),
             client: digest(&client_hashes),
             shown,
         })
+    }
+
+    /// The session state key it is kept under ([`state_key`]).
+    pub fn state_key(&self) -> &str {
+        &self.key
     }
 
     /// Whether the client's messages (their [`bound_hashes`]) still begin with the ones this
