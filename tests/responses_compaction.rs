@@ -13,7 +13,7 @@ use context_proxy::app::config::Config;
 use context_proxy::context::compaction::SEAL_PREFIX;
 use context_proxy::context::summary::PROMPT_OPENING;
 use context_proxy::context::Mode;
-use context_proxy::mock::{MockConfig, MockUpstream, Reply};
+use context_proxy::mock::{Gate, MockConfig, MockUpstream, Reply};
 use context_proxy::upstream::UpstreamConfig;
 use serde_json::{json, Value};
 
@@ -110,6 +110,32 @@ fn summarizer_calls(s: &Setup) -> usize {
         .count()
 }
 
+/// The events of a Responses SSE body, parsed.
+fn events(text: &str) -> Vec<Value> {
+    sse_data(text)
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// The items of the `response.output_item.done` events of an SSE body.
+fn items_done(text: &str) -> Vec<Value> {
+    events(text)
+        .into_iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .map(|e| e["item"].clone())
+        .collect()
+}
+
+/// The events of a compaction the proxy streams, in order.
+const STREAMED_COMPACTION: [&str; 5] = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.output_item.done",
+    "response.completed",
+];
+
 fn assert_sealed(item: &Value) {
     assert_eq!(item["type"], "compaction", "{item}");
     let sealed = item["encrypted_content"].as_str().unwrap();
@@ -135,21 +161,9 @@ async fn a_compaction_trigger_gets_one_sealed_item_streamed_then_expanded_next_t
         .unwrap()
         .starts_with("compaction"));
     let text = resp.text().await.unwrap();
-    let events: Vec<Value> = sse_data(&text)
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let events = events(&text);
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-    assert_eq!(
-        kinds,
-        [
-            "response.created",
-            "response.in_progress",
-            "response.output_item.added",
-            "response.output_item.done",
-            "response.completed"
-        ]
-    );
+    assert_eq!(kinds, STREAMED_COMPACTION);
     for (n, e) in events.iter().enumerate() {
         assert_eq!(e["sequence_number"], n, "{e}");
     }
@@ -385,15 +399,10 @@ async fn native_compaction_forwards_both_to_an_upstream_that_compacts_itself() {
         .to_str()
         .unwrap()
         .contains("natively"));
-    let text = resp.text().await.unwrap();
-    let done: Vec<Value> = sse_data(&text)
-        .iter()
-        .map(|d| serde_json::from_str::<Value>(d).unwrap())
-        .filter(|e| e["type"] == "response.output_item.done")
-        .collect();
+    let done = items_done(&resp.text().await.unwrap());
     assert_eq!(done.len(), 1);
-    assert_eq!(done[0]["item"]["type"], "compaction");
-    let native = done[0]["item"].clone();
+    assert_eq!(done[0]["type"], "compaction");
+    let native = done[0].clone();
     assert!(native["encrypted_content"]
         .as_str()
         .unwrap()
@@ -450,14 +459,9 @@ async fn an_upstream_without_compaction_never_sees_the_trigger() {
     )
     .await;
     assert_eq!(resp.status(), 200);
-    let text = resp.text().await.unwrap();
-    let done: Vec<Value> = sse_data(&text)
-        .iter()
-        .map(|d| serde_json::from_str::<Value>(d).unwrap())
-        .filter(|e| e["type"] == "response.output_item.done")
-        .collect();
+    let done = items_done(&resp.text().await.unwrap());
     assert_eq!(done.len(), 1);
-    let sealed = done[0]["item"].clone();
+    let sealed = done[0].clone();
     assert_sealed(&sealed);
     let request = json!({"model": "gpt-5-codex", "input": history()});
     let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
@@ -522,4 +526,206 @@ async fn native_compaction_on_an_upstream_without_it_gives_the_client_its_error(
     );
     assert_eq!(s.h.mock.received().len(), 3);
     assert_eq!(summarizer_calls(&s), 0);
+}
+
+/// How a summary can fail to come: the summarizer's error, its timeout, or none configured.
+#[derive(Debug, Clone, Copy)]
+enum NoSummary {
+    Error,
+    Timeout,
+    NotConfigured,
+}
+
+/// Compaction never fails open onto an upstream without compaction: when no summary can be
+/// had, the trigger (SSE and JSON) and `/responses/compact` are still answered by the proxy,
+/// with one item sealed around the marker alone; the next turn expands it into the marker
+/// message, and the model reads the moved-out originals back with `context_read`.
+#[tokio::test]
+async fn without_a_summary_the_item_is_sealed_around_the_marker_alone() {
+    let needle = "NEEDLE port=7411";
+    let mut moved = history();
+    moved[4]["output"] = json!(format!("test result: FAILED. 3 failed\n{needle}\n"));
+    for cause in [
+        NoSummary::Error,
+        NoSummary::Timeout,
+        NoSummary::NotConfigured,
+    ] {
+        let mock = MockConfig {
+            reader: true,
+            ..without_compaction()
+        };
+        let s = start_on(mock, |c| match cause {
+            NoSummary::NotConfigured => c.context.summarizer.enabled = false,
+            NoSummary::Timeout => c.context.summarizer.timeout_ms = 200,
+            NoSummary::Error => {}
+        })
+        .await;
+        let gate = Gate::new();
+        let failure = Reply::error(
+            500,
+            json!({"error": {"message": "down", "type": "server_error", "param": null, "code": null}}),
+        );
+        match cause {
+            NoSummary::Error => s.summarizer.push(failure),
+            NoSummary::Timeout => s.summarizer.push(failure.hold_after(0, gate.clone())),
+            NoSummary::NotConfigured => {}
+        }
+
+        let resp = post(
+            &s.h,
+            "/v1/responses",
+            &body(with_trigger(moved.clone()), true),
+            "sk-a",
+        )
+        .await;
+        assert_eq!(resp.status(), 200, "{cause:?}");
+        let actions = resp.headers()["x-context-actions"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            actions.starts_with("compaction (marker only: "),
+            "{cause:?}: {actions}"
+        );
+        let events = events(&resp.text().await.unwrap());
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, STREAMED_COMPACTION, "{cause:?}");
+        let item = events[3]["item"].clone();
+        assert_sealed(&item);
+        assert_eq!(events[4]["response"]["output"], json!([item]));
+
+        let v: Value = post(
+            &s.h,
+            "/v1/responses",
+            &body(with_trigger(moved.clone()), false),
+            "sk-a",
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+        assert_eq!(v["output"].as_array().unwrap().len(), 1, "{cause:?}: {v}");
+        assert_sealed(&v["output"][0]);
+
+        let request = json!({"model": "gpt-5-codex", "input": moved.clone()});
+        let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
+        assert_eq!(resp.status(), 200, "{cause:?}");
+        let compacted: Value = resp.json().await.unwrap();
+        let output = compacted["output"].as_array().unwrap();
+        assert_eq!(output.len(), 2, "{cause:?}: {compacted}");
+        assert_eq!(output[0], moved[1]);
+        assert_sealed(&output[1]);
+        assert!(
+            s.h.mock.received().is_empty(),
+            "{cause:?}: the upstream was asked"
+        );
+        assert_eq!(
+            s.h.metric(r#"context_proxy_responses_compactions_total{outcome="marker"}"#)
+                .await,
+            3.0,
+            "{cause:?}"
+        );
+
+        // Next turn: the item goes as the marker; the model reads the originals back.
+        let next = vec![
+            moved[1].clone(),
+            item.clone(),
+            json!({"role": "user", "content": "Recall the needles: port"}),
+        ];
+        let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
+        assert_eq!(resp.status(), 200, "{cause:?}");
+        let answer: Value = resp.json().await.unwrap();
+        assert_eq!(
+            answer["output"].as_array().unwrap().len(),
+            1,
+            "{cause:?}: {answer}"
+        );
+        assert_eq!(
+            answer["output"][0]["content"][0]["text"],
+            "port=7411",
+            "{cause:?}: {}",
+            s.h.mock.received()[0].json()
+        );
+        let received = s.h.mock.received();
+        assert_eq!(received.len(), 2, "{cause:?}: one read, one answer");
+        let sent = received[0].json();
+        let marker = sent["input"][1]["content"][0]["text"].as_str().unwrap();
+        assert!(
+            marker.starts_with("[context-proxy: 8 earlier messages"),
+            "{marker}"
+        );
+        assert!(
+            !marker.contains("Summary of") && !marker.contains(needle),
+            "{marker}"
+        );
+        assert!(!sent.to_string().contains("compaction"), "{sent}");
+        let read = received[1].json();
+        let outputs: Vec<&Value> = read["input"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["type"] == "function_call_output")
+            .collect();
+        assert!(
+            outputs.last().unwrap()["output"]
+                .as_str()
+                .unwrap()
+                .contains(needle),
+            "{cause:?}: {read}"
+        );
+        gate.open();
+    }
+}
+
+/// A second compaction without a summary keeps the first one's text after its own marker,
+/// so no stored original loses the marker that names it.
+#[tokio::test]
+async fn a_second_marker_only_compaction_keeps_the_first_marker() {
+    let s = start(|c| c.context.summarizer.enabled = false).await;
+    let v: Value = post(
+        &s.h,
+        "/v1/responses",
+        &body(with_trigger(history()), false),
+        "sk-a",
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let first = v["output"][0].clone();
+    let again = with_trigger(vec![
+        history()[1].clone(),
+        first.clone(),
+        json!({"role": "user", "content": "now run the whole suite"}),
+    ]);
+    let v: Value = post(&s.h, "/v1/responses", &body(again, false), "sk-a")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let second = v["output"][0].clone();
+    assert_sealed(&second);
+    s.h.mock.push(Reply::text("ok"));
+    let next = vec![
+        history()[1].clone(),
+        second,
+        json!({"role": "user", "content": "go on"}),
+    ];
+    assert_eq!(
+        post(&s.h, "/v1/responses", &body(next, false), "sk-a")
+            .await
+            .status(),
+        200
+    );
+    let sent = s.h.mock.received()[0].json();
+    let text = sent["input"][1]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("[context-proxy: 1 earlier messages"),
+        "{text}"
+    );
+    assert_eq!(text.matches("[context-proxy: ").count(), 2, "{text}");
+    assert!(
+        text.contains("[context-proxy: 8 earlier messages"),
+        "{text}"
+    );
 }

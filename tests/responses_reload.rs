@@ -15,6 +15,7 @@ use context_proxy::context::settings::WindowEntry;
 use context_proxy::mock::{MockConfig, Reply};
 use context_proxy::store::ContentRef;
 use serde_json::{json, Value};
+use std::collections::HashSet;
 
 fn numbered_lines(prefix: &str, n: usize) -> String {
     (1..=n)
@@ -602,4 +603,130 @@ async fn a_bad_call_is_a_tool_error_the_model_reads() {
         .as_str()
         .unwrap()
         .starts_with("error: \"../../etc/passwd\" is not a reference"));
+}
+
+/// What the client got of an answer, ids left out (each run's ids are the mock's own): each
+/// item's type and what it says or calls.
+fn said(output: &[Value]) -> Vec<String> {
+    output
+        .iter()
+        .map(|i| match i["type"].as_str().unwrap() {
+            "message" => format!("message: {}", i["content"][0]["text"]),
+            "function_call" => format!("call: {} {}", i["name"], i["arguments"]),
+            kind => kind.to_string(),
+        })
+        .collect()
+}
+
+/// The client's items of one answer (JSON, or the stream's `response.completed`), with the
+/// stream's rules checked; the ids unique.
+async fn client_items(resp: reqwest::Response, stream: bool) -> Vec<Value> {
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_invisible(&bytes);
+    let output = if stream {
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        let (events, last) = common::check_responses_stream(&text);
+        // Every item the stream showed is in the final output, in the same order.
+        let done: Vec<Value> = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_item.done")
+            .map(|e| e["item"].clone())
+            .collect();
+        assert_eq!(json!(done), last["response"]["output"]);
+        last["response"]["output"].clone()
+    } else {
+        serde_json::from_slice::<Value>(&bytes).unwrap()["output"].clone()
+    };
+    let output = output.as_array().unwrap().clone();
+    let ids: HashSet<&str> = output.iter().filter_map(|i| i["id"].as_str()).collect();
+    assert_eq!(ids.len(), output.len(), "unique item ids: {output:?}");
+    output
+}
+
+/// One rule for the text of earlier rounds: a stream has shown it already (it cannot be
+/// unsent), so the JSON answer holds the earlier rounds' items too, in order; both modes give
+/// the client the same items.
+#[tokio::test]
+async fn json_and_sse_give_the_client_the_same_items_of_every_round() {
+    let mut seen = Vec::new();
+    for stream in [false, true] {
+        let h = harness().await;
+        h.mock.push(Reply::text_and_tool_calls(
+            "Let me look.",
+            vec![read(&ref_a(), 7, 1)],
+        ));
+        h.mock.push(Reply::text_and_tool_calls(
+            "Line 7 next.",
+            vec![read(&ref_a(), 8, 1)],
+        ));
+        h.mock.push(Reply::text("Line 7 computes value_7."));
+        let output = client_items(post(&h, &body(input(), stream)).await, stream).await;
+        assert_eq!(h.mock.received().len(), 3);
+        seen.push(said(&output));
+    }
+    assert_eq!(
+        seen[0],
+        [
+            "reasoning",
+            "message: \"Let me look.\"",
+            "reasoning",
+            "message: \"Line 7 next.\"",
+            "reasoning",
+            "message: \"Line 7 computes value_7.\""
+        ]
+    );
+    assert_eq!(seen[0], seen[1], "JSON and SSE differ");
+}
+
+/// A mixed round after a round of text: the client gets the earlier text and its own call, in
+/// JSON as in SSE, and next turn the proxy's call goes back in its place after that text.
+#[tokio::test]
+async fn a_mixed_round_after_text_is_restored_in_place_in_json_and_sse() {
+    let mut seen = Vec::new();
+    for stream in [false, true] {
+        let h = harness().await;
+        h.mock.push(Reply::text_and_tool_calls(
+            "Let me look.",
+            vec![read(&ref_a(), 7, 1)],
+        ));
+        h.mock.push(Reply::tool_calls(vec![
+            read(&ref_a(), 8, 1),
+            ("shell".into(), json!({"cmd": ["cargo", "test"]})),
+        ]));
+        let got = client_items(post(&h, &body(input(), stream)).await, stream).await;
+        seen.push(said(&got));
+        let call = got.last().unwrap();
+        let mut next = input();
+        next.extend(got.iter().cloned());
+        next.push(json!({"type": "function_call_output", "call_id": call["call_id"], "output": "12 passed"}));
+        h.mock.push(Reply::text("All 12 tests pass."));
+        let resp = post(&h, &body(next, stream)).await;
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+        let sent = h.mock.received().last().unwrap().json();
+        let items = sent["input"].as_array().unwrap();
+        let at = items
+            .iter()
+            .position(|i| i["name"] == "context_read")
+            .expect("the proxy's call put back");
+        assert_eq!(
+            items[at - 2]["content"][0]["text"],
+            "Let me look.",
+            "{stream}"
+        );
+        assert_eq!(items[at - 1]["type"], "reasoning");
+        assert_eq!(items[at + 1]["call_id"], call["call_id"]);
+        assert_eq!(items[at + 2]["call_id"], items[at]["call_id"]);
+        assert_eq!(items[at + 3]["output"], "12 passed");
+    }
+    assert_eq!(
+        seen[0],
+        [
+            "reasoning",
+            "message: \"Let me look.\"",
+            "call: \"shell\" \"{\\\"cmd\\\":[\\\"cargo\\\",\\\"test\\\"]}\""
+        ]
+    );
+    assert_eq!(seen[0], seen[1], "JSON and SSE differ");
 }

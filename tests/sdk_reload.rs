@@ -89,15 +89,15 @@ async fn real_client_libraries_never_see_the_proxys_tools() {
 }
 
 /// An Agents SDK Agent on its default model (the Responses API) with function tools: the model
-/// reads two files, reads a line of the first back through the proxy (moved out by then), runs
-/// the tests and answers; the agent never sees the proxy's tool, and its usage is every
+/// reads two files, reads a line of the first back through the proxy (taken out of the context
+/// by then: the two files do not fit the small budget; `keep_recent_messages` at its default),
+/// runs the tests and answers; the agent never sees the proxy's tool, and its usage is every
 /// upstream call's.
 #[tokio::test]
 async fn an_agent_on_the_responses_api_reads_back_unseen() {
     let python = common::python_with(&["openai", "agents"], &["openai", "openai-agents"]);
     let h = Harness::start_with(MockConfig::default(), |c| {
-        c.context.keep_recent_messages = 2;
-        c.context.compact_batch_tokens = 1000;
+        c.context.max_context_tokens = Some(4_000);
     })
     .await;
     let ref_a = ContentRef::of(&lines("a.rs", 600)).as_str().to_string();
@@ -130,6 +130,11 @@ async fn an_agent_on_the_responses_api_reads_back_unseen() {
     let received = h.mock.received();
     assert_eq!(received.len(), 5);
     assert!(received.iter().all(|r| r.path == "/v1/responses"));
+    let line_300 = "a.rs line 300: let value_300";
+    assert!(
+        !received[2].json().to_string().contains(line_300),
+        "the budget took a.rs out of the context before the read-back"
+    );
     let answered: Vec<String> = received
         .iter()
         .flat_map(|r| r.json()["input"].as_array().cloned().unwrap_or_default())

@@ -56,21 +56,30 @@ fn numbered_lines(prefix: &str, n: usize) -> String {
         .collect()
 }
 
-/// The mock reads the moved-out output back (`context_read` of its reference, line 7), then
-/// answers with what it read.
-fn script_read_back(h: &Harness) {
-    let r = context_proxy::store::ContentRef::of(&numbered_lines("a.rs", 600));
-    h.mock.push(Reply::tool_calls(vec![(
-        "context_read".into(),
-        json!({"ref": r.as_str(), "offset": 7, "limit": 1}),
-    )]));
-    h.mock.push(Reply::text("Line 7 computes value_7."));
+/// A small budget: the 600-line output (about 10,000 tokens) does not fit, so the proxy must
+/// take it out of the context; `keep_recent_messages` and the batch stay at their defaults
+/// (the output is among the recent messages: nothing else would move it).
+fn small_budget(c: &mut context_proxy::app::config::Config) {
+    c.context.max_context_tokens = Some(SMALL_BUDGET);
 }
 
-/// What the upstream was sent in a read-back: the proxy's tools offered, then the stored line
-/// answered; the usage the client saw is both calls'.
-async fn assert_read_back(h: &Harness, sent: &[Value], usage: &Value) {
-    assert_eq!(sent.len(), 2);
+const SMALL_BUDGET: usize = 4_000;
+
+/// The mock in reader mode: it answers "Recall the needles: port" with what it sees, reading
+/// every reference the input names with `context_read` while the needle is not shown.
+fn reader() -> MockConfig {
+    MockConfig {
+        reader: true,
+        ..MockConfig::default()
+    }
+}
+
+/// One SDK call (`create` or `stream`) of `sdk_responses_reload.*`: the upstream was sent the
+/// request with the proxy's tools and without the needle, then the read answered with it; the
+/// answer holds the needle; the usage the client saw is every upstream call's.
+async fn assert_read_back(h: &Harness, sent: &[Value], text: &Value, usage: &Value) {
+    assert_eq!(text, "port=7411", "the answer holds the needle");
+    assert_eq!(sent.len(), 2, "one read, one answer");
     let names: Vec<&str> = sent[0]["tools"]
         .as_array()
         .unwrap()
@@ -78,12 +87,16 @@ async fn assert_read_back(h: &Harness, sent: &[Value], usage: &Value) {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["shell", "context_read", "context_search"]);
+    assert!(
+        !sent[0].to_string().contains("NEEDLE port=7411"),
+        "the needle was taken out of the context"
+    );
     let last = sent[1]["input"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["type"], "function_call_output");
     assert!(last["output"]
         .as_str()
         .unwrap()
-        .contains("a.rs line 7: let value_7"));
+        .contains("NEEDLE port=7411"));
     let mut billed = 0;
     for body in sent {
         billed += common::billed_input_tokens(&h.mock, body).await;
@@ -93,57 +106,53 @@ async fn assert_read_back(h: &Harness, sent: &[Value], usage: &Value) {
     assert!(usage["input_tokens_details"]["cached_tokens"].is_u64());
 }
 
-fn reload_config(c: &mut context_proxy::app::config::Config) {
-    c.context.keep_recent_messages = 2;
-    c.context.compact_batch_tokens = 1000;
+/// What both SDKs' runs of `sdk_responses_reload.*` must show.
+async fn assert_sdk_read_back(h: &Harness, out: &Value) {
+    assert_eq!(out["create_reload"], "rounds=1,calls=1,failed=0");
+    let tokens = &out["create_tokens"];
+    assert!(
+        tokens[0].as_u64().unwrap() > SMALL_BUDGET as u64
+            && tokens[1].as_u64().unwrap() <= SMALL_BUDGET as u64,
+        "the budget forced it: {tokens}"
+    );
+    assert_eq!(out["create_types"], json!(["message"]));
+    assert_eq!(out["create_tools"], json!(["shell"]));
+    assert_eq!(out["stream_types"], json!(["message"]));
+    let events = out["stream_events"].as_array().unwrap();
+    assert_eq!(events[0], "response.created");
+    assert_eq!(events.last().unwrap(), "response.completed");
+    let received: Vec<Value> = h.mock.received().iter().map(|r| r.json()).collect();
+    assert_eq!(received.len(), 4);
+    assert_read_back(h, &received[..2], &out["create_text"], &out["create_usage"]).await;
+    assert_read_back(
+        h,
+        &received[2..4],
+        &out["stream_text"],
+        &out["stream_usage"],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn the_python_sdk_reads_back_through_the_proxy_unseen() {
     let python = common::python_with(&["openai"], &["openai"]);
-    let h = Harness::start_with(MockConfig::default(), reload_config).await;
-    script_read_back(&h); // responses.create
-    script_read_back(&h); // responses.stream
+    let h = Harness::start_with(reader(), small_budget).await;
     let out = common::run_sdk_script(python, "sdk_responses_reload.py", h.url("/v1")).await;
-    assert_eq!(out["create_reload"], "rounds=1,calls=1,failed=0");
-    assert_eq!(out["create_text"], "Line 7 computes value_7.");
-    assert_eq!(out["create_types"], json!(["message"]));
-    assert_eq!(out["create_tools"], json!(["shell"]));
-    assert_eq!(out["stream_text"], "Line 7 computes value_7.");
-    assert_eq!(out["stream_types"], json!(["message"]));
-    let events = out["stream_events"].as_array().unwrap();
-    assert_eq!(events[0], "response.created");
-    assert_eq!(events.last().unwrap(), "response.completed");
-    let received: Vec<Value> = h.mock.received().iter().map(|r| r.json()).collect();
-    assert_read_back(&h, &received[..2], &out["create_usage"]).await;
-    assert_read_back(&h, &received[2..4], &out["stream_usage"]).await;
+    assert_sdk_read_back(&h, &out).await;
 }
 
 #[tokio::test]
 async fn the_node_sdk_reads_back_through_the_proxy_unseen() {
     let modules = common::node_modules_with(&["openai"]);
-    let h = Harness::start_with(MockConfig::default(), reload_config).await;
-    script_read_back(&h); // responses.create
-    script_read_back(&h); // responses.stream
+    let h = Harness::start_with(reader(), small_budget).await;
     let out = common::run_node_script(modules, "sdk_responses_reload.cjs", h.url("/v1")).await;
-    assert_eq!(out["create_reload"], "rounds=1,calls=1,failed=0");
-    assert_eq!(out["create_text"], "Line 7 computes value_7.");
-    assert_eq!(out["create_types"], json!(["message"]));
-    assert_eq!(out["create_tools"], json!(["shell"]));
-    assert_eq!(out["stream_text"], "Line 7 computes value_7.");
-    assert_eq!(out["stream_types"], json!(["message"]));
-    let events = out["stream_events"].as_array().unwrap();
-    assert_eq!(events[0], "response.created");
-    assert_eq!(events.last().unwrap(), "response.completed");
-    let received: Vec<Value> = h.mock.received().iter().map(|r| r.json()).collect();
-    assert_read_back(&h, &received[..2], &out["create_usage"]).await;
-    assert_read_back(&h, &received[2..4], &out["stream_usage"]).await;
+    assert_sdk_read_back(&h, &out).await;
 }
 
 #[tokio::test]
 async fn the_python_stream_helper_ends_cleanly_on_an_upstream_error_event() {
     let python = common::python_with(&["openai"], &["openai"]);
-    let h = Harness::start_with(MockConfig::default(), reload_config).await;
+    let h = Harness::start_with(MockConfig::default(), small_budget).await;
     // A plain managed stream: nothing moved out, nothing offered, the upstream's relayed.
     h.mock.push(common::responses_error_stream(
         "Line",

@@ -11,6 +11,11 @@
 //! is the proxy's, readable in its store. A `compaction` item the proxy did not seal (OpenAI's
 //! own) is never touched.
 //!
+//! When no summary can be had (no summarizer, its failure or timeout), the item is sealed all
+//! the same around the marker alone ([`seal`] with no summary): the originals are stored and
+//! readable with `context_read`, as after a move-out, so an upstream without compaction never
+//! sees the trigger.
+//!
 //! This module decides and builds; the route asks the summarizer and answers.
 
 use serde::{Deserialize, Serialize};
@@ -63,7 +68,9 @@ pub fn trigger(body: &Value) -> Result<bool, String> {
 pub struct Record {
     /// Always [`RECORD_KIND`]: a reference to any other stored content is no compaction.
     pub kind: String,
-    /// The summary, as the summarizer wrote it (the previous one of the next compaction).
+    /// What the next compaction merges as its previous summary: the summary as the summarizer
+    /// wrote it, or, for an item sealed without one, the text of its message (the marker, and
+    /// the summary before it), so that no marker is lost.
     pub summary: String,
     /// The input item standing for what was compacted (a user message: marker and summary).
     pub message: Value,
@@ -72,11 +79,23 @@ pub struct Record {
 /// The `kind` of a compaction record.
 pub const RECORD_KIND: &str = "context-proxy.compaction";
 
-/// The message standing for a compacted span: the marker naming the stored originals
-/// (`transcript`, `items` items of `tokens` tokens), then the summary.
-pub fn message(summary: &str, transcript: &ContentRef, items: usize, tokens: usize) -> Value {
+/// The text standing for a compacted span: the marker naming the stored originals
+/// (`transcript`, `items` items of `tokens` tokens), then the summary when there is one.
+pub fn message_text(
+    summary: Option<&str>,
+    transcript: &ContentRef,
+    items: usize,
+    tokens: usize,
+) -> String {
     let marker = markers::offloaded(items, tokens, transcript, &Readback::default());
-    let text = super::summary::message_text(&marker, summary);
+    match summary {
+        Some(summary) => super::summary::message_text(&marker, summary),
+        None => marker,
+    }
+}
+
+/// The input item carrying `text`: a user message (the role a move-out's marker has).
+fn message(text: &str) -> Value {
     json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
 }
 
@@ -143,6 +162,22 @@ pub async fn records(
     Ok(found)
 }
 
+/// The stored content `records`' messages name (the originals behind their markers), each once:
+/// what the proxy's tools are offered for once the items are expanded.
+pub fn named_refs(records: &[(usize, Record)]) -> Vec<ContentRef> {
+    let mut refs: Vec<ContentRef> = Vec::new();
+    for (_, record) in records {
+        let text = record.message.to_string();
+        let words = text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+        for reference in words.filter_map(|w| ContentRef::parse(w).ok()) {
+            if !refs.contains(&reference) {
+                refs.push(reference);
+            }
+        }
+    }
+    refs
+}
+
 /// Puts each record's message in place of its sealed item; the number replaced.
 pub fn expand(body: &mut Value, records: &[(usize, Record)]) -> usize {
     let Some(items) = body.get_mut("input").and_then(Value::as_array_mut) else {
@@ -201,12 +236,13 @@ pub fn span(body: &Value, records: &[(usize, Record)]) -> Span {
 }
 
 /// Stores what a compaction needs and gives its sealed item: the newly covered items (one
-/// line each, readable back through the marker) and the [`Record`].
+/// line each, readable back through the marker) and the [`Record`]. Without a `summary` the
+/// message is the marker alone, followed by the previous compaction's text when there is one.
 pub async fn seal(
     store: &dyn Store,
     identity: &Identity,
     span: &Span,
-    summary: &str,
+    summary: Option<&str>,
     tokens: usize,
 ) -> Result<(Value, Record), StoreError> {
     let covered = &span.items[span.from.min(span.items.len())..];
@@ -222,10 +258,25 @@ pub async fn seal(
             &lines,
         )
         .await?;
-    let record = Record {
-        kind: RECORD_KIND.into(),
-        summary: summary.to_owned(),
-        message: message(summary, &transcript, covered.len(), tokens),
+    let record = match summary {
+        Some(summary) => Record {
+            kind: RECORD_KIND.into(),
+            summary: summary.to_owned(),
+            message: message(&message_text(
+                Some(summary),
+                &transcript,
+                covered.len(),
+                tokens,
+            )),
+        },
+        None => {
+            let text = message_text(span.previous.as_deref(), &transcript, covered.len(), tokens);
+            Record {
+                kind: RECORD_KIND.into(),
+                message: message(&text),
+                summary: text,
+            }
+        }
     };
     let text = json!({"kind": record.kind, "summary": record.summary, "message": record.message})
         .to_string();
@@ -299,7 +350,7 @@ mod tests {
             store.as_ref(),
             &identity,
             &first,
-            "## Task overview\nFix.",
+            Some("## Task overview\nFix."),
             40,
         )
         .await
@@ -324,6 +375,9 @@ mod tests {
             2,
             "the expanded summary is not a kept message"
         );
+        let named = named_refs(&found);
+        assert_eq!(named.len(), 1, "the stored originals: {named:?}");
+        assert!(text.contains(named[0].as_str()));
         assert_eq!(expand(&mut next, &found), 1);
         assert_eq!(next["input"][1], record.message);
 

@@ -965,8 +965,11 @@ fn decide(
         settings.target = settings.target.saturating_sub(reserved);
     };
     // The tools go out with every request of a crowded conversation: their room is kept.
+    // Otherwise a rewrite that first refers to stored content brings them, and is priced so.
     if crowded && reserved > 0 {
         keep_room(settings);
+    } else {
+        settings.tools_offer_tokens = reserved;
     }
     let mut outcome = engine::run(input, settings, prior, env);
     if !crowded

@@ -295,7 +295,7 @@ impl Default for Metrics {
         let compactions = registered(
             &mut registry,
             "context_proxy_responses_compactions",
-            "Responses API compactions (/v1/responses/compact, compaction_trigger) and the proxy's sealed compaction items, by outcome: computed, hit (the summary was cached), native (forwarded to an upstream that compacts natively), forwarded (no summary could be made), expanded (a sealed item put back as its summary).",
+            "Responses API compactions (/v1/responses/compact, compaction_trigger) and the proxy's sealed compaction items, by outcome: computed, hit (the summary was cached), native (forwarded to an upstream that compacts natively), marker (no summary could be had: the item sealed around the marker alone), forwarded (nothing could be sealed), expanded (a sealed item put back as its summary).",
             Family::<OutcomeLabels, Counter>::default(),
         );
         registry.register(

@@ -1,5 +1,5 @@
 // The official OpenAI Node SDK's Responses API reading back through the proxy, as
-// sdk_responses_reload.py does with the Python SDK: `responses.create` and
+// sdk_responses_reload.py does with the Python SDK (a small budget, a needle read back): `responses.create` and
 // `responses.stream` (whose accumulator places each event by `output_index` and throws on a
 // gap) must never show the proxy's tool or its items, and report the usage of both upstream
 // calls. Prints one JSON object.
@@ -10,7 +10,10 @@ const HIDDEN = ["context_read", "context_search"];
 
 function lines(prefix, n) {
   let out = "";
-  for (let i = 1; i <= n; i++) out += `${prefix} line ${i}: let value_${i} = compute(${i}) * 2;\n`;
+  for (let i = 1; i <= n; i++) {
+    out += `${prefix} line ${i}: let value_${i} = compute(${i}) * 2;\n`;
+    if (i === 150) out += "NEEDLE port=7411\n";
+  }
   return out;
 }
 
@@ -39,7 +42,7 @@ async function main() {
     { type: "function_call", call_id: "call_a", name: "shell", arguments: JSON.stringify({ cmd: ["cat", "a.rs"] }) },
     { type: "function_call_output", call_id: "call_a", output: lines("a.rs", 600) },
     { role: "assistant", content: "It defines compute-based values." },
-    { role: "user", content: "What is on line 7 of a.rs?" },
+    { role: "user", content: "Recall the needles: port" },
   ];
   const request = { model: "gpt-5", input, tools, store: false, prompt_cache_key: "node-reload" };
   const out = {};
@@ -47,6 +50,7 @@ async function main() {
   const { data: response, response: raw } = await client.responses.create(request).withResponse();
   assertInvisible(JSON.stringify(response));
   out.create_reload = raw.headers.get("x-context-reload");
+  out.create_tokens = ["before", "after"].map((k) => Number(raw.headers.get(`x-context-tokens-${k}`)));
   out.create_text = response.output_text;
   out.create_types = response.output.map((i) => i.type);
   out.create_tools = response.tools.map((t) => t.name);

@@ -1,6 +1,7 @@
 """The official OpenAI Python SDK's Responses API reading back through the proxy: the input's
-large tool output is moved out, the mock (scripted) calls the proxy's `context_read`, the proxy
-answers it and asks again. `responses.create` and `responses.stream` (whose helper checks the
+large tool output does not fit the proxy's small budget and is taken out of the context, with a
+needle in the part no longer shown; the mock (in reader mode) calls the proxy's `context_read`,
+the proxy answers it and asks again, and the model answers with the needle. `responses.create` and `responses.stream` (whose helper checks the
 event order as it assembles the response) must never show the proxy's tool or its items, and
 report the usage summed over both upstream calls. Prints one JSON object."""
 
@@ -13,7 +14,8 @@ HIDDEN = ("context_read", "context_search")
 
 
 def lines(prefix: str, n: int) -> str:
-    return "".join(f"{prefix} line {i}: let value_{i} = compute({i}) * 2;\n" for i in range(1, n + 1))
+    return "".join(f"{prefix} line {i}: let value_{i} = compute({i}) * 2;\n"
+                   + ("NEEDLE port=7411\n" if i == 150 else "") for i in range(1, n + 1))
 
 
 def assert_invisible(text: str) -> None:
@@ -36,13 +38,14 @@ history = [
     {"type": "function_call", "call_id": "call_a", "name": "shell", "arguments": json.dumps({"cmd": ["cat", "a.rs"]})},
     {"type": "function_call_output", "call_id": "call_a", "output": lines("a.rs", 600)},
     {"role": "assistant", "content": "It defines compute-based values."},
-    {"role": "user", "content": "What is on line 7 of a.rs?"},
+    {"role": "user", "content": "Recall the needles: port"},
 ]
 
 out = {}
 raw = client.responses.with_raw_response.create(
     model="gpt-5", input=history, tools=tools, store=False, prompt_cache_key="sdk-reload")
 out["create_reload"] = raw.headers.get("x-context-reload")
+out["create_tokens"] = [int(raw.headers.get(f"x-context-tokens-{k}")) for k in ("before", "after")]
 response = raw.parse()
 assert_invisible(response.model_dump_json())
 out["create_text"] = response.output_text

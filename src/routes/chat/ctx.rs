@@ -48,6 +48,9 @@ pub struct ChatCtx {
     pub body_changed: bool,
     /// Hidden exchanges of the proxy's tools put back into the conversation.
     pub restored: usize,
+    /// Stored content the client's input names already (the proxy's sealed compaction items,
+    /// expanded into their markers): the proxy's tools are offered to read it.
+    pub named_refs: Vec<crate::store::ContentRef>,
     /// The client's bytes, when hidden rounds were put back into `request`'s (Anthropic
     /// Messages): what the next hidden round is keyed by.
     pub client_raw: Option<bytes::Bytes>,
@@ -117,6 +120,7 @@ impl ChatCtx {
             reload: None,
             body_changed: false,
             restored: 0,
+            named_refs: Vec::new(),
             client_raw: None,
             stats: Arc::default(),
             timings: Timings {

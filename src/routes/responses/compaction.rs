@@ -9,10 +9,13 @@
 //!   into one `compaction` item, and the answer is what the API answers — a `response` with
 //!   that one item (JSON, or the events `response.created` … `response.completed`), or the
 //!   compacted window `{"output": [user messages…, compaction]}`;
+//! - when no summary can be had (no summarizer, its failure or timeout) the answer is the same
+//!   with an item sealed around the marker alone (the originals stored, readable with
+//!   `context_read`): an upstream without compaction never sees the trigger;
 //! - a trigger elsewhere than last, or twice, is a 400;
 //! - it goes to the upstream as it came (after expansion) when the upstream compacts natively
-//!   (`native_compaction`), the mode is `off`, or no summary can be made (no summarizer, its
-//!   failure, the store's): `x-context-actions` says why.
+//!   (`native_compaction`), the mode is `off`, or nothing can be sealed (the store fails, the
+//!   input holds no conversation): `x-context-actions` says why.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -25,14 +28,15 @@ use sha2::{Digest, Sha256};
 use crate::context::adapter::{Adapter, Responses};
 use crate::context::compaction::{self, ExpandError, Span};
 use crate::context::model::Kind;
-use crate::context::session::Prefixes;
+use crate::context::session::{Identity, Prefixes};
 use crate::context::summary_store::hash_hex;
 use crate::context::{Mode, SummaryJob, ACTIONS_HEADER};
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::routes::chat::{self, Answer, ChatCtx, Final};
 use crate::routes::shared::Shared;
-use crate::summarizer::{Source, Task};
+use crate::summarizer::{self, Task};
+use crate::tokens::Counter;
 
 /// Which compaction a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +94,7 @@ pub async fn prepare(state: &Arc<Shared>, mut ctx: ChatCtx, ask: Ask) -> Result<
     };
     let span =
         (trigger || ask == Ask::Compact).then(|| compaction::span(&ctx.request.body, &records));
+    ctx.named_refs = compaction::named_refs(&records);
     if compaction::expand(&mut ctx.request.body, &records) > 0 {
         // As if the client had sent the summary: every later phase reads these bytes.
         ctx.request.raw = Bytes::from(ctx.request.body.to_string());
@@ -117,9 +122,12 @@ pub async fn prepare(state: &Arc<Shared>, mut ctx: ChatCtx, ask: Ask) -> Result<
             .unwrap_or_else(|| "context mode off".into());
         return forward(ctx, format!("compaction: {why}"));
     }
-    match summarize(state, &ctx, &span).await {
+    match compact(state, &ctx, &span).await {
         Ok(done) => {
-            state.metrics.record_compaction(done.source);
+            state.metrics.record_compaction(done.source.outcome());
+            if let Source::MarkerOnly(why) = &done.source {
+                tracing::warn!(%why, "compaction sealed around the marker alone: no summary");
+            }
             Ok(Next::Answered(answer(state, ctx, ask, &span, done)))
         }
         Err(why) => {
@@ -135,15 +143,41 @@ struct Done {
     item: Value,
     summary_tokens: usize,
     input_tokens: usize,
-    source: &'static str,
+    source: Source,
 }
 
-/// The summary of `span` (the summarizer's, or its cache's), sealed.
-async fn summarize(state: &Shared, ctx: &ChatCtx, span: &Span) -> Result<Done, String> {
-    let summarizer = state
-        .summarizer
-        .as_ref()
-        .ok_or("no summarizer ([context.summarizer] enabled = false)")?;
+/// Where a compaction's text came from.
+enum Source {
+    /// The summarizer wrote the summary now.
+    Computed,
+    /// The summary was in its cache.
+    Cached,
+    /// No summary could be had (the reason): the item holds the marker alone.
+    MarkerOnly(String),
+}
+
+impl Source {
+    /// The outcome label of `context_proxy_responses_compactions_total`.
+    fn outcome(&self) -> &'static str {
+        match self {
+            Source::Computed => "computed",
+            Source::Cached => "hit",
+            Source::MarkerOnly(_) => "marker",
+        }
+    }
+
+    /// What `x-context-actions` says of it.
+    fn action(&self) -> String {
+        match self {
+            Source::Computed | Source::Cached => format!("compaction (summary {})", self.outcome()),
+            Source::MarkerOnly(why) => format!("compaction (marker only: {why})"),
+        }
+    }
+}
+
+/// `span` sealed with its summary (the summarizer's, or its cache's), or with the marker alone
+/// when no summary can be had; an error when nothing can be sealed.
+async fn compact(state: &Shared, ctx: &ChatCtx, span: &Span) -> Result<Done, String> {
     let identity = ctx
         .identity
         .clone()
@@ -151,12 +185,49 @@ async fn summarize(state: &Shared, ctx: &ChatCtx, span: &Span) -> Result<Done, S
         .ok_or("the request holds no conversation")?;
     let model = ctx.request.model().unwrap_or("").to_string();
     let counter = state.context.counter_for(&model, ctx.upstream.encoding);
-    let count = |t: &str| counter.count_text(t);
-    let config = summarizer.config();
     let covered = &span.items[span.from.min(span.items.len())..];
     let covered_tokens = Responses
         .count(&counter, &json!({ "input": covered }))
         .total;
+    let (summary, source) = match summarize(state, ctx, span, &identity, &counter).await {
+        Ok((summary, source)) => (Some(summary), source),
+        Err(why) => (None, Source::MarkerOnly(why)),
+    };
+    let store = state.context.store();
+    let (item, record) = compaction::seal(
+        store.as_ref(),
+        &identity,
+        span,
+        summary.as_deref(),
+        covered_tokens,
+    )
+    .await
+    .map_err(|e| format!("store: {e}"))?;
+    Ok(Done {
+        item,
+        summary_tokens: Responses
+            .count(&counter, &json!({ "input": [record.message] }))
+            .total,
+        input_tokens: Responses.count(&counter, &ctx.request.body).total,
+        source,
+    })
+}
+
+/// The summary of `span`: the summarizer's, or its cache's.
+async fn summarize(
+    state: &Shared,
+    ctx: &ChatCtx,
+    span: &Span,
+    identity: &Identity,
+    counter: &Counter,
+) -> Result<(String, Source), String> {
+    let summarizer = state
+        .summarizer
+        .as_ref()
+        .ok_or("no summarizer ([context.summarizer] enabled = false)")?;
+    let count = |t: &str| counter.count_text(t);
+    let config = summarizer.config();
+    let covered = &span.items[span.from.min(span.items.len())..];
     let room = config
         .max_input_tokens
         .saturating_sub(config.max_summary_tokens + 1_000)
@@ -191,7 +262,7 @@ async fn summarize(state: &Shared, ctx: &ChatCtx, span: &Span) -> Result<Done, S
         },
         upstream: ctx.upstream.clone(),
         authorization: ctx.headers.get(header::AUTHORIZATION).cloned(),
-        model,
+        model: ctx.request.model().unwrap_or("").to_string(),
         // The request waits for it: its calls go on the request's bill.
         bill: Some(ctx.stats.bill.clone()),
     };
@@ -200,22 +271,13 @@ async fn summarize(state: &Shared, ctx: &ChatCtx, span: &Span) -> Result<Done, S
         .obtain(&task, deadline)
         .await
         .map_err(|e| e.to_string())?;
-    let store = state.context.store();
-    let (item, record) =
-        compaction::seal(store.as_ref(), &identity, span, &summary, covered_tokens)
-            .await
-            .map_err(|e| format!("store: {e}"))?;
-    Ok(Done {
-        item,
-        summary_tokens: Responses
-            .count(&counter, &json!({ "input": [record.message] }))
-            .total,
-        input_tokens: Responses.count(&counter, &ctx.request.body).total,
-        source: match source {
-            Source::Cached => "hit",
-            Source::Computed => "computed",
+    Ok((
+        summary,
+        match source {
+            summarizer::Source::Cached => Source::Cached,
+            summarizer::Source::Computed => Source::Computed,
         },
-    })
+    ))
 }
 
 /// The API's answer to the compaction, relayed through the respond phase (metrics, record).
@@ -269,7 +331,7 @@ fn answer(
     };
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    let source = done.source;
+    let actions = done.source.action();
     let mut response = chat::respond(
         state.clone(),
         ctx,
@@ -279,7 +341,6 @@ fn answer(
             body: Bytes::from(body),
         }),
     );
-    let actions = format!("compaction (summary {source})");
     if let Ok(v) = HeaderValue::from_str(&actions) {
         response.headers_mut().insert(ACTIONS_HEADER, v);
     }

@@ -190,12 +190,15 @@ struct Relay<'r> {
     client_calls: bool,
     /// The round's terminal event.
     terminal: Option<Value>,
+    /// The items the client got from the earlier rounds.
+    shown_before: usize,
 }
 
 impl<'r> Relay<'r> {
     fn new(round: &'r Round, across: &'r mut Across) -> Self {
         Relay {
             round,
+            shown_before: across.items.len(),
             across,
             later_round: round.stats.rounds.load(Ordering::Relaxed) > 0,
             withdrawn: round.tools_withdrawn(),
@@ -388,10 +391,15 @@ impl<'r> Relay<'r> {
             // Mixed: the client got its own calls; the proxy answers its own and keeps them.
             let results = self.round.run_calls(&calls(&output)).await;
             let mut answer = json!({ "output": output });
-            let split = self
+            let mut split = self
                 .round
                 .wire
                 .split(&mut answer, &|name| self.round.is_proxy(name));
+            // Next turn the client sends the earlier rounds' items before this round's: the
+            // proxy's calls go back at their places among all of them.
+            for (position, _) in &mut split.hidden {
+                *position += self.shown_before;
+            }
             self.round.keep(split, results).await;
         }
         let mut terminal = terminal;

@@ -112,6 +112,58 @@ impl LoopWire for ResponsesLoop {
     fn stream(&self, round: Round, first: Incoming) -> EventStream {
         loop_stream::spawn(round, first)
     }
+
+    /// A stream shows each round's items as they come (text cannot be unsent): the JSON
+    /// answer holds them too, so both modes give the client the same items.
+    fn shows_earlier_rounds(&self) -> bool {
+        true
+    }
+
+    /// The client's items of the `earlier` rounds (each called only the proxy's tools), in
+    /// order, before the final answer's own; the response keeps the first round's `id` and
+    /// `created_at`, as a stream does.
+    fn merge(&self, answer: &mut Value, earlier: &[Value], is_proxy: &dyn Fn(&str) -> bool) {
+        if earlier.is_empty() {
+            return;
+        }
+        let mut output: Vec<Value> = earlier
+            .iter()
+            .filter_map(|a| a.get("output").and_then(Value::as_array))
+            .flat_map(|items| shown_of_proxy_round(items, is_proxy))
+            .collect();
+        let Value::Object(map) = answer else {
+            return;
+        };
+        if let Some(Value::Array(last)) = map.get_mut("output") {
+            output.append(last);
+        }
+        map.insert("output".into(), Value::Array(output));
+        if let Some(Value::Object(first)) = earlier.first() {
+            for key in ["id", "created_at"] {
+                if let Some(value) = first.get(key) {
+                    map.insert(key.into(), value.clone());
+                }
+            }
+        }
+    }
+}
+
+/// What the client gets of the output of a round that called only the proxy's tools: every
+/// item but those calls, the reasoning bound to them, and a reasoning item ending the round
+/// (upstream, the proxy's outputs follow it; `loop_stream.rs` holds it back the same way).
+fn shown_of_proxy_round(output: &[Value], is_proxy: &dyn Fn(&str) -> bool) -> Vec<Value> {
+    let hide = hidden_positions(output, is_proxy);
+    let shown: Vec<&Value> = output
+        .iter()
+        .zip(hide)
+        .filter(|(_, hidden)| !hidden)
+        .map(|(item, _)| item)
+        .collect();
+    let end = shown
+        .iter()
+        .rposition(|item| item.get("type").and_then(Value::as_str) != Some("reasoning"))
+        .map_or(0, |at| at + 1);
+    shown[..end].iter().map(|item| (*item).clone()).collect()
 }
 
 #[cfg(test)]

@@ -24,7 +24,8 @@ pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError>
     let wire = round.wire;
     let mut answer = first;
     let mut usage: Option<Usage> = None;
-    // For a wire that merges rounds: where the rounds begin, and the answers before the last.
+    // For a wire that shows earlier rounds: where the rounds begin, and the answers before the
+    // last.
     let start = round.conversation_len();
     let mut earlier: Vec<Value> = Vec::new();
     loop {
@@ -70,17 +71,21 @@ pub async fn run(mut round: Round, first: Incoming) -> Result<Final, ProxyError>
             // Mixed: the client gets its own calls; the proxy's wait in the session.
             let mut body = body;
             let last = wire.continued(&body, &turn);
-            let split = wire.split(&mut body, &|name| round.is_proxy(name));
             let body = if wire.merges_rounds() {
+                wire.split(&mut body, &|name| round.is_proxy(name));
                 merged(&round, body, &earlier, start, last, results).await
             } else {
+                // The earlier rounds' items first: the proxy's calls are kept at their
+                // positions among every item the client gets (as a stream keeps them).
+                let mut body = merged(&round, body, &earlier, start, last, Vec::new()).await;
+                let split = wire.split(&mut body, &|name| round.is_proxy(name));
                 round.keep(split, results).await;
                 body
             };
             return Ok(finish(status, headers, body, Bytes::new(), &usage, &round));
         }
         let output = wire.continued(&body, &turn);
-        if wire.merges_rounds() {
+        if wire.shows_earlier_rounds() {
             earlier.push(body);
         }
         let request = round.next_request(output, results);
@@ -126,10 +131,11 @@ async fn withdrawn(
     finish(status, headers, body, Bytes::new(), usage, round)
 }
 
-/// For a wire that merges rounds ([`super::LoopWire::merges_rounds`]): the final `answer` with
-/// the client's part of the `earlier` ones before its own, the upstream transcript it stands
-/// for (ending with `last`, and the proxy's `results` of a mixed last round) kept for the
-/// next turn when there is one. Any other wire's answer is returned as it is.
+/// For a wire that shows earlier rounds ([`super::LoopWire::shows_earlier_rounds`]): the final
+/// `answer` with the client's part of the `earlier` ones before its own; for one that merges
+/// them into one message ([`super::LoopWire::merges_rounds`]), the upstream transcript it
+/// stands for (ending with `last`, and the proxy's `results` of a mixed last round) kept for
+/// the next turn when there is one. Any other wire's answer is returned as it is.
 async fn merged(
     round: &Round,
     mut answer: Value,
@@ -139,11 +145,11 @@ async fn merged(
     results: Vec<Value>,
 ) -> Value {
     let wire = round.wire;
-    if !wire.merges_rounds() {
+    if !wire.shows_earlier_rounds() {
         return answer;
     }
     wire.merge(&mut answer, earlier, &|name| round.is_proxy(name));
-    if !earlier.is_empty() || !results.is_empty() {
+    if wire.merges_rounds() && (!earlier.is_empty() || !results.is_empty()) {
         let shown = wire
             .continued(&answer, &Default::default())
             .into_iter()

@@ -99,12 +99,31 @@ fn kind_of(body: &Value, previous: Option<&Value>) -> CallKind {
 /// recent window the proxy never cuts holds at least as many).
 const RETRY_TAIL: usize = 4;
 
+/// Whether `item` is the model's output (an assistant message, a call, reasoning), not a
+/// result nor the user's.
+fn is_model_output(item: &Value) -> bool {
+    item["role"] == "assistant"
+        || matches!(
+            item["type"].as_str(),
+            Some("function_call" | "custom_tool_call" | "reasoning")
+        )
+}
+
 /// One upstream call, counted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {
     pub kind: CallKind,
     /// Input tokens of the call.
     pub tokens: usize,
+    /// Output tokens paid for that the client never saw: on a reload round, the model's
+    /// output it resends (its call of the proxy's tools), as the proxy's bill has it.
+    pub hidden_output: usize,
+    /// Their cost in full-price input tokens of the call's model (its output price over its
+    /// input price, [`ModelPrice::relative_cost`]): the same under every provider's caching.
+    pub hidden_output_cost: f64,
+    /// The upstream refused it as too long (the proxy retried it smaller next): not billed
+    /// (`context_proxy_pricing::Call::refused`).
+    pub refused: bool,
     /// Tokens of the prefix it shares with the previous call of its session.
     pub shared_prefix_tokens: usize,
     /// Its messages start with all of the previous call's messages (the first call: false).
@@ -125,10 +144,14 @@ fn count(counter: &Counter, body: &Value) -> context_proxy_tokens::RequestCount 
 /// Counts the upstream calls of one session, in order. The prefix a call shares with the
 /// previous one is [`shared_prefix`]'s (the page's too): its parts are the head (model, tools
 /// and instructions, by their bytes; [`head_tokens`]) and each message or input item, by its
-/// bytes.
+/// bytes. A retry follows a call the upstream refused as too long: that call is marked
+/// refused, and the retry's cached prefix is the one of the call before it (a refused request
+/// is not cached).
 pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
-    let mut calls = Vec::with_capacity(bodies.len());
+    let mut calls: Vec<Call> = Vec::with_capacity(bodies.len());
+    // The last call sent, and the one before it.
     let mut previous: Option<(&Value, Vec<Part>)> = None;
+    let mut before_previous: Option<(&Value, Vec<Part>)> = None;
     for body in bodies {
         let count = count(counter, body);
         let head = Part::Head(
@@ -147,18 +170,47 @@ pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
         let tokens: Vec<usize> = std::iter::once(head_tokens(&count, is_responses(body)))
             .chain(count.per_message.iter().copied())
             .collect();
-        let shared = shared_prefix(
-            previous.as_ref().map(|(_, p)| p.as_slice()),
-            &parts,
-            &tokens,
-        );
+        let kind = kind_of(body, previous.as_ref().map(|(p, _)| *p));
+        if kind == CallKind::Retry {
+            if let Some(refused) = calls.last_mut() {
+                refused.refused = true;
+            }
+        }
+        let base = if kind == CallKind::Retry {
+            &before_previous
+        } else {
+            &previous
+        };
+        let shared = shared_prefix(base.as_ref().map(|(_, p)| p.as_slice()), &parts, &tokens);
+        // A reload round resends the model's output of the round before it, which the
+        // client never saw: from the previous call's end (its parts are its head, then its
+        // messages), what is not a result.
+        let hidden_output: usize = match (kind, &previous) {
+            (CallKind::Reload, Some((_, prev_parts))) => conversation(body)
+                .map(|items| {
+                    items
+                        .iter()
+                        .zip(&count.per_message)
+                        .skip(prev_parts.len().saturating_sub(1))
+                        .filter(|(item, _)| is_model_output(item))
+                        .map(|(_, &t)| t)
+                        .sum()
+                })
+                .unwrap_or(0),
+            _ => 0,
+        };
+        let model = body.get("model").and_then(Value::as_str).unwrap_or("");
         calls.push(Call {
-            kind: kind_of(body, previous.as_ref().map(|(p, _)| *p)),
+            kind,
             tokens: count.total,
+            hidden_output,
+            hidden_output_cost: ModelPrice::relative_cost(model, model, 0, hidden_output),
+            refused: false,
             shared_prefix_tokens: shared.tokens.min(count.total),
             extends_previous: shared.extends,
             has_previous: previous.is_some(),
         });
+        before_previous = previous.take();
         previous = Some((body, parts));
     }
     calls
@@ -222,11 +274,13 @@ impl SummarizerCalls {
     }
 }
 
-/// Input cost of `calls` under `pricing`, in full-price tokens.
+/// Cost of `calls` under `pricing`, in full-price input tokens: each call's input under the
+/// provider's caching and the hidden output it pays for; a refused call costs nothing.
 pub fn effective_cost(calls: &[Call], pricing: &CachePricing) -> f64 {
     calls
         .iter()
-        .map(|c| pricing.call_cost(c.tokens, c.shared_prefix_tokens))
+        .filter(|c| !c.refused)
+        .map(|c| pricing.call_cost(c.tokens, c.shared_prefix_tokens) + c.hidden_output_cost)
         .sum()
 }
 
