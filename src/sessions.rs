@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::auth::KeyNames;
 use crate::http::error::ClientError;
-use crate::store::{ContentRef, SessionId, Store, StoreError, Tenant};
+use crate::store::{ContentRef, Leave, SessionId, Store, StoreError, Tenant};
 
 /// Why an inspection request cannot be answered.
 #[derive(Debug, thiserror::Error)]
@@ -289,7 +289,9 @@ pub async fn erase(
 ) -> Result<usize, InspectError> {
     let journal = store.read_log(tenant, session).await?;
     let refs = journal_refs(&journal);
-    Ok(store.erase_session(tenant, session, &refs).await?)
+    Ok(store
+        .erase_session(tenant, session, &refs, Leave::Tombstone)
+        .await?)
 }
 
 /// One reference a session's journal names.

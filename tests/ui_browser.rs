@@ -5,7 +5,9 @@
 //! and checks what a person would: the session listed with the right figures and costs in
 //! dollars, the list filtered by model and by time, the reload round, a new request appearing
 //! live, the marker where the content was and its reference opening the original, paged, on
-//! both routes, the proxy's hidden round after the last message the model received; that no
+//! the three routes (chat completions, Responses, Anthropic Messages), a 100 000-line tool
+//! result opened a page at a time, the proxy's hidden round after the last message the
+//! model received; that no
 //! script of the content runs (dialogs and console errors are listened for); that another
 //! key sees nothing of it, not even a row; that erasure removes it; and how fast a 500-turn
 //! session's page first renders.
@@ -81,6 +83,32 @@ fn responses_body() -> Value {
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is on line 7?"}]}
         ]
     })
+}
+
+/// [`messages`] as an Anthropic Messages request: the system prompt apart, the call a
+/// `tool_use` block, its result a `tool_result` block.
+fn messages_body() -> Value {
+    json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "system": "You are a coding agent.",
+        "messages": [
+            {"role": "user", "content": "Read the file."},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_a", "name": "read_file", "input": {"path": "a.rs"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_a", "content": file_a()}]},
+            {"role": "assistant", "content": "Read."},
+            {"role": "user", "content": "What is on line 7?"}
+        ]
+    })
+}
+
+/// A tool result of 100 000 lines.
+fn huge_result() -> String {
+    (1..=100_000)
+        .map(|i| format!("log line {i}: ok\n"))
+        .collect()
 }
 
 /// Tokens before and after (the proxy's headers), the completion tokens of every call (the
@@ -243,6 +271,37 @@ async fn the_page_in_a_real_browser() {
     assert_eq!(resp.status(), 200);
     resp.bytes().await.unwrap();
     wait_turns(&h, "responses-ui", 1).await;
+    // The same conversation on Anthropic Messages, in a session of its own.
+    h.mock.push(Reply::text("Line 7."));
+    let resp = h
+        .client
+        .post(h.url("/v1/messages"))
+        .header("x-api-key", "sk-alice")
+        .header("anthropic-version", "2023-06-01")
+        .header("x-context-session", "messages-ui")
+        .json(&messages_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    wait_turns(&h, "messages-ui", 1).await;
+    // A tool result of 100 000 lines, compacted: it must open a page at a time.
+    let mut huge = messages();
+    huge[3]["content"] = json!(huge_result());
+    h.mock.push(Reply::text("ok"));
+    let resp = h
+        .client
+        .post(h.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-alice")
+        .header("x-context-session", "huge-ui")
+        .json(&json!({"model": "gpt-4o", "messages": huge}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    wait_turns(&h, "huge-ui", 1).await;
     let store = StoreConfig {
         backend: Backend::Fs,
         path: dir.path().to_path_buf(),
@@ -271,6 +330,9 @@ async fn the_page_in_a_real_browser() {
         "big_session": "big-500",
         "older_session": "mini-older",
         "responses_session": "responses-ui",
+        "messages_session": "messages-ui",
+        "huge_session": "huge-ui",
+        "huge_ref": ContentRef::of(&huge_result()).as_str(),
         "screenshots": screenshots,
     });
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/ui_browser.py");

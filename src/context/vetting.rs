@@ -8,7 +8,7 @@ use moka::sync::Cache;
 use serde_json::Value;
 
 use super::session::Identity;
-use crate::store::{ContentRef, Store, StoreError, Tenant};
+use crate::store::{ContentRef, Leave, Store, StoreError, Tenant};
 
 /// The tenants accepted and refused by upstreams.
 pub struct KeyVetting {
@@ -73,7 +73,7 @@ impl KeyVetting {
         all.dedup();
         let erased = self
             .store
-            .erase_session(&identity.tenant, &identity.session, &all)
+            .erase_session(&identity.tenant, &identity.session, &all, Leave::Nothing)
             .await?;
         Ok((erased, all))
     }

@@ -17,8 +17,8 @@ use serde_json::json;
 
 use super::redis::test_server::{unique_prefix, RedisCluster, TestRedis};
 use super::{
-    open_with_clock, Appended, Backend, ContentKind, ContentRef, LogLine, ManualClock, SessionId,
-    StateKey, Store, StoreConfig, Tenant,
+    open_with_clock, Appended, Backend, ContentKind, ContentRef, Leave, LogLine, ManualClock,
+    SessionId, StateKey, Store, StoreConfig, Tenant,
 };
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -476,7 +476,7 @@ async fn sessions_are_listed_and_erased(h: Harness, all_tenants: bool) {
     }
 
     let erased = store
-        .erase_session(&alice, &one, std::slice::from_ref(&r1))
+        .erase_session(&alice, &one, std::slice::from_ref(&r1), Leave::Tombstone)
         .await
         .unwrap();
     assert!(erased >= 4, "{erased}");
@@ -503,7 +503,13 @@ async fn sessions_are_listed_and_erased(h: Harness, all_tenants: bool) {
     assert!(store.get_content(&bob, &r1).await.unwrap().is_some());
     assert_eq!(store.read_log(&bob, &one).await.unwrap().len(), 1);
     // Erasing again finds nothing.
-    assert_eq!(store.erase_session(&alice, &one, &[r1]).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .erase_session(&alice, &one, &[r1], Leave::Tombstone)
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 /// Session names as clients give them (capitals, spaces, separators of paths and keys, glob
@@ -578,7 +584,13 @@ async fn sessions_keep_the_names_clients_give(h: Harness) {
     }
     // Erasing one name leaves the names that differ from it only in case or escaping.
     let gone = session("My Session");
-    assert!(store.erase_session(&t, &gone, &refs[..1]).await.unwrap() >= 2);
+    assert!(
+        store
+            .erase_session(&t, &gone, &refs[..1], Leave::Nothing)
+            .await
+            .unwrap()
+            >= 2
+    );
     assert!(store.read_log(&t, &gone).await.unwrap().is_empty());
     for name in ["my session", "my%20session", "MY SESSION"] {
         assert_eq!(
@@ -655,7 +667,7 @@ async fn contains_content_answers_each_ref(h: Harness) {
     );
     // Erased with its session: gone.
     h.store
-        .erase_session(&alice, &s, std::slice::from_ref(&stored))
+        .erase_session(&alice, &s, std::slice::from_ref(&stored), Leave::Tombstone)
         .await
         .unwrap();
     assert_eq!(
@@ -825,11 +837,15 @@ async fn a_batch_of_lines_appends_as_one_by_one(h: Harness) {
 
 /// An erased session keeps a tombstone: lines written before the erasure are refused (with
 /// its time), later ones start the journal afresh; the tombstone is no session of the list.
+/// An erasure that leaves nothing refuses nothing.
 async fn an_erased_session_refuses_lines_from_before_it(h: Harness) {
     let (t, s) = (tenant("k"), session("s"));
     h.store.append_log(&t, &s, &json!({"n": 0})).await.unwrap();
     let before = SystemTime::now() - Duration::from_secs(60);
-    h.store.erase_session(&t, &s, &[]).await.unwrap();
+    h.store
+        .erase_session(&t, &s, &[], Leave::Tombstone)
+        .await
+        .unwrap();
     assert!(h.store.list_sessions(Some(&t)).await.unwrap().is_empty());
     let line = || vec![LogLine::of(&json!({"n": 1})).unwrap()];
     let refused = h.store.append_logs(&t, &s, line(), Some(before)).await;
@@ -850,6 +866,18 @@ async fn an_erased_session_refuses_lines_from_before_it(h: Harness) {
     assert_eq!(appended.unwrap(), Appended::Records(1));
     assert_eq!(h.store.read_log(&t, &s).await.unwrap(), [json!({"n": 1})]);
     assert_eq!(h.store.list_sessions(Some(&t)).await.unwrap().len(), 2);
+    // Erased leaving nothing (a refused key's session), the session takes any line again.
+    let gone = session("gone");
+    h.store
+        .append_log(&t, &gone, &json!({"n": 0}))
+        .await
+        .unwrap();
+    h.store
+        .erase_session(&t, &gone, &[], Leave::Nothing)
+        .await
+        .unwrap();
+    let appended = h.store.append_logs(&t, &gone, line(), Some(before)).await;
+    assert_eq!(appended.unwrap(), Appended::Records(1));
 }
 
 /// `put_contents` stores what `put_content` would, each under its reference, in order: one

@@ -18,8 +18,8 @@ use async_trait::async_trait;
 use super::locks::LockTable;
 use super::sweeper::Sweeper;
 use super::{
-    epoch_millis, refuses, Appended, Clock, ContentKind, ContentRef, LogLine, LogPage, SessionId,
-    StateKey, Store, StoreConfig, StoreError, Tenant,
+    epoch_millis, refuses, Appended, Clock, ContentKind, ContentRef, Leave, LogLine, LogPage,
+    SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
 };
 
 /// The in-process store.
@@ -526,6 +526,7 @@ impl Store for MemoryStore {
         tenant: &Tenant,
         session: &SessionId,
         refs: &[ContentRef],
+        leave: Leave,
     ) -> Result<usize, StoreError> {
         let mut items = self.shared.lock();
         let state_prefix = format!("{tenant}/s/{session}/");
@@ -544,14 +545,12 @@ impl Store for MemoryStore {
                 erased += 1;
             }
         }
-        let now = self.shared.clock.now();
-        let tombstone = Value::State(epoch_millis(now).to_string().into_bytes());
-        items.insert(
-            tombstone_key(tenant, session),
-            tombstone,
-            now,
-            self.shared.max_bytes,
-        )?;
+        if leave == Leave::Tombstone {
+            let now = self.shared.clock.now();
+            let tombstone = Value::State(epoch_millis(now).to_string().into_bytes());
+            let key = tombstone_key(tenant, session);
+            items.insert(key, tombstone, now, self.shared.max_bytes)?;
+        }
         Ok(erased)
     }
 }

@@ -156,6 +156,16 @@ impl LogLine {
     }
 }
 
+/// What an erased session leaves ([`Store::erase_session`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leave {
+    /// Its tombstone: lines written before the erasure are refused afterwards (an erasure a
+    /// person or a tool asked for, which a line still queued must not undo).
+    Tombstone,
+    /// Nothing at all (what a key the upstream refused stored: no trace of it is kept).
+    Nothing,
+}
+
 /// What [`Store::append_logs`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Appended {
@@ -387,14 +397,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Erases the session: its state records, journal, and the content under `refs` (the
     /// references its journal names; fs also deletes every file stored in the session's
-    /// directory). Session locks are left to expire. Leaves a tombstone, the time of the
-    /// erasure (kept for the retention period, never listed as a session), which
-    /// [`Store::append_logs`] checks. Returns how many items were deleted.
+    /// directory). Session locks are left to expire. With [`Leave::Tombstone`] (an erasure
+    /// someone asked for), leaves the time of the erasure (kept for the retention period,
+    /// never listed as a session), which [`Store::append_logs`] checks. Returns how many items
+    /// were deleted.
     async fn erase_session(
         &self,
         tenant: &Tenant,
         session: &SessionId,
         refs: &[ContentRef],
+        leave: Leave,
     ) -> Result<usize, StoreError>;
 }
 
@@ -644,8 +656,9 @@ impl Store for Timed {
         tenant: &Tenant,
         session: &SessionId,
         refs: &[ContentRef],
+        leave: Leave,
     ) -> Result<usize, StoreError> {
-        let fut = self.inner.erase_session(tenant, session, refs);
+        let fut = self.inner.erase_session(tenant, session, refs, leave);
         bounded("erase_session", self.timeout, fut).await
     }
 }
@@ -767,6 +780,7 @@ mod tests {
             _: &Tenant,
             _: &SessionId,
             _: &[ContentRef],
+            _: Leave,
         ) -> Result<usize, StoreError> {
             std::future::pending().await
         }

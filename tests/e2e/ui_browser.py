@@ -193,6 +193,63 @@ def main():
             assert page.locator("table.side-by-side img").count() == 0
             watch.check()
 
+        # An Anthropic Messages request, block by block: the route named, the tool_result's
+        # content replaced by its marker (highlighted), the reference a link that opens the
+        # original, the hostile content shown as text.
+        if cfg.get("messages_session"):
+            page.goto(base + "/ui/session?s=" + cfg["messages_session"])
+            page.locator("#turn-1 a", has_text="side by side").click()
+            page.wait_for_selector("table.side-by-side")
+            assert page.locator("#route").inner_text() == "/v1/messages", page.locator("#route").inner_text()
+            assert "You are a coding agent." in page.locator("table.side-by-side").inner_text()
+            mark = page.locator("td.proxy mark.marker").first
+            assert mark.count() == 1, page.content()
+            background = mark.evaluate("e => getComputedStyle(e).backgroundColor")
+            assert background not in ("rgba(0, 0, 0, 0)", "transparent"), background
+            body_text = page.locator("table.side-by-side").inner_text()
+            assert "toolu_a" in body_text and "read_file" in body_text, body_text[:2000]
+            for needle in cfg["hostile_visible"]:
+                assert needle in body_text, f"{needle!r} not shown as text"
+            assert page.locator("table.side-by-side script").count() == 0
+            assert page.locator("table.side-by-side img").count() == 0
+            link = mark.locator("a.ref").first
+            assert link.inner_text() == cfg["ref"], link.inner_text()
+            link.click()
+            page.wait_for_selector("ol.stored")
+            assert cfg["ref_line"] in page.locator("ol.stored").inner_text()
+            watch.check()
+
+        # A 100 000-line tool result opens paged, never whole: the side-by-side view holds the
+        # start of it, the message and the stored original a page of lines each, and the next
+        # page is a link away.
+        if cfg.get("huge_session"):
+            page.goto(base + "/ui/session?s=" + cfg["huge_session"])
+            page.locator("#turn-1 a", has_text="side by side").click()
+            page.wait_for_selector("table.side-by-side")
+            whole = page.evaluate("() => document.documentElement.outerHTML.length")
+            assert whole < 200_000, f"the side-by-side view holds {whole} bytes"
+            text = page.locator("table.side-by-side").inner_text()
+            assert "log line 60: ok" in text and "log line 61: ok" not in text
+            mark = page.locator("td.proxy mark.marker").first
+            link = mark.locator("a.ref").first
+            assert link.inner_text() == cfg["huge_ref"], link.inner_text()
+            link.click()
+            page.wait_for_selector("ol.stored")
+            assert page.locator("ol.stored li").count() == 500
+            stored = page.locator("ol.stored").inner_text()
+            assert "log line 1: ok" in stored and "log line 500: ok" in stored
+            assert "log line 501: ok" not in page.content()
+            whole = page.evaluate("() => document.documentElement.outerHTML.length")
+            assert whole < 200_000, f"a page of the original holds {whole} bytes"
+            with page.expect_navigation():
+                page.click("a.next")
+            assert page.locator("ol.stored").get_attribute("start") == "501"
+            assert page.locator("ol.stored li").count() == 500
+            stored = page.locator("ol.stored").inner_text()
+            assert "log line 501: ok" in stored and "log line 1000: ok" in stored
+            assert "log line 1001: ok" not in page.content()
+            watch.check()
+
         # Another key sees nothing of it.
         other_ctx = browser.new_context()
         other = other_ctx.new_page()

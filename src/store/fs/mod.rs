@@ -61,7 +61,7 @@ use async_trait::async_trait;
 
 use super::sweeper::Sweeper;
 use super::{
-    Appended, Clock, ContentKind, ContentRef, LogLine, LogPage, SessionId, StateKey, Store,
+    Appended, Clock, ContentKind, ContentRef, Leave, LogLine, LogPage, SessionId, StateKey, Store,
     StoreConfig, StoreError, Tenant,
 };
 use tree::Tree;
@@ -337,10 +337,13 @@ impl Store for FsStore {
         tenant: &Tenant,
         session: &SessionId,
         refs: &[ContentRef],
+        leave: Leave,
     ) -> Result<usize, StoreError> {
         let (t, s, r) = (tenant.clone(), session.clone(), refs.to_vec());
         self.tree
-            .run_unlocked("erase_session", move |tree| tree.erase_session(&t, &s, &r))
+            .run_unlocked("erase_session", move |tree| {
+                tree.erase_session(&t, &s, &r, leave)
+            })
             .await
     }
 }

@@ -36,7 +36,7 @@ use async_trait::async_trait;
 use redis::Script;
 
 use super::{
-    epoch_millis, from_epoch_millis, Appended, ContentKind, ContentRef, LogLine, LogPage,
+    epoch_millis, from_epoch_millis, Appended, ContentKind, ContentRef, Leave, LogLine, LogPage,
     SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
 };
 use conn::{Connection, Connector};
@@ -540,8 +540,9 @@ impl Store for RedisStore {
         tenant: &Tenant,
         session: &SessionId,
         refs: &[ContentRef],
+        leave: Leave,
     ) -> Result<usize, StoreError> {
-        self.erase(tenant, session, refs).await
+        self.erase(tenant, session, refs, leave).await
     }
 }
 

@@ -8,7 +8,7 @@ use redis::{FromRedisValue, Script};
 
 use super::conn::Connection;
 use super::{failed, RedisStore};
-use crate::store::{ContentRef, SessionId, StoreError, Tenant};
+use crate::store::{ContentRef, Leave, SessionId, StoreError, Tenant};
 
 /// Scans the keys matching ARGV[1] .. '*' (ARGV[1] ends with `:` or `{`) and returns the
 /// distinct `<tenant>\n<session>` of the journals and state records among them. KEYS[1] is any
@@ -38,9 +38,12 @@ return out
 
 /// Deletes KEYS[1] (the journal), every key matching ARGV[1] .. '*' (the session's state
 /// records and locks) and ARGV[1] .. 'c:' .. each of ARGV[5..] (content); sets the tombstone
-/// KEYS[2] to ARGV[3] (the time, epoch ms) for ARGV[4] seconds. Returns how many were deleted.
+/// KEYS[2] to ARGV[3] (the time, epoch ms) for ARGV[4] seconds, unless ARGV[4] is 0. Returns
+/// how many were deleted.
 const ERASE_SCRIPT: &str = r"
-redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+if tonumber(ARGV[4]) > 0 then
+  redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+end
 local n = redis.call('DEL', KEYS[1])
 for _, pattern in ipairs({ARGV[1] .. 's:' .. ARGV[2] .. ':*', ARGV[1] .. 'k:' .. ARGV[2] .. ':*'}) do
   local cursor = '0'
@@ -117,6 +120,7 @@ impl RedisStore {
         tenant: &Tenant,
         session: &SessionId,
         refs: &[ContentRef],
+        leave: Leave,
     ) -> Result<usize, StoreError> {
         let mut conn = self.conn().await?;
         let script = Script::new(ERASE_SCRIPT);
@@ -127,7 +131,10 @@ impl RedisStore {
             .arg(format!("{}:{{{tenant}}}:", self.prefix))
             .arg(session.as_str())
             .arg(crate::store::epoch_millis(std::time::SystemTime::now()))
-            .arg(self.ttl_secs);
+            .arg(match leave {
+                Leave::Tombstone => self.ttl_secs,
+                Leave::Nothing => 0,
+            });
         for r in refs {
             invocation.arg(r.as_str());
         }

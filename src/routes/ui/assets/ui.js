@@ -10,6 +10,7 @@
     var url = section.getAttribute("data-poll");
     var every = parseInt(section.getAttribute("data-every"), 10) || 2000;
     var busy = false;
+    var timer = null;
     function tick() {
       if (busy || document.hidden) { return; }
       busy = true;
@@ -38,11 +39,13 @@
           });
           section = node;
           url = node.getAttribute("data-poll");
+          // A session no longer there comes back without a URL: polling stops.
+          if (!url) { clearInterval(timer); }
         })
         .catch(function () { /* the next tick tries again */ })
         .then(function () { busy = false; });
     }
-    setInterval(tick, every);
+    timer = setInterval(tick, every);
   }
 
   document.addEventListener("DOMContentLoaded", function () {
