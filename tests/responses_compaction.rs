@@ -729,3 +729,57 @@ async fn a_second_marker_only_compaction_keeps_the_first_marker() {
         "{text}"
     );
 }
+
+/// Codex 0.171 sends item ids and `internal_chat_message_metadata_passthrough`: a compaction
+/// and the turn after it keep both on the client's items, byte for byte, and the message the
+/// sealed item expands into has no id, so no id reaches the (strict) upstream twice.
+#[tokio::test]
+async fn ids_and_codex_metadata_survive_a_compaction_round_trip() {
+    let s = start(|_| {}).await;
+    s.summarizer.push(Reply::text(SUMMARY));
+    let mut input = history();
+    for (n, item) in input.iter_mut().enumerate() {
+        if item["type"] == "message" {
+            item["id"] = json!(format!("msg_0199b{n:043}"));
+            item["internal_chat_message_metadata_passthrough"] = json!({"turn_id": "t1"});
+        }
+    }
+    let v: Value = post(
+        &s.h,
+        "/v1/responses",
+        &body(with_trigger(input.clone()), false),
+        "sk-a",
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let item = v["output"][0].clone();
+    assert_sealed(&item);
+    let request = json!({"model": "gpt-5-codex", "input": input.clone()});
+    let compacted: Value = post(&s.h, "/v1/responses/compact", &request, "sk-a")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        compacted["output"][0], input[1],
+        "the kept message, id and metadata"
+    );
+
+    let mut next = vec![input[1].clone(), item.clone()];
+    next.push(
+        json!({"type": "message", "role": "user", "id": "msg_0199c", "content": "go on",
+        "internal_chat_message_metadata_passthrough": {"turn_id": "t2"}}),
+    );
+    s.h.mock.push(Reply::text("ok"));
+    let resp = post(&s.h, "/v1/responses", &body(next.clone(), false), "sk-a").await;
+    assert_eq!(resp.status(), 200);
+    let sent = s.h.mock.received()[0].json();
+    let sent = sent["input"].as_array().unwrap();
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[0], next[0]);
+    assert_eq!(sent[2], next[2]);
+    assert!(sent[1].get("id").is_none(), "{}", sent[1]);
+    assert_eq!(sent[1]["role"], "user");
+}
