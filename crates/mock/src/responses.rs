@@ -29,8 +29,11 @@ use crate::body::MockBody;
 use crate::DEFAULT_REPLY_TEXT;
 use context_proxy_tokens::Encoding;
 
-/// Every `input[].type` the API accepts, in the order its error message lists them.
-pub const ITEM_TYPES: [&str; 27] = [
+/// Every `input[].type` the API accepts, in the order its error message lists them, and
+/// `additional_tools` (tools added to the conversation as an item: Codex 0.171 sends its tools
+/// so, with no top-level `tools`, to the API by default).
+pub const ITEM_TYPES: [&str; 28] = [
+    "additional_tools",
     "apply_patch_call",
     "apply_patch_call_output",
     "code_interpreter_call",
@@ -729,6 +732,7 @@ mod tests {
         assert_eq!(twice["param"], "input");
         assert_eq!(twice["code"], Value::Null);
         let once = json!({"model": "m", "input": [
+            {"type": "additional_tools", "id": "at_1", "role": "developer", "tools": []},
             {"role": "user", "content": "x", "id": "msg_1"},
             {"role": "assistant", "content": "y", "id": "msg_2"}]});
         assert!(parse(once.to_string().as_bytes(), &ITEM_TYPES).is_ok());
@@ -836,7 +840,7 @@ mod tests {
         let unknown = error_of(json!({"model": "m", "input": [{"type": "context_compaction"}]}));
         assert_eq!(unknown["code"], "invalid_value");
         assert!(unknown["message"].as_str().unwrap().starts_with(
-            "Invalid value: 'context_compaction'. Supported values are: 'apply_patch_call',"
+            "Invalid value: 'context_compaction'. Supported values are: 'additional_tools', 'apply_patch_call',"
         ));
         let nested = error_of(json!({"model": "m", "input": "x",
             "tools": [{"type": "function", "function": {"name": "f"}}]}));
