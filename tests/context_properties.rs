@@ -592,9 +592,10 @@ proptest! {
     /// with the move and the one keeping the prior decision (a batch no request can reach).
     #[test]
     fn optional_rewrites_pay_over_the_horizon(turns in prop::collection::vec(turn(), 4..28), seed in any::<u64>(),
-                                              cache in pricing(), horizon in 0.5f64..40.0) {
+                                              cache in pricing(), horizon in 0.5f64..40.0,
+                                              tools in prop_oneof![Just(0usize), 1usize..3000]) {
         let full = build(&turns, seed);
-        let s = Settings { cache, cache_horizon_turns: horizon, ..settings(Mode::Auto, 10_000_000, 4) };
+        let s = Settings { cache, cache_horizon_turns: horizon, tools_offer_tokens: tools, ..settings(Mode::Auto, 10_000_000, 4) };
         let keep_prior = Settings { compact_batch_tokens: usize::MAX, ..s.clone() };
         let c = counter();
         let mut prior = Decision::default();
@@ -610,8 +611,18 @@ proptest! {
                 prop_assert_eq!(with.len(), messages.len());
                 let first = (0..with.len()).find(|&k| with[k] != without[k]).unwrap_or(with.len());
                 let answered = messages.iter().rposition(|m| role(m) == "assistant").unwrap_or(0);
-                let rebilled: usize = with[first.min(answered)..answered].iter().map(|m| c.count_message(m)).sum();
-                let freed = kept.report.tokens_after.saturating_sub(moved.report.tokens_after);
+                let mut rebilled: usize = with[first.min(answered)..answered].iter().map(|m| c.count_message(m)).sum();
+                let mut freed = kept.report.tokens_after.saturating_sub(moved.report.tokens_after);
+                // The first rewrite to refer to stored content brings the proxy's tools, which
+                // lead the cached prompt: everything before the rewritten message (and the 3
+                // tokens of framing) is billed again, the tools written, and every later
+                // request carries them.
+                let refers = |out: &[Value]| out.iter().any(|m| content_text(m).is_some_and(|t| !refs_in(&t).is_empty()));
+                if tools > 0 && refers(&with) && !refers(&without) {
+                    let before: usize = 3 + with[..first].iter().map(|m| c.count_message(m)).sum::<usize>();
+                    rebilled += before + tools;
+                    freed = freed.saturating_sub(tools);
+                }
                 // The horizon: the requests made so far (the model's answers), at most the
                 // setting (the engine's own stops earlier still, at the next forced cut: a
                 // move it takes must pay over this one too).
@@ -704,13 +715,22 @@ fn cycle_cost(size: usize, model: &engine::CutModel) -> f64 {
         };
         cached * c.cached_read_rate + (tokens - cached) * (1.0 + c.cache_write_premium)
     };
-    let s = size as f64;
     let turns = if model.growth > 0.0 {
-        model.horizon.min((model.budget as f64 - s) / model.growth)
+        model
+            .horizon
+            .min((model.budget as f64 - size as f64) / model.growth)
     } else {
         model.horizon
     };
-    let mut requests = vec![(s, (model.head as f64).min(s), 1.0)];
+    // A cut that brings the proxy's tools sends them in every request, and they lead the
+    // prompt: the cut reads nothing from the cache.
+    let s = (size + model.tools) as f64;
+    let head = if model.tools > 0 {
+        0.0
+    } else {
+        (model.head as f64).min(s)
+    };
+    let mut requests = vec![(s, head, 1.0)];
     let mut k = 1.0;
     while k < turns + 1.0 {
         let weight = (turns - (k - 1.0)).min(1.0);
@@ -731,14 +751,15 @@ proptest! {
     fn the_cut_depth_is_the_cheapest_candidate(steps in prop::collection::vec(1usize..800, 1..12),
                                                head in 0usize..3000, room in 0usize..4000,
                                                growth in 0.0f64..1500.0, horizon in 0.0f64..12.0,
-                                               cache in pricing_with_minimum()) {
+                                               cache in pricing_with_minimum(),
+                                               tools in prop_oneof![Just(0usize), 1usize..1500]) {
         // Candidate sizes from the shallowest (just under the budget) to the deepest.
         let budget = head + room + steps.iter().sum::<usize>() + 1;
         let mut sizes = vec![budget - 1];
         for step in &steps {
             sizes.push(sizes.last().unwrap() - step);
         }
-        let model = engine::CutModel { budget, head, growth, horizon, cache };
+        let model = engine::CutModel { budget, head, growth, horizon, cache, tools };
         let chosen = engine::cheapest_cut(&sizes, &model);
         let costs: Vec<f64> = sizes.iter().map(|&s| cycle_cost(s, &model)).collect();
         let best = costs.iter().copied().fold(f64::INFINITY, f64::min);
@@ -750,6 +771,39 @@ proptest! {
         // Without caching every token is billed, and the deepest cut is the cheapest.
         let none = engine::CutModel { cache: CachePricing::NONE, ..model };
         prop_assert_eq!(engine::cheapest_cut(&sizes, &none), sizes.len() - 1);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// A rewrite that brings the proxy's tools is taken exactly when the bills of the next
+    /// requests, added up here one request at a time, come out lower with it: without it each
+    /// of `h` requests reads `before + rebilled + freed` from the cache and writes `new`
+    /// tokens; with it the first writes the tools, `before` and `rebilled`, and the next read
+    /// them back.
+    #[test]
+    fn a_rewrite_bringing_the_tools_pays_as_the_bills_say(freed in 0usize..20_000, rebilled in 0usize..20_000,
+                                                          before in 0usize..20_000, tools in 0usize..3000,
+                                                          new in 0usize..2000, h in 1usize..12, cache in pricing()) {
+        let bill = |prefix: usize, first_cached: bool| -> f64 {
+            (0..h)
+                .map(|k| {
+                    let cached = if k == 0 && !first_cached { 0 } else { prefix };
+                    cache.call_cost(prefix + new, cached)
+                })
+                .sum()
+        };
+        let without = bill(before + rebilled + freed, true);
+        let with = bill(tools + before + rebilled, false);
+        let (f, r) = engine::with_tools_added(freed, rebilled, before, tools);
+        let pays = engine::rewrite_pays(f, r, &cache, h as f64);
+        let margin = 1e-6 * without.max(1.0);
+        if pays {
+            prop_assert!(with < without + margin, "taken: {} with, {} without", with, without);
+        } else if f > 0 {
+            prop_assert!(with > without - margin, "left: {} with, {} without", with, without);
+        }
     }
 }
 
@@ -771,9 +825,11 @@ proptest! {
     #[test]
     fn forced_cuts_fit_under_any_prices(turns in prop::collection::vec(small_turn(), 6..30), seed in any::<u64>(),
                                         budget in 2_000usize..20_000, cache in pricing_with_minimum(),
-                                        mode in prop_oneof![Just(Mode::Auto), Just(Mode::Compress)]) {
+                                        mode in prop_oneof![Just(Mode::Auto), Just(Mode::Compress)],
+                                        tools in prop_oneof![Just(0usize), 1usize..800]) {
         let messages = build(&turns, seed);
-        let base = settings(mode, budget, 2);
+        // The proxy's tools, when the cut brings them, priced in under any prices.
+        let base = Settings { tools_offer_tokens: tools, ..settings(mode, budget, 2) };
         let priced = Settings { cache, ..base.clone() };
         let none = Settings { cache: CachePricing::NONE, ..base.clone() };
         let deep = run_priced(&messages, &deepest_only(&none), Decision::default(), true);

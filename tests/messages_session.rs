@@ -23,6 +23,7 @@ fn session() -> context_proxy::corpus::Session {
         sessions: 1,
         max_turns: 64,
         max_result_bytes: 16_000,
+        model: None,
     };
     let s = claude_code::generate_session(&cfg, 0, &rules::signed_thinking);
     s.validate().unwrap();

@@ -23,6 +23,7 @@ fn sample_sessions(n: usize) -> Vec<Session> {
         sessions: n,
         max_turns: 12,
         max_result_bytes: 60_000,
+        model: None,
     };
     let dir = tempfile::tempdir().unwrap();
     context_proxy::traffic::write_dir(dir.path(), &cfg, &context_proxy::traffic::generate(&cfg))

@@ -14,6 +14,8 @@ use serde_json::{json, Value};
 
 const API_KEY: &str = "sk-replicas";
 const SESSION: &str = "shared-conversation";
+/// The admin token of the replicas with the page.
+const ADMIN: &str = "admin-replicas";
 
 fn numbered_lines(prefix: &str, n: usize) -> String {
     (1..=n)
@@ -120,6 +122,127 @@ async fn a_conversation_moves_between_replicas_and_keeps_its_prefix() {
         let stored = store.get_content(&tenant, &reference).await.unwrap();
         assert_eq!(stored.as_deref(), messages[i]["content"].as_str());
     }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A replica with the page on, whose journal lines wait (an hour) until something reads them.
+async fn page_replica(mock: &MockUpstream, redis: &TestRedis) -> RunningServer {
+    let mut config: Config = common::config_for(&mock.base_url());
+    config.store = store_config(redis);
+    config.ui.enabled = true;
+    config.ui.journal_flush_ms = 60_000;
+    std::env::set_var("CP_REPLICAS_ADMIN", ADMIN);
+    config.auth.admin_token_env = Some("CP_REPLICAS_ADMIN".into());
+    RunningServer::start(config.validate().unwrap())
+        .await
+        .unwrap()
+}
+
+/// A short conversation of `session`, its turn `n`.
+async fn page_turn(proxy: &RunningServer, session: &str, n: usize) {
+    let messages = [
+        json!({"role": "user", "content": format!("Hello from {session}.")}),
+        json!({"role": "assistant", "content": "Hi."}),
+        json!({"role": "user", "content": format!("Turn {n}.")}),
+    ];
+    let resp = reqwest::Client::new()
+        .post(format!("http://{}/v1/chat/completions", proxy.addr()))
+        .header("authorization", format!("Bearer {API_KEY}"))
+        .header("x-context-session", session)
+        .json(&json!({"model": "gpt-4o", "messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+}
+
+/// Has the replica's journal writer write what waits (opening the page does).
+async fn open_page(proxy: &RunningServer) {
+    let resp = reqwest::Client::new()
+        .get(format!("http://{}/ui/", proxy.addr()))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+/// Two replicas each hold a line of the same new sessions, then write them at once: both
+/// may build a session's first summary from the journal, which holds both lines. Each
+/// summary counts every line of its journal once (the summary numbers the records it sums).
+#[tokio::test]
+async fn the_pages_summaries_count_each_line_once_across_replicas() {
+    let redis = tokio::task::spawn_blocking(TestRedis::start).await.unwrap();
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let a = page_replica(&mock, &redis).await;
+    let b = page_replica(&mock, &redis).await;
+    let sessions: Vec<String> = (0..12).map(|i| format!("page-{i}")).collect();
+    for (i, session) in sessions.iter().enumerate() {
+        page_turn(&a, session, 2 * i).await;
+        page_turn(&b, session, 2 * i + 1).await;
+    }
+    tokio::join!(open_page(&a), open_page(&b));
+    let store = context_proxy::store::open(&store_config(&redis))
+        .await
+        .unwrap();
+    let tenant = Tenant::from_api_key(Some(API_KEY));
+    let terms = context_proxy::pricing::PRESETS[0].1;
+    let pricing = move |_: &str, _: Option<&str>| terms;
+    for session in &sessions {
+        let session = SessionId::parse(session).unwrap();
+        let journal = store.read_log(&tenant, &session).await.unwrap();
+        assert_eq!(journal.len(), 2, "{journal:?}");
+        let kept =
+            context_proxy::sessions::journal::summary(store.as_ref(), &tenant, &session, &pricing)
+                .await
+                .unwrap();
+        assert_eq!(
+            (kept.totals.turns, kept.records),
+            (2, Some(2)),
+            "{session:?}: {kept:?}"
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A line queued on one replica when another erases its session does not bring the session
+/// back: the erasure leaves a tombstone the writer's append checks. A request after the
+/// erasure starts the session again.
+#[tokio::test]
+async fn an_erasure_on_one_replica_drops_the_lines_queued_on_another() {
+    let redis = tokio::task::spawn_blocking(TestRedis::start).await.unwrap();
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let a = page_replica(&mock, &redis).await;
+    let b = page_replica(&mock, &redis).await;
+    page_turn(&a, "erased", 1).await;
+    open_page(&a).await;
+    // The second line waits in A when B erases the session.
+    page_turn(&a, "erased", 2).await;
+    let tenant = Tenant::from_api_key(Some(API_KEY));
+    let resp = reqwest::Client::new()
+        .delete(format!(
+            "http://{}/v1/context/sessions/erased?tenant={tenant}",
+            b.addr()
+        ))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    open_page(&a).await;
+    let store = context_proxy::store::open(&store_config(&redis))
+        .await
+        .unwrap();
+    let session = SessionId::parse("erased").unwrap();
+    assert!(store.read_log(&tenant, &session).await.unwrap().is_empty());
+    assert!(store.list_sessions(Some(&tenant)).await.unwrap().is_empty());
+    page_turn(&a, "erased", 3).await;
+    open_page(&a).await;
+    let journal = store.read_log(&tenant, &session).await.unwrap();
+    assert_eq!(journal.len(), 1, "{journal:?}");
     a.shutdown().await;
     b.shutdown().await;
 }

@@ -520,6 +520,7 @@ async fn a_generated_codex_session_replays_valid_with_a_stable_prefix() {
         sessions: 1,
         max_turns: 45,
         max_result_bytes: 20_000,
+        model: None,
     };
     let session = context_proxy::traffic::generate_codex_session(&cfg, 0);
     assert!(session.request_count() >= 40);

@@ -788,3 +788,168 @@ async fn many_sessions_are_listed_from_their_summaries_on_fs() {
     .await;
     many_sessions_are_listed_from_their_summaries(h).await;
 }
+
+/// Turn `i` of a coding session: the user's step, a tool call, its result (~400 tokens), the
+/// model's answer.
+fn coding_turn(i: usize) -> Vec<Value> {
+    let result: String = (0..25)
+        .map(|l| format!("fn item_{i}_{l}() -> u32 {{ {l} }} // from src/f{i}.rs line {l}\n"))
+        .collect();
+    vec![
+        json!({"role": "user", "content": format!("Continue with step {i}.")}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{i}"), "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/f{i}.rs\"}}")}}]}),
+        json!({"role": "tool", "tool_call_id": format!("call_{i}"), "content": result}),
+        json!({"role": "assistant", "content": format!("Step {i} done.")}),
+    ]
+}
+
+/// The chart is the replay's report: a session replayed through the proxy (`replay`, as its
+/// command runs it), compacted on the way, shows on the page, turn by turn, the tokens and
+/// the cost without the proxy that the report computes per turn (one session: its per-turn
+/// figures are the session's own), to the token, and with it within 1% and 3%: both count the
+/// prefix a request shares with the previous one with one function, `tokens::shared_prefix`
+/// (the page's older computation, the previous request's whole count, was off by its reply
+/// priming). The page reads the journal as its chart does (`Reader`).
+#[tokio::test]
+async fn the_chart_shows_the_replay_reports_numbers_per_turn() {
+    std::env::set_var("CP_UI_TEST_UPSTREAM", "sk-upstream-own");
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.upstreams[0].api_key_env = Some("CP_UI_TEST_UPSTREAM".into());
+        c.keys = vec![key("replay", "sk-replay")];
+        c.ui.enabled = true;
+        c.upstreams[0].cache_pricing = Some("deepseek".into());
+        c.context.mode = context_proxy::context::Mode::Compact;
+        c.context.max_context_tokens = Some(2_500);
+        c.context.keep_recent_messages = 2;
+        c.context.compact_batch_tokens = 600;
+        c.context.tool_result_max_tokens = 300;
+    })
+    .await;
+    let tools = json!([{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]);
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Task: fix the parser in src/parse.rs."}),
+    ];
+    // As an agent sends it: the user's step, then the tool's result; each request the
+    // previous one, the model's answer and what comes next.
+    let mut traffic = String::new();
+    for i in 0..5 {
+        let turn = coding_turn(i);
+        for sent in [1, 3] {
+            let mut request = messages.clone();
+            request.extend_from_slice(&turn[..sent]);
+            let body =
+                json!({"session": "s", "model": "gpt-4o", "messages": request, "tools": tools});
+            traffic.push_str(&format!("{body}\n"));
+        }
+        messages.extend(turn);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("traffic.jsonl");
+    std::fs::write(&path, traffic).unwrap();
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: context_proxy_drive::replay::ReplayArgs,
+    }
+    let mock = format!("http://{}", h.mock.addr());
+    let cli = <Cli as clap::Parser>::try_parse_from([
+        "replay",
+        path.to_str().unwrap(),
+        "--target",
+        &h.url("/v1"),
+        "--mock",
+        &mock,
+        "--provider",
+        "deepseek",
+        "--concurrency",
+        "1",
+        "--quiet",
+    ])
+    .unwrap();
+    let report = context_proxy_drive::replay::replay(&cli.args)
+        .await
+        .unwrap();
+    assert_eq!(report.status.get("200"), Some(&10), "{report:?}");
+    let (without, with) = (
+        &report.without_proxy.per_turn,
+        &report.with_proxy.as_ref().unwrap().per_turn,
+    );
+
+    // The page's session, as its chart reads it (the context routes write what waits first).
+    let auth = "Bearer sk-replay";
+    let list: Value = h
+        .client
+        .get(h.url("/v1/context/sessions"))
+        .header("authorization", auth)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = list["data"][0]["id"].as_str().unwrap().to_string();
+    let detail: Value = h
+        .client
+        .get(h.url(&format!("/v1/context/sessions/{id}?limit=1000")))
+        .header("authorization", auth)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let deepseek = context_proxy::pricing::PRESETS
+        .iter()
+        .find(|(name, _)| *name == "deepseek")
+        .unwrap()
+        .1;
+    let pricing = move |_: &str, _: Option<&str>| deepseek;
+    let mut page = context_proxy::sessions::view::Reader::default();
+    for (i, record) in detail["journal"].as_array().unwrap().iter().enumerate() {
+        page.read(i, record, &pricing);
+    }
+    let turns = &page.turns;
+    assert_eq!(turns.len(), 10);
+    assert!(
+        turns
+            .iter()
+            .any(|t| t.line.tokens_after < t.line.tokens_before),
+        "the proxy compacted nothing: {turns:#?}"
+    );
+    assert_eq!((without.len(), with.len()), (10, 10));
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+    for (i, turn) in turns.iter().enumerate() {
+        let line = &turn.line;
+        assert_eq!(
+            line.tokens_before as f64,
+            without[i].tokens,
+            "turn {}",
+            i + 1
+        );
+        assert!(
+            close(turn.cost_without, without[i].cost),
+            "turn {}: {} on the page, {} in the report",
+            i + 1,
+            turn.cost_without,
+            without[i].cost
+        );
+        // With the proxy the page shows the proxy's own bill: the tokens it counted (its
+        // tools apart from the client's) and, for its forwarded call, the prefix the engine
+        // kept (`kept_prefix_tokens`: the conversation before the model's last answer, the
+        // reply priming included), where the report counts and compares the bodies the
+        // upstream received. They agree to the priming's few tokens, and to a cache unit
+        // where the proxy rewrote the prefix.
+        let tokens_gap = (line.tokens_after as f64 - with[i].tokens).abs();
+        assert!(tokens_gap <= 0.01 * with[i].tokens, "turn {}", i + 1);
+        let gap = (turn.cost_with - with[i].cost).abs();
+        let priming = context_proxy::tokens::REPLY_PRIMING as f64;
+        assert!(
+            gap <= priming || gap < 0.03 * with[i].cost,
+            "turn {}: {} on the page, {} in the report",
+            i + 1,
+            turn.cost_with,
+            with[i].cost
+        );
+    }
+}

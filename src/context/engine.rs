@@ -176,6 +176,10 @@ pub struct Report {
     /// The pinned head takes more than half the budget ([`head_crowds_budget`]): the proxy's
     /// tools go out from the conversation's first request (set by the planner).
     pub head_crowds_budget: bool,
+    /// Changes decided before a thinking block the model binds to its prefix were held back:
+    /// only what follows the last thinking block changed (set when the decision is written;
+    /// `x-context-actions` says `held_back=thinking`).
+    pub held_back: bool,
 }
 
 /// A forced cut that costs more than going direct, by the [`CutModel`].
@@ -240,6 +244,9 @@ impl Report {
             if n > 0 {
                 parts.push(format!("{what}={n}"));
             }
+        }
+        if self.held_back {
+            parts.push("held_back=thinking".into());
         }
         if parts.is_empty() {
             "none".into()
@@ -358,6 +365,29 @@ pub fn rewrite_pays(
             > rebilled as f64 * cache.rebill_rate()
 }
 
+/// What a rewrite frees and bills again ([`rewrite_pays`]'s terms) when it is the first to make
+/// the request refer to stored content, and so brings the proxy's `tools` (their definitions'
+/// tokens; 0: none come): they lead the prompt a provider caches, so `before` (the tokens in
+/// front of the first rewritten message, the previous request's, cached) is billed again too,
+/// and the tools go out with every later request.
+///
+/// Derivation: over `H` requests from the rewrite, without it each reads `before + rebilled +
+/// freed` from the cache (at `r`); with it the first writes `tools + before + rebilled` (at
+/// `1 + w`) and the next `H − 1` read them (at `r`). The difference is
+/// `(freed − tools)·r·H − (rebilled + before + tools)·(1 + w − r)`: [`rewrite_pays`] with
+/// `freed − tools` freed and `rebilled + before + tools` billed again.
+pub fn with_tools_added(
+    freed: usize,
+    rebilled: usize,
+    before: usize,
+    tools: usize,
+) -> (usize, usize) {
+    if tools == 0 {
+        return (freed, rebilled);
+    }
+    (freed.saturating_sub(tools), rebilled + before + tools)
+}
+
 /// What the cost of a forced cut's depth depends on, besides the request it leaves.
 ///
 /// The model ([`cut_cost_per_turn`]): a cut that leaves a request of `s` tokens bills the
@@ -384,6 +414,11 @@ pub struct CutModel {
     /// `cache_horizon_turns`.
     pub horizon: f64,
     pub cache: CachePricing,
+    /// The proxy's tools' tokens when this cut is the first to refer to stored content (the
+    /// marker does) and brings them: they lead the cached prompt, so the cut reads nothing from
+    /// the cache, and they go out with every later request. 0 when they are there already, or
+    /// not offered.
+    pub tools: usize,
 }
 
 /// Expected input cost per turn, in full-price tokens, of a forced cut that leaves a request
@@ -405,6 +440,13 @@ pub struct CutModel {
 /// (`s − head` at the full rate) is paid once per cycle, so a longer cycle (a deeper cut)
 /// spreads it thinner; but a request under the minimum cacheable prefix pays every turn in
 /// full.
+///
+/// When the cut brings the proxy's tools (`tools = t > 0`), every request of the cycle is `t`
+/// larger and the cut reads nothing from the cache: `call(s + t, 0)` first, then
+/// `call(s + t + k·g, s + t + (k−1)·g)`. The whole head is billed again once per cycle, so
+/// a deeper cut (a longer cycle) spreads that thinner too. (`n` counts from the budget as the
+/// engine has it: the planner keeps the tools' room in it when they do not fit beside the
+/// request.)
 pub fn cut_cost_per_turn(size: usize, model: &CutModel) -> f64 {
     let room = model.budget.saturating_sub(size) as f64;
     let n = if model.growth > 0.0 {
@@ -412,8 +454,14 @@ pub fn cut_cost_per_turn(size: usize, model: &CutModel) -> f64 {
     } else {
         model.horizon
     };
-    let cut = model.cache.call_cost(size, model.head.min(size));
-    per_turn(cut, size, n, model)
+    let sent = size + model.tools;
+    let cached = if model.tools > 0 {
+        0
+    } else {
+        model.head.min(size)
+    };
+    let cut = model.cache.call_cost(sent, cached);
+    per_turn(cut, sent, n, model)
 }
 
 /// Going direct, priced as [`cut_cost_per_turn`] prices a cut: the request as the client sent
@@ -840,7 +888,10 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         movable.map_or((0, 0), |m| m.run_to(&work, &units, decision.offload_before));
     // What the prior decision moves out: compacting in there changes nothing sent.
     let prior_span = movable.map_or(0..0, |m| m.start..moved_end);
-    let price = Price::of(input, settings, work.total() - moved_tokens, before);
+    // Whether the request refers to stored content as the prior decision leaves it (so the
+    // proxy's tools go out with it already).
+    let refers = moved_tokens > 0 || work.slots.iter().any(|s| s.compacted || s.truncated);
+    let price = Price::of(input, settings, work.total() - moved_tokens, before, refers);
     if settings.mode.compacts() {
         let from = decision.compact_before;
         if let Some((moved, first)) =
@@ -951,8 +1002,9 @@ fn compaction_batch<'a>(
     }
     let first = first.unwrap_or(end);
     let freed = work.total().saturating_sub(moved.total());
+    let rebilled = moved.rebilled(first, price.answered_end);
     price
-        .takes(freed, moved.rebilled(first, price.answered_end), settings)
+        .takes(freed, rebilled, moved.total_to(first), settings)
         .then_some((moved, first))
 }
 
@@ -992,13 +1044,27 @@ struct Price {
     answers: usize,
     /// The request as the client sent it (what going direct costs).
     raw: usize,
+    /// The proxy's tools' tokens that a rewrite referring to stored content would add: the
+    /// request as the prior decision leaves it refers to none ([`with_tools_added`]).
+    tools: usize,
 }
 
 impl Price {
     /// This request's price of a rewrite: `left` tokens as the prior decision leaves it,
-    /// `before` as the client sent it.
-    fn of(input: &Input<'_>, settings: &Settings, left: usize, before: usize) -> Price {
+    /// `before` as the client sent it; `refers` whether it then refers to stored content.
+    fn of(
+        input: &Input<'_>,
+        settings: &Settings,
+        left: usize,
+        before: usize,
+        refers: bool,
+    ) -> Price {
         Price {
+            tools: if refers {
+                0
+            } else {
+                settings.tools_offer_tokens
+            },
             forced: left > settings.budget,
             free: !input.cache_warm
                 || before < settings.cache.min_cacheable_prefix
@@ -1047,11 +1113,15 @@ impl Price {
             growth,
             horizon: settings.cache_horizon_turns.min(self.answers as f64),
             cache: settings.cache,
+            tools: self.tools,
         }
     }
 
-    /// Whether a rewrite freeing `freed` tokens and billing `rebilled` again is taken.
-    fn takes(&self, freed: usize, rebilled: usize, settings: &Settings) -> bool {
+    /// Whether a rewrite freeing `freed` tokens and billing `rebilled` again, `before` tokens
+    /// in front of its first rewritten message, is taken (the proxy's tools it may bring
+    /// priced in: [`with_tools_added`]).
+    fn takes(&self, freed: usize, rebilled: usize, before: usize, settings: &Settings) -> bool {
+        let (freed, rebilled) = with_tools_added(freed, rebilled, before, self.tools);
         self.forced
             || (freed > 0 && self.free)
             || rewrite_pays(freed, rebilled, &settings.cache, self.horizon)
@@ -1177,7 +1247,8 @@ fn offload_span(
         let (e, m) = at.run_to(work, units, ready.prefix_len);
         let freed = (m - moved).saturating_sub(ready.tokens);
         let rebilled = ready.tokens + work.rebilled(e, price.answered_end);
-        if e > end && price.takes(freed, rebilled, settings) {
+        let before = work.total_to(at.start);
+        if e > end && price.takes(freed, rebilled, before, settings) {
             (end, moved) = (e, m);
             deep_enough = total - moved + ready.tokens <= settings.budget;
         }
@@ -1816,6 +1887,7 @@ mod tests {
             growth: 100.0,
             horizon: 10.0,
             cache: anthropic_min(0),
+            tools: 0,
         };
         // Cut to 600: the head read (30), the rest written (375); four turns until the next
         // cut, each reading the previous request and writing 100 new tokens.
@@ -1830,6 +1902,15 @@ mod tests {
             .map(|k| 0.1 * (1100 + 100 * k) as f64 + 125.0)
             .sum();
         assert!((direct_cost_per_turn(1200, &model) - direct / 11.0).abs() < 1e-9);
+        // The same cut bringing 50 tokens of the proxy's tools: the 650 tokens it sends are
+        // all written (the tools lead the prompt), then each turn is 50 larger.
+        let tools = CutModel { tools: 50, ..model };
+        let by_hand = 812.5 + (65.0 + 125.0) + (75.0 + 125.0) + (85.0 + 125.0) + (95.0 + 125.0);
+        assert!((cut_cost_per_turn(600, &tools) - by_hand / 5.0).abs() < 1e-9);
+        // As a rewrite: 1,000 freed and 200 billed again behind 300 tokens become 950 freed
+        // and 550 billed again.
+        assert_eq!(with_tools_added(1000, 200, 300, 50), (950, 550));
+        assert_eq!(with_tools_added(1000, 200, 300, 0), (1000, 200));
     }
 
     #[test]
@@ -1843,6 +1924,7 @@ mod tests {
             growth: 40.0,
             horizon: 10.0,
             cache,
+            tools: 0,
         };
         assert_eq!(cheapest_cut(&sizes, &model(anthropic_min(1024))), 3);
         // DeepSeek caches from 64 tokens; without caching every token is billed anyway: as
@@ -1862,6 +1944,7 @@ mod tests {
             growth: 300.0,
             horizon: 10.0,
             cache: anthropic_min(1024),
+            tools: 0,
         };
         // The head and the recent turns leave 5,200 tokens at the deepest: a cut every turn
         // or so, each writing 1,600 tokens again.

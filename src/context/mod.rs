@@ -46,6 +46,7 @@ use serde_json::Value;
 
 use crate::store::{ContentRef, Store, StoreError, Tenant};
 use crate::tokens::{Counter, Encoding};
+pub use adapter::messages_bound::Forwarded;
 use adapter::{Adapter, Wire};
 use engine::Report;
 pub use engine::Skipped;
@@ -75,6 +76,9 @@ pub struct Managed {
     pub counted: bool,
     /// The stored content the new body refers to (empty when it refers to none).
     pub refs: Vec<ContentRef>,
+    /// What the new body shows the model, on a model binding thinking to its prefix with
+    /// thinking on: to be remembered once it is forwarded.
+    pub forwarded: Option<Forwarded>,
 }
 
 impl Managed {
@@ -86,6 +90,7 @@ impl Managed {
             fail_open: false,
             counted: false,
             refs: Vec::new(),
+            forwarded: None,
         }
     }
 
@@ -96,6 +101,7 @@ impl Managed {
             fail_open: false,
             counted: true,
             refs: Vec::new(),
+            forwarded: None,
         }
     }
 
@@ -120,12 +126,11 @@ pub struct ContextManager {
     planner: Planner,
     writer: Writer,
     vetting: KeyVetting,
-    /// Per conversation on a model binding thinking to its prefix (Anthropic Messages): what
-    /// the last request forwarded showed the model, message by message
-    /// ([`adapter::messages::bound_hashes`]); the thinking blocks of the answer were signed
-    /// after it.
-    forwarded: moka::sync::Cache<Identity, Arc<Vec<u64>>>,
 }
+
+/// The session state key of what a conversation on a model binding thinking to its prefix
+/// last forwarded ([`Forwarded`]).
+const FORWARDED_KEY: &str = "forwarded";
 
 impl ContextManager {
     pub fn new(config: ContextConfig, counter: Counter, store: Arc<dyn Store>) -> ContextManager {
@@ -133,18 +138,45 @@ impl ContextManager {
             planner: Planner::new(config, counter, store.clone()),
             writer: Writer::new(store.clone()),
             vetting: KeyVetting::new(store.clone()),
-            forwarded: caches::per_session(),
             store,
         }
     }
 
-    /// `identity`'s request was forwarded showing the model `body`'s messages (on a model
-    /// binding thinking to them): the next request's changes are judged against them.
-    pub fn forwarded(&self, identity: &Identity, body: &Value) {
-        self.forwarded.insert(
-            identity.clone(),
-            Arc::new(adapter::messages::bound_hashes(body)),
-        );
+    /// `identity`'s request was forwarded as `record` says (on a model binding thinking to
+    /// its prefix, with thinking on): kept in the store, where the next request of the
+    /// conversation, on any replica or after a restart, finds what it must repeat. A store
+    /// error only warns.
+    pub async fn remember_forwarded(&self, identity: &Identity, record: &Forwarded) {
+        let Ok(key) = crate::store::StateKey::parse(FORWARDED_KEY) else {
+            return;
+        };
+        let Ok(bytes) = serde_json::to_vec(record) else {
+            return;
+        };
+        if let Err(e) = self
+            .store
+            .put_state(&identity.tenant, &identity.session, &key, &bytes)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot keep what the request forwarded: the next request is judged without it");
+        }
+    }
+
+    /// What `identity`'s previous request forwarded ([`ContextManager::remember_forwarded`]);
+    /// `None` when nothing is kept or the store fails (warned).
+    async fn forwarded_before(&self, identity: &Identity) -> Option<Forwarded> {
+        let key = crate::store::StateKey::parse(FORWARDED_KEY).ok()?;
+        match self
+            .store
+            .get_state(&identity.tenant, &identity.session, &key)
+            .await
+        {
+            Ok(bytes) => serde_json::from_slice(&bytes?).ok(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read what the previous request forwarded");
+                None
+            }
+        }
     }
 
     /// Serving sessions that other processes serve too (replicas on one Redis): a session's
@@ -359,6 +391,7 @@ impl ContextManager {
                 fail_open: store_failed,
                 counted,
                 refs: Vec::new(),
+                forwarded: None,
             };
         };
         let adapter: &dyn Adapter = decided.wire.adapter();
@@ -369,7 +402,10 @@ impl ContextManager {
         // be written stores nothing.
         let written = match (&written_into, &decided.outcome.messages) {
             (Some((raw, rules)), Some(items)) => {
-                match self.write_messages(identity, raw, body, &messages, items, *rules) {
+                match self
+                    .write_messages(identity, raw, body, &messages, items, *rules)
+                    .await
+                {
                     Ok(written) => Some(written),
                     Err(why) => {
                         tracing::info!(reason = %why, "messages request left unmanaged");
@@ -394,10 +430,25 @@ impl ContextManager {
             return Managed::unchanged(report);
         };
         adapter.write(body, new_messages);
-        let bytes = match written {
-            Some(written) => Bytes::from(written.body),
+        let mut report = report;
+        let (bytes, forwarded) = match written {
+            Some((written, forwarded)) => {
+                if written.held_back {
+                    // What goes is not the decision: counted as it goes.
+                    if let Ok(sent) = serde_json::from_slice::<Value>(&written.body) {
+                        report.tokens_after =
+                            adapter.count(&self.counter_for("", None), &sent).total;
+                        *body = sent;
+                    }
+                    report.compacted = 0;
+                    report.offloaded = 0;
+                    report.rewrote_prefix = false;
+                    report.held_back = true;
+                }
+                (Bytes::from(written.body), forwarded)
+            }
             // A `Value` always serializes (its keys are strings).
-            None => Bytes::from(body.to_string()),
+            None => (Bytes::from(body.to_string()), None),
         };
         Managed {
             body: Some(bytes),
@@ -410,6 +461,7 @@ impl ContextManager {
                 .iter()
                 .map(|w| w.reference.clone())
                 .collect(),
+            forwarded,
         }
     }
 
@@ -451,11 +503,12 @@ impl ContextManager {
         Some((Bytes::from(bytes), found.len()))
     }
 
-    /// Writes a Messages decision into `raw`: as a repetition of what `identity`'s last
-    /// request forwarded when it is one (its thinking blocks were signed after those very
-    /// changes, truncations of results that were new then included), else under the binding
-    /// rules against the client's bytes ([`adapter::messages::write_bytes`]).
-    fn write_messages(
+    /// Writes a Messages decision into `raw` under the API's rules
+    /// ([`adapter::messages::write_bytes`]); on a model binding thinking to its prefix, with
+    /// thinking on and without `drop_block`, against what `identity`'s previous request
+    /// forwarded, which every thinking block since was signed after
+    /// ([`adapter::messages_bound::write_bound`]): then also what this one shows, to remember.
+    async fn write_messages(
         &self,
         identity: &Identity,
         raw: &[u8],
@@ -463,35 +516,22 @@ impl ContextManager {
         payloads: &[Value],
         items: &[Value],
         rules: adapter::messages::WriteRules,
-    ) -> Result<adapter::messages::Written, adapter::messages::Unmanaged> {
-        use adapter::messages::{bound_hashes, write_bytes, WriteRules};
-        if let Some(before) = self
-            .forwarded
-            .get(identity)
-            .filter(|_| rules.binds_thinking)
-        {
-            let repeated = WriteRules {
-                repeats_forwarded: true,
-                ..rules
-            };
-            if let Ok(written) = write_bytes(raw, body, payloads, items, repeated) {
-                let shown = serde_json::from_slice::<Value>(&written.body)
-                    .map(|out| bound_hashes(&out))
-                    .unwrap_or_default();
-                // What was forwarded, then the client's new messages as they came: a change
-                // made to those now would have to be repeated by every later request.
-                let sent = bound_hashes(body);
-                let n = before.len();
-                if shown.len() == sent.len()
-                    && n <= shown.len()
-                    && shown[..n] == before[..]
-                    && shown[n..] == sent[n..]
-                {
-                    return Ok(written);
-                }
-            }
+    ) -> Result<(adapter::messages::Written, Option<Forwarded>), adapter::messages::Unmanaged> {
+        use adapter::messages::{thinking_on, write_bytes, Unmanaged, WriteRules};
+        if !rules.binds_thinking || rules.drop_block_allowed || !thinking_on(body) {
+            return write_bytes(raw, body, payloads, items, rules).map(|w| (w, None));
         }
-        write_bytes(raw, body, payloads, items, rules)
+        let unbound = WriteRules {
+            binds_thinking: false,
+            ..rules
+        };
+        let decided = write_bytes(raw, body, payloads, items, unbound)?;
+        let before = self.forwarded_before(identity).await;
+        let written = adapter::messages_bound::write_bound(raw, body, decided, before.as_ref())?;
+        let shown: Value =
+            serde_json::from_slice(&written.body).map_err(|_| Unmanaged::Misaligned)?;
+        let record = Forwarded::record(body, &shown);
+        Ok((written, record))
     }
 
     /// identify, plan and apply in one call (tests and benchmarks).

@@ -96,6 +96,9 @@ pub struct Plan {
     pub(super) decided: Option<Decided>,
     /// What a summary does for this request (see [`SummaryPlan`]).
     pub summary: SummaryPlan,
+    /// The client's request as prefix parts, as counted (the page prices the request without
+    /// the proxy with them); `None` when it was not counted.
+    pub client_parts: Option<crate::tokens::Parts>,
 }
 
 /// What a summary does for one request.
@@ -159,6 +162,7 @@ impl Plan {
             restored: 0,
             decided: None,
             summary: SummaryPlan::None,
+            client_parts: None,
         }
     }
 
@@ -170,6 +174,7 @@ impl Plan {
             restored: 0,
             decided: None,
             summary: SummaryPlan::None,
+            client_parts: None,
         }
     }
 
@@ -606,6 +611,24 @@ impl Planner {
         mode: Mode,
         route: &Route<'_>,
     ) -> Plan {
+        let mut client_parts = None;
+        let mut plan = self
+            .plan_counted(identity, body, mode, route, &mut client_parts)
+            .await;
+        plan.client_parts = client_parts;
+        plan
+    }
+
+    /// [`Planner::plan`], leaving the client's request as prefix parts in `client_parts`
+    /// once it is counted.
+    async fn plan_counted(
+        &self,
+        identity: Option<&Identity>,
+        body: &mut Value,
+        mode: Mode,
+        route: &Route<'_>,
+        client_parts: &mut Option<crate::tokens::Parts>,
+    ) -> Plan {
         let encoding = route.encoding;
         let started = Instant::now();
         if mode == Mode::Off {
@@ -618,6 +641,11 @@ impl Planner {
             .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)));
         let adapter = route.wire.adapter();
         let mut count = adapter.count(&counter, body);
+        *client_parts = Some(crate::tokens::Parts::of(
+            &count,
+            model,
+            matches!(route.wire, adapter::Wire::Responses),
+        ));
         let mut report = Report {
             tokens_before: count.total,
             tokens_after: count.total,
@@ -750,6 +778,7 @@ impl Planner {
                 marker,
             }),
             summary,
+            client_parts: None,
         }
     }
 
@@ -936,8 +965,11 @@ fn decide(
         settings.target = settings.target.saturating_sub(reserved);
     };
     // The tools go out with every request of a crowded conversation: their room is kept.
+    // Otherwise a rewrite that first refers to stored content brings them, and is priced so.
     if crowded && reserved > 0 {
         keep_room(settings);
+    } else {
+        settings.tools_offer_tokens = reserved;
     }
     let mut outcome = engine::run(input, settings, prior, env);
     if !crowded

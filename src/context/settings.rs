@@ -300,6 +300,7 @@ impl ContextConfig {
                 } else {
                     0
                 },
+            tools_offer_tokens: 0,
         }
     }
 
@@ -373,6 +374,11 @@ pub struct Settings {
     /// Room a forced cut keeps free in the budget for what stands in for the moved units: the
     /// marker, and the summary placed in it when summaries are on (`max_summary_tokens`).
     pub cut_reserve_tokens: usize,
+    /// Tokens of the proxy's tools' definitions when a rewrite that first makes the request
+    /// refer to stored content adds them (they lead the prompt a provider caches, so the
+    /// rewrite bills the whole prefix again, and every later request carries them); 0 when
+    /// they are not offered, or already go out with every request (the planner sets it).
+    pub tools_offer_tokens: usize,
 }
 
 /// Tokens a moved-out marker takes, at most (its text names a count, a size and a reference).

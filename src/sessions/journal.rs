@@ -9,7 +9,8 @@
 //! bounded queue, as the traffic recorder's. One task owns everything else. It gathers lines
 //! for up to `[ui] journal_flush_ms` and then, per session: stores the batch's kept messages
 //! with one store call ([`Store::put_contents`]), appends its lines with another
-//! ([`Store::append_logs`]), and adds them to the session's [`Summary`] (a state record,
+//! ([`Store::append_logs`], each line serialized once, here: the store is handed its bytes),
+//! and adds them to the session's [`Summary`] (a state record,
 //! compare-and-set), which is what the session list reads. So a request costs the proxy the
 //! line, not a parse or a store call. The page asks the writer to write what waits before it
 //! reads ([`JournalWriter::flush`]); at shutdown it writes what is queued. A full queue drops
@@ -35,7 +36,9 @@ use serde_json::Value;
 pub use super::line::*;
 use super::view::{Pricing, Summary, SUMMARY_KEY};
 use crate::service::Service;
-use crate::store::{ContentKind, SessionId, StateKey, Store, StoreError, Tenant};
+use crate::store::{
+    Appended, ContentKind, LogLine, SessionId, StateKey, Store, StoreError, Tenant,
+};
 
 /// What a finished request leaves for the journal: the line and, when kept, the bodies.
 pub struct Pending {
@@ -45,6 +48,11 @@ pub struct Pending {
     /// wire's shape: `routes::ui::journal::conversation`).
     pub conversation: fn(&[u8]) -> Option<String>,
     pub line: RequestLine,
+    /// When the line was written (the record phase's clock): a session erased since drops it.
+    pub at: std::time::SystemTime,
+    /// The client's request as prefix parts: the writer counts the prefix it shares with the
+    /// previous request of its session into the line (`client_shared_tokens`).
+    pub client_parts: Option<crate::tokens::Parts>,
     /// The client's body and the forwarded one (`None`: the client's) to keep
     /// (`keep_messages`).
     pub client_body: Option<bytes::Bytes>,
@@ -239,8 +247,8 @@ struct Writer {
 
 impl Writer {
     /// Writes `batch`: each session's kept messages with one store call, its lines, in order,
-    /// with another, then its summary. Returns how many lines could not be written (each
-    /// warned).
+    /// with another (refused, for the lines of before, when the session was erased since),
+    /// then its summary. Returns how many lines could not be written (each warned).
     async fn write(&self, batch: Vec<Pending>) -> usize {
         let mut sessions: Vec<Vec<Pending>> = Vec::new();
         let mut index: HashMap<(Tenant, SessionId), usize> = HashMap::new();
@@ -256,30 +264,111 @@ impl Writer {
         for mut lines in sessions {
             let (tenant, session) = (lines[0].tenant.clone(), lines[0].session.clone());
             self.keep_messages(&tenant, &session, &mut lines).await;
-            let mut records = Vec::with_capacity(lines.len());
-            let mut written: Vec<&RequestLine> = Vec::with_capacity(lines.len());
-            for pending in &lines {
-                match serde_json::to_value(&pending.line) {
-                    Ok(v) => {
-                        records.push(v);
-                        written.push(&pending.line);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot write the request's journal line");
-                        failed += 1;
-                    }
+            let kept = match self.kept_summary(&tenant, &session).await {
+                Ok(kept) => kept,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the session's summary for the page");
+                    None
                 }
-            }
-            if let Err(e) = self.store.append_logs(&tenant, &session, &records).await {
-                tracing::warn!(error = %e, lines = records.len(), "cannot append to the session log");
-                failed += records.len();
+            };
+            let previous = kept
+                .as_ref()
+                .and_then(|(_, s)| s.as_ref())
+                .filter(|s| !s.previous_parts.is_empty())
+                .map(|s| s.previous_parts.clone());
+            let last_parts = shared_prefixes(&mut lines, previous);
+            let (written, end) = match self.append(&tenant, &session, lines).await {
+                Ok(done) => done,
+                Err(count) => {
+                    failed += count;
+                    continue;
+                }
+            };
+            if written.is_empty() {
                 continue;
             }
-            if let Err(e) = self.summarize(&tenant, &session, &written).await {
+            let summary = Added {
+                lines: &written,
+                end,
+                last_parts,
+            };
+            if let Err(e) = self.summarize(&tenant, &session, &summary, kept).await {
                 tracing::warn!(error = %e, "cannot keep the session's summary for the page");
             }
         }
         failed
+    }
+
+    /// Appends one session's `lines`, each serialized once (the store is handed the bytes),
+    /// unless the session was erased after they were written: those of before the erasure
+    /// are dropped. The lines written, and the journal's records after them; `Err` how many
+    /// could not be written (warned).
+    async fn append(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        mut lines: Vec<Pending>,
+    ) -> Result<(Vec<RequestLine>, usize), usize> {
+        let mut failed = 0;
+        let mut records: Vec<(LogLine, Pending)> = Vec::with_capacity(lines.len());
+        for pending in lines.drain(..) {
+            match LogLine::of(&pending.line) {
+                Ok(line) => records.push((line, pending)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot write the request's journal line");
+                    failed += 1;
+                }
+            }
+        }
+        // At most twice: a refusal names the erasure, and the lines of after it go again.
+        for _ in 0..2 {
+            let since = records.iter().map(|(_, p)| p.at).min();
+            let Some(since) = since else { break };
+            let count = records.len();
+            let batch = records.iter().map(|(l, _)| l.clone()).collect();
+            match self
+                .store
+                .append_logs(tenant, session, batch, Some(since))
+                .await
+            {
+                Ok(Appended::Records(end)) => {
+                    let written = records.into_iter().map(|(_, p)| p.line).collect();
+                    return Ok((written, end));
+                }
+                Ok(Appended::Erased(at)) => {
+                    records.retain(|(_, p)| p.at > at);
+                    tracing::debug!(
+                        dropped = count - records.len(),
+                        "the session was erased after these journal lines were written"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, lines = count, "cannot append to the session log");
+                    return Err(failed + count);
+                }
+            }
+        }
+        if failed > 0 {
+            return Err(failed);
+        }
+        Ok((Vec::new(), 0))
+    }
+
+    /// The session's summary as stored (its bytes, for the compare-and-set) and as read
+    /// (`None` when it cannot be read); `None` when there is none.
+    async fn kept_summary(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+    ) -> Result<Option<(Vec<u8>, Option<Summary>)>, StoreError> {
+        let old = self
+            .store
+            .get_state(tenant, session, &summary_key()?)
+            .await?;
+        Ok(old.map(|bytes| {
+            let summary = serde_json::from_slice::<Summary>(&bytes).ok();
+            (bytes, summary)
+        }))
     }
 
     /// Stores the kept messages of one session's `lines` with one store call and names them in
@@ -356,30 +445,71 @@ impl Writer {
         }
     }
 
-    /// Adds `lines`, just appended, to the session's summary ([`SUMMARY_KEY`]) by
-    /// compare-and-set (replicas sharing a store add theirs in turn). A session without one
-    /// yet has it built from its whole journal, which holds `lines` by now.
+    /// Adds `added`, just appended, to the session's summary ([`SUMMARY_KEY`]) by
+    /// compare-and-set (replicas sharing a store add theirs in turn), starting from `kept`
+    /// (the record as read before the append). Idempotent by the journal's numbering: the
+    /// summary says how many records it sums; lines below that are in already (a replica
+    /// that built the summary from the journal counted them), records between it and these
+    /// lines (another replica's, not yet added) are read from the journal. A session without
+    /// a summary, or with one older than the numbering, has it built from its whole journal.
     async fn summarize(
         &self,
         tenant: &Tenant,
         session: &SessionId,
-        lines: &[&RequestLine],
+        added: &Added<'_>,
+        mut kept: Option<(Vec<u8>, Option<Summary>)>,
     ) -> Result<(), StoreError> {
-        let key = StateKey::parse(SUMMARY_KEY).map_err(|e| StoreError::Internal(e.to_string()))?;
-        for _ in 0..SUMMARY_TRIES {
-            let old = self.store.get_state(tenant, session, &key).await?;
-            let summary = match old.as_deref().map(serde_json::from_slice::<Summary>) {
-                Some(Ok(mut summary)) => {
-                    for line in lines {
-                        summary.add(line, self.pricing.as_ref());
+        let key = summary_key()?;
+        let pricing = self.pricing.as_ref();
+        let start = added.end - added.lines.len();
+        for attempt in 0..SUMMARY_TRIES {
+            if attempt > 0 {
+                kept = self.kept_summary(tenant, session).await?;
+            }
+            let (old, summary) = match kept.take() {
+                Some((bytes, summary)) => (Some(bytes), summary),
+                None => (None, None),
+            };
+            let summary = match summary {
+                Some(mut summary) if summary.records.is_some() => {
+                    let covered = summary.records.unwrap_or(0);
+                    if covered >= added.end {
+                        return Ok(());
                     }
+                    if covered < start {
+                        // Another replica's records between: read them, and these, back.
+                        read_records(
+                            self.store.as_ref(),
+                            tenant,
+                            session,
+                            covered,
+                            added.end,
+                            |i, r| {
+                                summary.read(i, r, pricing);
+                            },
+                        )
+                        .await?;
+                    } else {
+                        for line in &added.lines[covered - start..] {
+                            summary.add(line, pricing);
+                        }
+                    }
+                    summary.records = Some(added.end);
                     summary
                 }
-                // None yet, or one this version cannot read: the journal says it all.
+                // None yet, or one this version cannot number: the journal says it all.
                 _ => {
-                    summary_of_journal(self.store.as_ref(), tenant, session, self.pricing.as_ref())
-                        .await?
+                    let mut summary =
+                        summary_of_journal(self.store.as_ref(), tenant, session, pricing).await?;
+                    summary.records = Some(summary.records.unwrap_or(0).max(added.end));
+                    summary
                 }
+            };
+            let mut summary = summary;
+            // The next request is counted against these lines' last, when it is the newest.
+            summary.previous_parts = match summary.records == Some(added.end) {
+                true => added.last_parts.clone().unwrap_or_default(),
+                false => Vec::new(),
             };
             let new = serde_json::to_vec(&summary)
                 .map_err(|e| StoreError::Internal(format!("cannot write a summary: {e}")))?;
@@ -395,6 +525,62 @@ impl Writer {
             "the summary changed under the writer {SUMMARY_TRIES} times in a row"
         )))
     }
+}
+
+/// What one batch added to a session's journal.
+struct Added<'a> {
+    lines: &'a [RequestLine],
+    /// The journal's records after them: they are its records `end - lines.len()..end`.
+    end: usize,
+    /// The prefix parts of the last of them, when known.
+    last_parts: Option<Vec<u64>>,
+}
+
+/// The key of a session's summary.
+fn summary_key() -> Result<StateKey, StoreError> {
+    StateKey::parse(SUMMARY_KEY).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+/// Counts into each of `lines` the prefix its client's request shares with the previous one
+/// of the session (the line before it, or `previous`: the parts the summary kept), as the
+/// replay's report counts it; the parts of the last, when known.
+fn shared_prefixes(lines: &mut [Pending], mut previous: Option<Vec<u64>>) -> Option<Vec<u64>> {
+    for pending in lines.iter_mut() {
+        let Some(parts) = pending.client_parts.take() else {
+            previous = None;
+            continue;
+        };
+        if let Some(previous) = &previous {
+            let shared = crate::tokens::shared_prefix(Some(previous), &parts.ids, &parts.tokens);
+            pending.line.client_shared_tokens = Some(shared.tokens);
+        }
+        previous = Some(parts.ids);
+    }
+    previous
+}
+
+/// Hands the records `from..to` of a session's journal to `read` with their index, oldest
+/// first, [`READ_CHUNK`] at a time.
+async fn read_records(
+    store: &dyn Store,
+    tenant: &Tenant,
+    session: &SessionId,
+    from: usize,
+    to: usize,
+    mut read: impl FnMut(usize, &Value),
+) -> Result<(), StoreError> {
+    let mut next = from;
+    while next < to {
+        let end = (next + READ_CHUNK).min(to);
+        let page = store
+            .read_log_page(tenant, session, Some(end), end - next)
+            .await?;
+        for (n, record) in page.records.iter().enumerate() {
+            read(page.first_index + n, record);
+        }
+        next = end;
+    }
+    Ok(())
 }
 
 /// How many times the writer tries to add a batch to a session's summary when another writer
@@ -449,8 +635,7 @@ pub async fn summary(
     session: &SessionId,
     pricing: &Pricing,
 ) -> Result<Summary, StoreError> {
-    let key = StateKey::parse(SUMMARY_KEY).map_err(|e| StoreError::Internal(e.to_string()))?;
-    if let Some(bytes) = store.get_state(tenant, session, &key).await? {
+    if let Some(bytes) = store.get_state(tenant, session, &summary_key()?).await? {
         if let Ok(summary) = serde_json::from_slice::<Summary>(&bytes) {
             return Ok(summary);
         }
@@ -474,6 +659,8 @@ mod tests {
                 route: "chat".into(),
                 ..RequestLine::default()
             },
+            at: std::time::SystemTime::now(),
+            client_parts: None,
             client_body: body.map(|b| bytes::Bytes::from(b.to_string())),
             forwarded_body: None,
         }
@@ -664,6 +851,197 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(ids(&journal), ["r0", "r1", "r2"]);
+        writer.stop().await;
+    }
+
+    fn memory() -> Arc<dyn Store> {
+        Arc::new(MemoryStore::new(
+            &StoreConfig::default(),
+            Arc::new(SystemClock),
+        ))
+    }
+
+    /// Two replicas' writers (one store) each append a line of a new session before either
+    /// has its summary: both build it from the journal, which holds both lines; the one whose
+    /// compare-and-set loses finds its line numbered in the other's summary and adds nothing.
+    /// The summary counts each line once.
+    #[tokio::test]
+    async fn two_writers_building_the_first_summary_count_a_line_once() {
+        let store = memory();
+        let (a, b) = (
+            Writer {
+                store: store.clone(),
+                pricing: free(),
+            },
+            Writer {
+                store: store.clone(),
+                pricing: free(),
+            },
+        );
+        let t = Tenant::from_api_key(Some("sk-a"));
+        let s = SessionId::derive(b"s");
+        let (kept_a, kept_b) = (
+            a.kept_summary(&t, &s).await.unwrap(),
+            b.kept_summary(&t, &s).await.unwrap(),
+        );
+        assert!(kept_a.is_none() && kept_b.is_none());
+        let (lines_a, end_a) = a
+            .append(&t, &s, vec![pending(&t, &s, "a1", None)])
+            .await
+            .unwrap();
+        let (lines_b, end_b) = b
+            .append(&t, &s, vec![pending(&t, &s, "b1", None)])
+            .await
+            .unwrap();
+        assert_eq!((end_a, end_b), (1, 2));
+        let added_a = Added {
+            lines: &lines_a,
+            end: end_a,
+            last_parts: None,
+        };
+        let added_b = Added {
+            lines: &lines_b,
+            end: end_b,
+            last_parts: None,
+        };
+        b.summarize(&t, &s, &added_b, kept_b).await.unwrap();
+        a.summarize(&t, &s, &added_a, kept_a).await.unwrap();
+        let kept = summary(store.as_ref(), &t, &s, free().as_ref())
+            .await
+            .unwrap();
+        assert_eq!(kept.totals.turns, 2);
+        assert_eq!(kept.records, Some(2));
+        // A third line, added by the writer that lost, goes on from the numbering.
+        let kept_a = a.kept_summary(&t, &s).await.unwrap();
+        let (lines, end) = a
+            .append(&t, &s, vec![pending(&t, &s, "a2", None)])
+            .await
+            .unwrap();
+        let added = Added {
+            lines: &lines,
+            end,
+            last_parts: None,
+        };
+        a.summarize(&t, &s, &added, kept_a).await.unwrap();
+        let kept = summary(store.as_ref(), &t, &s, free().as_ref())
+            .await
+            .unwrap();
+        assert_eq!(kept.totals.turns, 3);
+        let whole = summary_of_journal(store.as_ref(), &t, &s, free().as_ref()).await;
+        assert_eq!(kept.totals, whole.unwrap().totals);
+    }
+
+    /// A line another replica's writer added between the summary and this writer's lines is
+    /// read from the journal, in its place.
+    #[tokio::test]
+    async fn a_line_of_another_writer_before_these_is_read_from_the_journal() {
+        let store = memory();
+        let writer = JournalWriter::start(
+            store.clone(),
+            WriterConfig {
+                queue: 100,
+                flush: Duration::from_secs(3600),
+                batch: 1_000,
+            },
+            Arc::default(),
+            free(),
+        );
+        let t = Tenant::from_api_key(Some("sk-a"));
+        let s = SessionId::derive(b"s");
+        writer.offer(pending(&t, &s, "r1", None));
+        writer.flush().await;
+        // Another replica appends a line and has not summed it yet.
+        let other = serde_json::json!({"event": "request", "request_id": "x1",
+            "tokens_before": 500, "upstream": "u"});
+        store.append_log(&t, &s, &other).await.unwrap();
+        let mut next = pending(&t, &s, "r2", None);
+        next.line.tokens_before = 700;
+        writer.offer(next);
+        writer.flush().await;
+        let kept = summary(store.as_ref(), &t, &s, free().as_ref())
+            .await
+            .unwrap();
+        assert_eq!((kept.totals.turns, kept.records), (3, Some(3)));
+        assert_eq!(kept.totals.tokens_before, 1200);
+        writer.stop().await;
+    }
+
+    /// Lines written before the session was erased (queued here, the erasure made by another
+    /// replica) are dropped, not brought back; lines written after it start it again.
+    #[tokio::test]
+    async fn lines_of_before_an_erasure_do_not_bring_the_session_back() {
+        let store = memory();
+        let writer = JournalWriter::start(
+            store.clone(),
+            WriterConfig {
+                queue: 100,
+                flush: Duration::from_secs(3600),
+                batch: 1_000,
+            },
+            Arc::default(),
+            free(),
+        );
+        let t = Tenant::from_api_key(Some("sk-a"));
+        let s = SessionId::derive(b"s");
+        let mut old = pending(&t, &s, "old", None);
+        old.at = std::time::SystemTime::now() - Duration::from_secs(5);
+        writer.offer(old);
+        crate::sessions::erase(store.as_ref(), &t, &s)
+            .await
+            .unwrap();
+        writer.flush().await;
+        assert!(store.read_log(&t, &s).await.unwrap().is_empty());
+        assert!(store.list_sessions(Some(&t)).await.unwrap().is_empty());
+        let mut new = pending(&t, &s, "new", None);
+        new.at = std::time::SystemTime::now() + Duration::from_secs(5);
+        writer.offer(new);
+        writer.flush().await;
+        assert_eq!(ids(&store.read_log(&t, &s).await.unwrap()), ["new"]);
+        let kept = summary(store.as_ref(), &t, &s, free().as_ref())
+            .await
+            .unwrap();
+        assert_eq!(kept.totals.turns, 1);
+        writer.stop().await;
+    }
+
+    /// The writer counts into each line the prefix its client's request shares with the
+    /// previous one of the session, by `shared_prefix` over their parts, across batches (the
+    /// summary keeps the last request's parts); the first line of a session has none to share.
+    #[tokio::test]
+    async fn each_line_counts_the_prefix_shared_with_the_previous_request() {
+        let store = memory();
+        let writer = JournalWriter::start(
+            store.clone(),
+            WriterConfig {
+                queue: 100,
+                flush: Duration::from_secs(3600),
+                batch: 1_000,
+            },
+            Arc::default(),
+            free(),
+        );
+        let t = Tenant::from_api_key(Some("sk-a"));
+        let s = SessionId::derive(b"s");
+        let turn = |id: &str, ids: Vec<u64>, tokens: Vec<usize>| {
+            let mut p = pending(&t, &s, id, None);
+            p.line.tokens_before = tokens.iter().sum();
+            p.client_parts = Some(crate::tokens::Parts { ids, tokens });
+            p
+        };
+        writer.offer(turn("r1", vec![9, 1], vec![10, 100]));
+        writer.offer(turn("r2", vec![9, 1, 2], vec![10, 100, 50]));
+        writer.flush().await;
+        // The next batch: the third message rewritten by the client.
+        writer.offer(turn("r3", vec![9, 1, 3, 4], vec![10, 100, 60, 5]));
+        writer.flush().await;
+        let shared: Vec<Option<usize>> = store
+            .read_log(&t, &s)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| RequestLine::of(r).unwrap().client_shared_tokens)
+            .collect();
+        assert_eq!(shared, [None, Some(110), Some(110)]);
         writer.stop().await;
     }
 }

@@ -48,6 +48,13 @@ pub struct RequestLine {
     pub tokens_after: usize,
     /// Tokens at the start of the forwarded request the previous one also had.
     pub kept_prefix_tokens: usize,
+    /// Tokens at the start of the client's request its previous request also had: the prefix
+    /// a provider's cache would have read without the proxy ([`crate::tokens::shared_prefix`],
+    /// the replay's computation, set by the journal writer). `None` when the previous request
+    /// is not known (the session's first, a line older than this field): the previous
+    /// request's whole count stands for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_shared_tokens: Option<usize>,
     /// Whether a message the previous request had sent was rewritten.
     pub rewrote_prefix: bool,
     /// `minified=2,compacted=1`, `none`, or `skipped (why)`.

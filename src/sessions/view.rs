@@ -4,9 +4,11 @@
 //!
 //! Cost is the replay report's: each upstream call's input priced under the provider's prompt
 //! caching (`CachePricing::call_cost`, in full-price input tokens), the shared prefix being,
-//! with the proxy, the prefix it kept (`kept_prefix_tokens`) and, without it, the previous
-//! request of the client (a client resends its whole history, so the previous request is the
-//! prefix of this one). With the proxy every call the request made is on it (the line's
+//! with the proxy, the prefix it kept (`kept_prefix_tokens`) and, without it, what the
+//! client's request shares with its previous one (`client_shared_tokens`: the head and the
+//! leading messages left as they were, counted by [`crate::tokens::shared_prefix`], the one
+//! computation the replay's report uses too; in a line without it, the previous request's
+//! whole count). With the proxy every call the request made is on it (the line's
 //! `calls`, [`crate::pricing::Bill`]): the forwarded request, each round of the proxy's tools
 //! (the conversation again, mostly cached), a retry after "context too long" and the
 //! summarizer's calls the request waited for, at the summarizer model's prices. In dollars with the model's list prices ([`ModelPrice::dollars`], the
@@ -93,8 +95,16 @@ impl Totals {
 #[serde(default)]
 pub struct Summary {
     /// The client's tokens of the last request read: the prefix the next one shares with it
-    /// without the proxy.
+    /// without the proxy, when its parts are not known.
     pub previous_before: Option<usize>,
+    /// The prefix parts of the last request read ([`crate::tokens::Parts::ids`]), when the
+    /// journal writer knew them: what the next request's shared prefix is counted against.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub previous_parts: Vec<u64>,
+    /// How many journal records are summed (the next record's index): a writer adds only the
+    /// lines past it, so a line is never counted twice. `None` in a summary written before,
+    /// which is then read again from the journal.
+    pub records: Option<usize>,
     pub totals: Totals,
 }
 
@@ -102,6 +112,7 @@ impl Summary {
     /// Reads one journal record (its index `index`) into the totals; its turn, when it is a
     /// request line. `pricing` gives a request's caching terms from its upstream and model.
     pub fn read(&mut self, index: usize, record: &Value, pricing: &Pricing) -> Option<Turn> {
+        self.records = Some(index + 1);
         let Some(line) = RequestLine::of(record) else {
             // Another kind of line: only its time counts.
             let ts = record.get("ts").and_then(Value::as_str);
@@ -135,8 +146,9 @@ impl Summary {
     pub fn add(&mut self, line: &RequestLine, pricing: &Pricing) -> (f64, f64, Option<Dollars>) {
         self.saw(Some(line.ts.as_str()).filter(|ts| !ts.is_empty()));
         let price = pricing(&line.upstream, line.model.as_deref());
-        let shared_without = self
-            .previous_before
+        let shared_without = line
+            .client_shared_tokens
+            .or(self.previous_before)
             .map_or(0, |p| p.min(line.tokens_before));
         let cost_without = price.call_cost(line.tokens_before, shared_without);
         // With the proxy, every upstream call the request made (its bill); a line written

@@ -17,8 +17,8 @@ use serde_json::json;
 
 use super::redis::test_server::{unique_prefix, RedisCluster, TestRedis};
 use super::{
-    open_with_clock, Backend, ContentKind, ContentRef, ManualClock, SessionId, StateKey, Store,
-    StoreConfig, Tenant,
+    open_with_clock, Appended, Backend, ContentKind, ContentRef, LogLine, ManualClock, SessionId,
+    StateKey, Store, StoreConfig, Tenant,
 };
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -143,6 +143,10 @@ macro_rules! suite {
             #[tokio::test]
             async fn a_batch_of_lines_appends_as_one_by_one() {
                 super::a_batch_of_lines_appends_as_one_by_one(harness().await).await
+            }
+            #[tokio::test]
+            async fn an_erased_session_refuses_lines_from_before_it() {
+                super::an_erased_session_refuses_lines_from_before_it(harness().await).await
             }
             #[tokio::test]
             async fn a_batch_of_contents_is_stored_as_one_by_one() {
@@ -785,8 +789,9 @@ async fn the_log_is_append_only_json_lines(h: Harness) {
     assert_eq!(keys, ["z", "a"]);
 }
 
-/// `append_logs` leaves the journal `append_log` would, record by record, in order, after
-/// what was there; an empty batch leaves it alone.
+/// `append_logs` of records serialized by the caller leaves the journal `append_log` would,
+/// record by record, in order, after what was there (a string's newline stays in its line); an
+/// empty batch leaves it alone.
 async fn a_batch_of_lines_appends_as_one_by_one(h: Harness) {
     let (t, s, other) = (tenant("k"), session("s"), session("other"));
     h.store.append_log(&t, &s, &json!({"n": 0})).await.unwrap();
@@ -795,18 +800,56 @@ async fn a_batch_of_lines_appends_as_one_by_one(h: Harness) {
         json!({"n": 2}),
         json!("a bare string"),
     ];
-    h.store.append_logs(&t, &s, &batch).await.unwrap();
-    h.store.append_logs(&t, &s, &[]).await.unwrap();
-    h.store.append_logs(&t, &other, &[]).await.unwrap();
+    let lines = batch.iter().map(|r| LogLine::of(r).unwrap()).collect();
+    // The journal's records after the batch: what numbers its lines.
+    let appended = h.store.append_logs(&t, &s, lines, None).await.unwrap();
+    assert_eq!(appended, Appended::Records(4));
+    for (t, s) in [(&t, &s), (&t, &other)] {
+        let none = h.store.append_logs(t, s, Vec::new(), None).await.unwrap();
+        assert_eq!(none, Appended::Records(0));
+    }
     h.store.append_log(&t, &s, &json!({"n": 3})).await.unwrap();
+    let one = vec![LogLine::of(&json!({"n": 4})).unwrap()];
+    let appended = h.store.append_logs(&t, &s, one, None).await.unwrap();
+    assert_eq!(appended, Appended::Records(6));
     let mut expected = vec![json!({"n": 0})];
     expected.extend(batch.iter().cloned());
     expected.push(json!({"n": 3}));
+    expected.push(json!({"n": 4}));
     assert_eq!(h.store.read_log(&t, &s).await.unwrap(), expected);
     let page = h.store.read_log_page(&t, &s, None, 2).await.unwrap();
-    assert_eq!((page.first_index, page.total), (3, 5));
-    assert_eq!(page.records, expected[3..]);
+    assert_eq!((page.first_index, page.total), (4, 6));
+    assert_eq!(page.records, expected[4..]);
     assert!(h.store.read_log(&t, &other).await.unwrap().is_empty());
+}
+
+/// An erased session keeps a tombstone: lines written before the erasure are refused (with
+/// its time), later ones start the journal afresh; the tombstone is no session of the list.
+async fn an_erased_session_refuses_lines_from_before_it(h: Harness) {
+    let (t, s) = (tenant("k"), session("s"));
+    h.store.append_log(&t, &s, &json!({"n": 0})).await.unwrap();
+    let before = SystemTime::now() - Duration::from_secs(60);
+    h.store.erase_session(&t, &s, &[]).await.unwrap();
+    assert!(h.store.list_sessions(Some(&t)).await.unwrap().is_empty());
+    let line = || vec![LogLine::of(&json!({"n": 1})).unwrap()];
+    let refused = h.store.append_logs(&t, &s, line(), Some(before)).await;
+    let Appended::Erased(at) = refused.unwrap() else {
+        panic!("a line of before the erasure was appended");
+    };
+    assert!(at >= before, "{at:?}");
+    assert!(h.store.read_log(&t, &s).await.unwrap().is_empty());
+    assert!(h.store.list_sessions(Some(&t)).await.unwrap().is_empty());
+    // Another session of the tenant, and lines of after the erasure, are appended.
+    let other = h
+        .store
+        .append_logs(&t, &session("o"), line(), Some(before))
+        .await;
+    assert_eq!(other.unwrap(), Appended::Records(1));
+    let after = SystemTime::now() + Duration::from_secs(60);
+    let appended = h.store.append_logs(&t, &s, line(), Some(after)).await;
+    assert_eq!(appended.unwrap(), Appended::Records(1));
+    assert_eq!(h.store.read_log(&t, &s).await.unwrap(), [json!({"n": 1})]);
+    assert_eq!(h.store.list_sessions(Some(&t)).await.unwrap().len(), 2);
 }
 
 /// `put_contents` stores what `put_content` would, each under its reference, in order: one

@@ -18,8 +18,8 @@ use async_trait::async_trait;
 use super::locks::LockTable;
 use super::sweeper::Sweeper;
 use super::{
-    Clock, ContentKind, ContentRef, LogPage, SessionId, StateKey, Store, StoreConfig, StoreError,
-    Tenant,
+    epoch_millis, refuses, Appended, Clock, ContentKind, ContentRef, LogLine, LogPage, SessionId,
+    StateKey, Store, StoreConfig, StoreError, Tenant,
 };
 
 /// The in-process store.
@@ -226,6 +226,11 @@ fn log_key(tenant: &Tenant, session: &SessionId) -> String {
     format!("{tenant}/l/{session}")
 }
 
+/// Where an erased session's tombstone is kept (a kind the session list does not read).
+fn tombstone_key(tenant: &Tenant, session: &SessionId) -> String {
+    format!("{tenant}/e/{session}")
+}
+
 fn lock_key(tenant: &Tenant, session: &SessionId, name: &StateKey) -> String {
     format!("{tenant}/k/{session}/{name}")
 }
@@ -290,31 +295,61 @@ impl Store for MemoryStore {
         session: &SessionId,
         record: &serde_json::Value,
     ) -> Result<(), StoreError> {
-        let line = serde_json::to_string(record)
-            .map_err(|e| StoreError::Internal(format!("cannot serialize a log record: {e}")))?;
+        self.append_logs(tenant, session, vec![LogLine::of(record)?], None)
+            .await
+            .map(drop)
+    }
+
+    async fn append_logs(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        lines: Vec<LogLine>,
+        since: Option<SystemTime>,
+    ) -> Result<Appended, StoreError> {
+        if lines.is_empty() {
+            return Ok(Appended::Records(0));
+        }
         let key = log_key(tenant, session);
         let max_bytes = self.shared.max_bytes;
         let now = self.shared.clock.now();
+        let added: usize = lines.iter().map(|l| l.as_str().len() + 1).sum();
+        let mut lines = lines.into_iter().map(LogLine::into_string);
         let mut items = self.shared.lock();
-        let Some(item) = items.touch(&key, now, self.shared.retention) else {
-            return items.insert(key, Value::Log(vec![line]), now, max_bytes);
+        let erased = match items.map.get(&tombstone_key(tenant, session)) {
+            Some(Item {
+                value: Value::State(millis),
+                ..
+            }) => std::str::from_utf8(millis)
+                .ok()
+                .and_then(|m| m.parse().ok()),
+            _ => None,
         };
-        let Value::Log(lines) = &mut item.value else {
+        if let Some(at) = refuses(erased, since) {
+            return Ok(Appended::Erased(at));
+        }
+        let Some(item) = items.touch(&key, now, self.shared.retention) else {
+            let log: Vec<String> = lines.collect();
+            let records = log.len();
+            items.insert(key, Value::Log(log), now, max_bytes)?;
+            return Ok(Appended::Records(records));
+        };
+        let Value::Log(log) = &mut item.value else {
             return Err(StoreError::Internal(format!("{key} is not a log")));
         };
-        let grown = item.bytes + line.len() + 1;
+        let grown = item.bytes + added;
         if grown > max_bytes {
             return Err(StoreError::TooLarge {
                 len: grown,
                 limit: max_bytes,
             });
         }
-        lines.push(line);
-        let added = grown - item.bytes;
+        log.extend(&mut lines);
+        let records = log.len();
         item.bytes = grown;
         items.bytes += added;
         items.evict_to(max_bytes);
-        Ok(())
+        Ok(Appended::Records(records))
     }
 
     async fn read_log(
@@ -509,6 +544,14 @@ impl Store for MemoryStore {
                 erased += 1;
             }
         }
+        let now = self.shared.clock.now();
+        let tombstone = Value::State(epoch_millis(now).to_string().into_bytes());
+        items.insert(
+            tombstone_key(tenant, session),
+            tombstone,
+            now,
+            self.shared.max_bytes,
+        )?;
         Ok(erased)
     }
 }

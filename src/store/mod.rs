@@ -131,6 +131,60 @@ impl Clock for ManualClock {
     }
 }
 
+/// One journal record already serialized: compact JSON, so one line (a raw newline never
+/// occurs in compact JSON; a string's newline is escaped). What [`Store::append_logs`] is
+/// handed, so a record is serialized once, by its writer, and every backend stores the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine(String);
+
+impl LogLine {
+    /// The record `record` as one line.
+    pub fn of<T: serde::Serialize + ?Sized>(record: &T) -> Result<LogLine, StoreError> {
+        serde_json::to_string(record)
+            .map(LogLine)
+            .map_err(|e| StoreError::Internal(format!("cannot serialize a log record: {e}")))
+    }
+
+    /// The line, without its end.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The line as a `String`.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+/// What [`Store::append_logs`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// The lines are in: the journal holds this many records now (the last line's index + 1),
+    /// which numbers them for whoever sums the journal as it grows.
+    Records(usize),
+    /// Nothing was appended: the session was erased at this time, not before the oldest line
+    /// (see [`Store::erase_session`]'s tombstone).
+    Erased(SystemTime),
+}
+
+/// `t` in whole milliseconds since the Unix epoch: how a tombstone keeps its time.
+fn epoch_millis(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The time `millis` milliseconds after the Unix epoch.
+fn from_epoch_millis(millis: u64) -> SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(millis)
+}
+
+/// Whether a session erased at `erased` (a tombstone, in epoch milliseconds) refuses lines
+/// written since `since`: the erase came at or after the oldest of them.
+fn refuses(erased: Option<u64>, since: Option<SystemTime>) -> Option<SystemTime> {
+    let (erased, since) = (erased?, since?);
+    (erased >= epoch_millis(since)).then(|| from_epoch_millis(erased))
+}
+
 /// Part of a session's journal ([`Store::read_log_page`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LogPage {
@@ -226,20 +280,20 @@ pub trait Store: Send + Sync + 'static {
         record: &serde_json::Value,
     ) -> Result<(), StoreError>;
 
-    /// Appends `records`, in order, to the session's journal: what [`Store::append_log`] does
-    /// for each, in as few writes as the backend allows (the page's journal writer hands over
-    /// the lines of many requests at once). This default appends them one by one.
+    /// Appends `lines` (records serialized by the caller, [`LogLine`]), in order, to the
+    /// session's journal: what [`Store::append_log`] does for each record, in one write (the
+    /// page's journal writer hands over the lines of many requests at once, serialized once).
+    /// With `since` (when the oldest line was written), nothing is appended when the session
+    /// was erased since then ([`Appended::Erased`]): a line of before an erasure never brings
+    /// the session back, whichever replica queued it. Checked and appended in one step. An
+    /// empty `lines` does nothing (`Records(0)`).
     async fn append_logs(
         &self,
         tenant: &Tenant,
         session: &SessionId,
-        records: &[serde_json::Value],
-    ) -> Result<(), StoreError> {
-        for record in records {
-            self.append_log(tenant, session, record).await?;
-        }
-        Ok(())
-    }
+        lines: Vec<LogLine>,
+        since: Option<SystemTime>,
+    ) -> Result<Appended, StoreError>;
 
     /// The session's journal, oldest record first (empty when there is none). For tools, tests
     /// and debugging: it reads the whole journal.
@@ -333,7 +387,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Erases the session: its state records, journal, and the content under `refs` (the
     /// references its journal names; fs also deletes every file stored in the session's
-    /// directory). Session locks are left to expire. Returns how many items were deleted.
+    /// directory). Session locks are left to expire. Leaves a tombstone, the time of the
+    /// erasure (kept for the retention period, never listed as a session), which
+    /// [`Store::append_logs`] checks. Returns how many items were deleted.
     async fn erase_session(
         &self,
         tenant: &Tenant,
@@ -470,9 +526,10 @@ impl Store for Timed {
         &self,
         tenant: &Tenant,
         session: &SessionId,
-        records: &[serde_json::Value],
-    ) -> Result<(), StoreError> {
-        let fut = self.inner.append_logs(tenant, session, records);
+        lines: Vec<LogLine>,
+        since: Option<SystemTime>,
+    ) -> Result<Appended, StoreError> {
+        let fut = self.inner.append_logs(tenant, session, lines, since);
         bounded("append_logs", self.timeout, fut).await
     }
 
@@ -631,6 +688,15 @@ mod tests {
             _: &SessionId,
             _: &serde_json::Value,
         ) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
+        async fn append_logs(
+            &self,
+            _: &Tenant,
+            _: &SessionId,
+            _: Vec<LogLine>,
+            _: Option<SystemTime>,
+        ) -> Result<Appended, StoreError> {
             std::future::pending().await
         }
         async fn read_log(

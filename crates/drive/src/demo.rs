@@ -61,6 +61,7 @@ pub fn session() -> Result<Session, DemoError> {
         sessions: 12,
         max_turns: 150,
         max_result_bytes: 120_000,
+        model: None,
     });
     let mut longest = sessions
         .into_iter()

@@ -114,6 +114,7 @@ pub fn sample_sessions(count: usize, seed: u64) -> Vec<Session> {
         sessions: count,
         max_turns: 16,
         max_result_bytes: 80_000,
+        model: None,
     })
 }
 
@@ -124,6 +125,7 @@ pub fn sample_codex_sessions(count: usize, seed: u64) -> Vec<Session> {
         sessions: count,
         max_turns: 40,
         max_result_bytes: 80_000,
+        model: None,
     };
     (0..count)
         .map(|i| context_proxy_traffic::generate_codex_session(&cfg, i))

@@ -44,10 +44,21 @@ pub(crate) async fn handle(
     let Ok(request) = serde_json::from_slice::<Value>(body) else {
         return invalid("There was an issue with your request body: the body is not valid JSON.");
     };
-    if let Err(message) = rules::check(&request, endpoint) {
-        debug!(%message, "messages request refused");
-        return invalid(&message);
-    }
+    let betas: Vec<&str> = headers
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    // What the model reads: without the thinking blocks `drop_block` dropped.
+    let request = match rules::read(&request, endpoint, &betas) {
+        Ok(read) => read,
+        Err(message) => {
+            debug!(%message, "messages request refused");
+            return invalid(&message);
+        }
+    };
     let blocks = prompt_cache::blocks(&request);
     let prompt_tokens = prompt_cache::prompt_tokens(&blocks);
     if endpoint == Endpoint::CountTokens {

@@ -9,7 +9,9 @@
 //! - thinking blocks signed by the mock and unchanged: a changed one in the latest assistant
 //!   message "cannot be modified"; elsewhere its signature is invalid; on the models with
 //!   preserved thinking, a block whose conversation before it changed is "bound to a different
-//!   conversation" (unless the request asks to `drop_block`);
+//!   conversation" unless the request asks to `drop_block`, which needs the beta
+//!   [`BINDING_BETA`]: then such blocks are dropped, and the model reads (and signs its answer
+//!   after) the conversation without them ([`read`]);
 //! - with thinking on, the assistant message of an open tool loop starts with its thinking.
 
 use std::collections::HashSet;
@@ -32,6 +34,9 @@ const PRESERVED_THINKING: [&str; 7] = [
     "claude-sonnet-5-5",
     "claude-haiku-5-5",
 ];
+
+/// The beta without which `thinking.block_binding` is not a field of the request.
+pub const BINDING_BETA: &str = "thinking-binding-controls-2026-08-01";
 
 /// Whether `model` binds thinking blocks to their prefix.
 pub fn preserved_thinking(model: &str) -> bool {
@@ -73,8 +78,31 @@ pub(crate) fn thinking_on(request: &Value) -> bool {
     )
 }
 
+/// Checks `request` sent with the betas of `anthropic-beta` (`betas`, each trimmed) and
+/// returns the request as the model reads it: on a preserved-thinking model asked to
+/// `drop_block`, without the thinking blocks bound to a different conversation (the model
+/// signs its answer after that conversation). The error is the API's message for a 400.
+pub(crate) fn read(request: &Value, endpoint: Endpoint, betas: &[&str]) -> Result<Value, String> {
+    if request["thinking"].get("block_binding").is_some() && !betas.contains(&BINDING_BETA) {
+        return Err("thinking.block_binding: Extra inputs are not permitted".into());
+    }
+    let dropped = check_dropping(request, endpoint)?;
+    let mut read = request.clone();
+    for (i, j) in dropped.into_iter().rev() {
+        if let Some(Value::Array(blocks)) = read["messages"][i].get_mut("content") {
+            blocks.remove(j);
+        }
+    }
+    Ok(read)
+}
+
 /// Checks `request`; the error is the API's message for a 400 `invalid_request_error`.
 pub(crate) fn check(request: &Value, endpoint: Endpoint) -> Result<(), String> {
+    check_dropping(request, endpoint).map(|_| ())
+}
+
+/// [`check`], and the thinking blocks `drop_block` drops (message, block), in order.
+fn check_dropping(request: &Value, endpoint: Endpoint) -> Result<Vec<(usize, usize)>, String> {
     let Value::Object(_) = request else {
         return Err("request body must be a JSON object".into());
     };
@@ -127,8 +155,7 @@ pub(crate) fn check(request: &Value, endpoint: Endpoint) -> Result<(), String> {
     breakpoints(request)?;
     tools_defined(request, messages)?;
     pairing(messages)?;
-    thinking(request, model, messages)?;
-    Ok(())
+    thinking(request, model, messages)
 }
 
 fn breakpoints(request: &Value) -> Result<(), String> {
@@ -249,9 +276,17 @@ fn unanswered(i: usize, ids: &[String]) -> String {
     )
 }
 
-fn thinking(request: &Value, model: &str, messages: &[Value]) -> Result<(), String> {
-    let preserved = preserved_thinking(model)
-        && request["thinking"]["block_binding"]["prefix_mismatch_behavior"] != "drop_block";
+/// The thinking rules; the blocks `drop_block` drops (their prefix changed), which are then not
+/// part of the prefix of any later block.
+fn thinking(
+    request: &Value,
+    model: &str,
+    messages: &[Value],
+) -> Result<Vec<(usize, usize)>, String> {
+    let preserved = preserved_thinking(model);
+    let drop_block =
+        request["thinking"]["block_binding"]["prefix_mismatch_behavior"] == "drop_block";
+    let mut dropped = Vec::new();
     let latest_assistant = messages.iter().rposition(|m| m["role"] == "assistant");
     let mut prefix = Prefix::head(request);
     for (i, message) in messages.iter().enumerate() {
@@ -278,6 +313,10 @@ fn thinking(request: &Value, model: &str, messages: &[Value]) -> Result<(), Stri
                         ));
                     }
                     return Err(format!("{at}: Invalid `signature` in `thinking` block."));
+                }
+                if preserved && prefix_half != want_prefix && drop_block {
+                    dropped.push((i, j));
+                    continue;
                 }
                 if preserved && prefix_half != want_prefix {
                     return Err(format!(
@@ -312,7 +351,7 @@ fn thinking(request: &Value, model: &str, messages: &[Value]) -> Result<(), Stri
             ));
         }
     }
-    Ok(())
+    Ok(dropped)
 }
 
 #[cfg(test)]
@@ -457,5 +496,53 @@ mod tests {
         let mut marked = conversation("claude-opus-5-5");
         marked["messages"][2]["content"][0]["cache_control"] = json!({"type": "ephemeral"});
         check(&marked, Endpoint::Messages).unwrap();
+    }
+
+    /// `drop_block` is a field of the beta only; the blocks it drops are not read, nor part of
+    /// the prefix later blocks and the answer are signed after.
+    #[test]
+    fn drop_block_needs_its_beta_and_really_drops() {
+        let mut request = conversation("claude-opus-5-5");
+        request["messages"][2]["content"][0]["content"] = "a".into();
+        request["thinking"]["block_binding"] = json!({"prefix_mismatch_behavior": "drop_block"});
+        let error = read(
+            &request,
+            Endpoint::Messages,
+            &["interleaved-thinking-2025-05-14"],
+        )
+        .unwrap_err();
+        assert_eq!(
+            error,
+            "thinking.block_binding: Extra inputs are not permitted"
+        );
+        let seen = read(&request, Endpoint::Messages, &[BINDING_BETA]).unwrap();
+        assert_eq!(seen["messages"][3]["content"][0]["type"], "tool_use");
+        assert_eq!(seen["messages"][1]["content"][0]["type"], "thinking");
+        // An answer signed after what was read is valid next time only with the block
+        // dropped again: without drop_block the stale block is refused.
+        let mut next = request.clone();
+        let answer = signed_thinking(&seen, "next");
+        next["messages"][4]["content"] =
+            json!([{"type": "tool_result", "tool_use_id": "toolu_2", "content": "c"}]);
+        next["messages"].as_array_mut().unwrap().extend([
+            json!({"role": "assistant", "content": [answer, {"type": "tool_use", "id": "toolu_3", "name": "ls", "input": {}}]}),
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_3", "content": "d"}]}),
+        ]);
+        read(&next, Endpoint::Messages, &[BINDING_BETA]).unwrap();
+        next["thinking"]
+            .as_object_mut()
+            .unwrap()
+            .remove("block_binding");
+        let error = check(&next, Endpoint::Messages).unwrap_err();
+        assert!(
+            error.contains("bound to a different conversation"),
+            "{error}"
+        );
+        // Same body, the stale block removed by the sender: the answer's block is valid.
+        next["messages"][3]["content"]
+            .as_array_mut()
+            .unwrap()
+            .remove(0);
+        check(&next, Endpoint::Messages).unwrap();
     }
 }

@@ -9,9 +9,13 @@
 //!
 //! Costs are in full-price input tokens of the request's model (as every figure of this
 //! crate): a call of the conversation under the provider's prompt caching
-//! ([`CachePricing::call_cost`]; its output is the client's answer, the same going direct, and
-//! is not counted); a summarizer call at its model's list prices, input and output, never
-//! cached ([`ModelPrice::relative_cost`]).
+//! ([`CachePricing::call_cost`]), plus the output the proxy pays for that the client never sees
+//! (a reload round carries the model's hidden call of the proxy's tools that asked for it, at
+//! the model's output price); the client's own answer is the same going direct and is not
+//! counted. A summarizer call at its model's list prices, input and output, never cached
+//! ([`ModelPrice::relative_cost`]). A call the upstream refused as too long is on the bill
+//! (it was made) at no cost: providers bill the `usage` of an answer, and a refusal has none
+//! ([`Call::refused`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -61,9 +65,21 @@ pub struct Call {
     /// from the provider's cache when it is long enough).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub shared: usize,
-    /// Output tokens the proxy pays for (a summary; 0 for a call whose answer is the client's).
+    /// Output tokens the proxy pays for that the client never sees: a summary's, or on a reload
+    /// round the model's hidden output before it (its call of the proxy's tools); 0 for a call
+    /// whose answer is the client's.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub output: usize,
+    /// The upstream refused it as too long (a 400 or 413 saying the context is exceeded): it
+    /// was made, and costs nothing. Providers bill what an answer's `usage` reports, and an
+    /// error has none: OpenAI's error object is `{"error": {message, type, param, code}}` only
+    /// (`ErrorResponse` in openai/openai-openapi), Anthropic's `{"type": "error", "error":
+    /// {type, message}}` only (docs.anthropic.com/en/api/errors); an overflow is refused before
+    /// the model runs. (Azure OpenAI's content filter is the documented exception, a 400 that is
+    /// billed because the prompt was evaluated: learn.microsoft.com, "Content filtering"; not a
+    /// length refusal.)
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub refused: bool,
     /// The model called, when it is not the request's (the summarizer's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -71,6 +87,10 @@ pub struct Call {
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Call {
@@ -81,8 +101,14 @@ impl Call {
             tokens,
             shared: shared.min(tokens),
             output: 0,
+            refused: false,
             model: None,
         }
+    }
+
+    /// The same call with `output` hidden output tokens the proxy pays for.
+    pub fn with_output(self, output: usize) -> Call {
+        Call { output, ..self }
     }
 
     /// A call of the summarizer `model`: `input` tokens in, `output` out.
@@ -92,6 +118,7 @@ impl Call {
             tokens: input,
             shared: 0,
             output,
+            refused: false,
             model: Some(model.to_string()),
         }
     }
@@ -99,6 +126,9 @@ impl Call {
     /// Its cost in full-price input tokens of `unit_model`, the request's model, whose
     /// provider caches as `cache` (see the module's doc).
     pub fn cost(&self, cache: &CachePricing, unit_model: &str) -> f64 {
+        if self.refused {
+            return 0.0;
+        }
         match (&self.model, self.kind) {
             (Some(model), _) => {
                 ModelPrice::relative_cost(model, unit_model, self.tokens, self.output)
@@ -106,7 +136,10 @@ impl Call {
             (None, CallKind::Summarizer) => {
                 ModelPrice::relative_cost(unit_model, unit_model, self.tokens, self.output)
             }
-            (None, _) => cache.call_cost(self.tokens, self.shared),
+            (None, _) => {
+                cache.call_cost(self.tokens, self.shared)
+                    + ModelPrice::relative_cost(unit_model, unit_model, 0, self.output)
+            }
         }
     }
 }
@@ -129,6 +162,19 @@ pub struct KindTotal {
 impl Bill {
     pub fn push(&mut self, call: Call) {
         self.calls.push(call);
+    }
+
+    /// Marks the last call of the conversation's model as refused as too long (it costs
+    /// nothing: [`Call::refused`]).
+    pub fn refuse_last(&mut self) {
+        if let Some(call) = self
+            .calls
+            .iter_mut()
+            .rev()
+            .find(|c| c.kind != CallKind::Summarizer)
+        {
+            call.refused = true;
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -204,12 +250,13 @@ mod tests {
     fn each_call_is_priced_by_its_kind() {
         let mut bill = Bill::default();
         bill.push(Call::conversation(CallKind::Forwarded, 2_000, 1_500));
-        bill.push(Call::conversation(CallKind::Reload, 2_300, 2_000));
+        bill.push(Call::conversation(CallKind::Reload, 2_300, 2_000).with_output(40));
         bill.push(Call::summarizer("gpt-4o-mini", 4_000, 300));
-        // 500 new + 1 500 cached at half; 300 new + 2 000 at half; the summary at $0.15 in
-        // and $0.60 out per 1M against gpt-4o's $2.50 in.
+        // 500 new + 1 500 cached at half; 300 new + 2 000 at half and the 40 hidden output
+        // tokens at gpt-4o's $10 out against $2.50 in; the summary at $0.15 in and $0.60 out
+        // per 1M against gpt-4o's $2.50 in.
         let forwarded = 500.0 + 750.0;
-        let reload = 300.0 + 1_000.0;
+        let reload = 300.0 + 1_000.0 + 40.0 * 4.0;
         let summary = (4_000.0 * 0.15 + 300.0 * 0.60) / 2.50;
         let kinds = bill.by_kind(&HALF, "gpt-4o");
         assert_eq!(kinds[0].1.calls, 1);
@@ -230,15 +277,36 @@ mod tests {
         assert_eq!(bill.last_sent(), Some(2_300));
     }
 
+    /// A request refused as too long, then retried smaller: two calls, the refused one free.
+    #[test]
+    fn a_call_refused_as_too_long_costs_nothing() {
+        let mut bill = Bill::default();
+        bill.push(Call::conversation(CallKind::Forwarded, 9_000, 6_000));
+        bill.refuse_last();
+        bill.push(Call::conversation(CallKind::Retry, 5_000, 2_000));
+        let kinds = bill.by_kind(&HALF, "gpt-4o");
+        assert_eq!((kinds[0].1.calls, kinds[0].1.tokens), (1, 9_000));
+        assert_eq!(kinds[0].1.cost, 0.0);
+        assert!((kinds[2].1.cost - (3_000.0 + 1_000.0)).abs() < 1e-9);
+        assert!((bill.cost(&HALF, "gpt-4o") - 4_000.0).abs() < 1e-9);
+        assert_eq!(
+            bill.calls_text(),
+            "forwarded=1,reload=0,retry=1,summarizer=0"
+        );
+        assert_eq!(bill.last_sent(), Some(5_000));
+    }
+
     #[test]
     fn a_bill_reads_back_as_written() {
         let mut bill = Bill::default();
+        bill.push(Call::conversation(CallKind::Forwarded, 1_200, 0));
+        bill.refuse_last();
         bill.push(Call::conversation(CallKind::Retry, 900, 0));
         bill.push(Call::summarizer("summarizer-1", 100, 20));
         let text = serde_json::to_string(&bill).unwrap();
         assert_eq!(
             text,
-            r#"[{"kind":"retry","tokens":900},{"kind":"summarizer","tokens":100,"output":20,"model":"summarizer-1"}]"#
+            r#"[{"kind":"forwarded","tokens":1200,"refused":true},{"kind":"retry","tokens":900},{"kind":"summarizer","tokens":100,"output":20,"model":"summarizer-1"}]"#
         );
         assert_eq!(serde_json::from_str::<Bill>(&text).unwrap(), bill);
     }

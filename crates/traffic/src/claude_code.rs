@@ -102,7 +102,9 @@ pub fn generate_session(cfg: &TrafficConfig, index: usize, sign: Signer<'_>) -> 
     let mut rng = Rng::derive(cfg.seed ^ STREAM, index as u64);
     let lo = MIN_REQUESTS.min(cfg.max_turns.max(2));
     let requests = rng.between(lo, cfg.max_turns.max(lo));
-    let model = rng.pick(MODELS).to_string();
+    // Picked either way: the session's random stream does not depend on the override.
+    let picked = rng.pick(MODELS).to_string();
+    let model = cfg.model.clone().unwrap_or(picked);
     let stream = rng.chance(90);
     let mut t = Transcript::new(Echo::Minimal, cfg.max_result_bytes);
     coding::run(&mut rng, &mut t, requests);

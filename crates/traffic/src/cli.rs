@@ -34,6 +34,11 @@ pub struct GenTrafficArgs {
     /// calls, 40 requests and more).
     #[arg(long, value_enum, default_value_t = Shape::Mixed)]
     pub shape: Shape,
+    /// `claude-code`: every session on this model (e.g. `claude-sonnet-5-5`, which binds
+    /// thinking to the prefix; replay then feeds each answer's thinking back into the
+    /// session's later requests); other shapes ignore it.
+    #[arg(long)]
+    pub model: Option<String>,
 }
 
 impl GenTrafficArgs {
@@ -43,6 +48,7 @@ impl GenTrafficArgs {
             sessions: self.sessions,
             max_turns: self.max_turns,
             max_result_bytes: self.max_result_bytes,
+            model: self.model.clone(),
         }
     }
 }

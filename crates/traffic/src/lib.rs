@@ -57,6 +57,9 @@ pub struct TrafficConfig {
     pub max_turns: usize,
     /// Longest tool result, in bytes; longer ones are cut at a line end.
     pub max_result_bytes: usize,
+    /// The model of every Claude Code session (else one of `claude_code::MODELS`, which do not
+    /// bind thinking to the prefix); other shapes ignore it.
+    pub model: Option<String>,
 }
 
 impl Default for TrafficConfig {
@@ -66,6 +69,7 @@ impl Default for TrafficConfig {
             sessions: 30,
             max_turns: 300,
             max_result_bytes: 400_000,
+            model: None,
         }
     }
 }
@@ -231,6 +235,7 @@ mod tests {
             sessions: 6,
             max_turns: 40,
             max_result_bytes: 50_000,
+            model: None,
         }
     }
 

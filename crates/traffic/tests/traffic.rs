@@ -18,6 +18,7 @@ fn small(seed: u64) -> TrafficConfig {
         sessions: 9,
         max_turns: 60,
         max_result_bytes: 100_000,
+        model: None,
     }
 }
 

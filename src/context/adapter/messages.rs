@@ -475,6 +475,10 @@ pub struct Written {
     pub thinking_removed: usize,
     /// `drop_block` was asked for on the client's behalf.
     pub drop_block: bool,
+    /// Changes the decision made before a thinking block were held back (a model binding
+    /// thinking to its prefix, inside a tool loop, without `drop_block`): only what follows
+    /// the last thinking block changed ([`super::messages_bound::write_bound`]).
+    pub held_back: bool,
 }
 
 /// Why a decision cannot be written back: the request goes out as it came.
@@ -526,7 +530,7 @@ pub fn tools_would_unbind(rules: WriteRules, body: &Value) -> bool {
 }
 
 /// Whether the request turns thinking on (`enabled` or `adaptive`).
-fn thinking_on(body: &Value) -> bool {
+pub fn thinking_on(body: &Value) -> bool {
     body.get("thinking")
         .and_then(|t| t.get("type"))
         .and_then(Value::as_str)
@@ -677,6 +681,7 @@ pub fn write_bytes(
         body: out,
         thinking_removed: removed,
         drop_block,
+        held_back: false,
     })
 }
 

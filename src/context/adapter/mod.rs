@@ -14,6 +14,7 @@
 pub mod chat;
 pub mod messages;
 pub mod messages_added;
+pub mod messages_bound;
 pub mod responses;
 pub(crate) mod scan;
 

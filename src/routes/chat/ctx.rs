@@ -73,6 +73,9 @@ pub struct ChatCtx {
     pub sizing: Option<crate::context::Sizing>,
     /// The upstream's tokens per estimated token, from its exact count of this request.
     pub exact_scale: Option<f64>,
+    /// The client's request as prefix parts, for the page's cost without the proxy (kept
+    /// only with `[ui]`).
+    pub client_parts: Option<crate::tokens::Parts>,
 }
 
 /// When each step of the request happened.
@@ -134,6 +137,7 @@ impl ChatCtx {
             budget_override: None,
             sizing: None,
             exact_scale: None,
+            client_parts: None,
         }
     }
 

@@ -103,9 +103,17 @@ pub async fn finish(
     })
     .await?;
     exact::refuse_overflow(&ctx).await?;
-    remember_forwarded(&state, &ctx);
     reserve(&mut ctx)?;
-    let answer = forward(&mut ctx).await?;
+    // Kept while the request is on its way: the next request of the conversation may come to
+    // another replica, and only after this one's answer.
+    let forwarded = forwarded_record(&ctx);
+    let remember = async {
+        if let Some((identity, record)) = &forwarded {
+            state.context.remember_forwarded(identity, record).await;
+        }
+    };
+    let ((), answer) = tokio::join!(remember, forward(&mut ctx));
+    let answer = answer?;
     vet_key(&state, &ctx, answer.status).await;
     let answer = tool_loop(&state, &mut ctx, answer).await?;
     Ok(respond::respond(state, ctx, answer))
@@ -301,7 +309,7 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         ctx.exact_scale = scale;
         route.scale = scale;
     }
-    let plan = state
+    let mut plan = state
         .context
         .plan(
             ctx.identity.as_ref(),
@@ -310,6 +318,9 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
             &route,
         )
         .await;
+    if state.ui.is_some() {
+        ctx.client_parts = plan.client_parts.take();
+    }
     if plan.restored > 0 {
         ctx.restored = plan.restored;
         ctx.body_changed = true;
@@ -453,13 +464,17 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
         if ctx.managed.body.is_some() {
             // The definitions go out with the request: they are counted in what it sends, and
             // in the prefix it keeps when the previous request had them too (it showed the
-            // same stored content, or the head crowds the budget).
+            // same stored content, or the head crowds the budget). When they are new, the
+            // request's `tools` changed, and they lead the prompt the provider caches: nothing
+            // is kept.
             let report = &mut ctx.managed.report;
             report.tokens_after += ctx.offer_tokens;
-            if report.kept_prefix_tokens > 0
-                && (report.kept_refers_to_stored || report.head_crowds_budget)
-            {
-                report.kept_prefix_tokens += ctx.offer_tokens;
+            if report.kept_refers_to_stored || report.head_crowds_budget || rounds_back {
+                if report.kept_prefix_tokens > 0 {
+                    report.kept_prefix_tokens += ctx.offer_tokens;
+                }
+            } else {
+                report.kept_prefix_tokens = 0;
             }
             let mut refs = ctx.managed.refs.clone();
             refs.extend(
@@ -487,30 +502,30 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     Ok(())
 }
 
-/// After `apply`, on a format whose model binds thinking to what it follows: what the model is
-/// shown is remembered for the conversation, for the next request's changes to be judged
-/// against (`ContextManager::forwarded`).
-fn remember_forwarded(state: &Shared, ctx: &ChatCtx) {
-    let Some(identity) = ctx
+/// After `apply`, on a format whose model binds thinking to what it follows, with thinking on
+/// and without `drop_block`: what the request shows the model, for the next request of the
+/// conversation to repeat (`ContextManager::remember_forwarded`).
+fn forwarded_record(
+    ctx: &ChatCtx,
+) -> Option<(crate::context::Identity, crate::context::Forwarded)> {
+    let identity = ctx
         .identity
         .as_ref()
-        .filter(|_| ctx.format.remembers_forwarded)
-    else {
-        return;
+        .filter(|_| ctx.format.remembers_forwarded)?;
+    let rules = (ctx.format.write_rules)(&ctx.headers, &ctx.request.body)?;
+    if !rules.binds_thinking
+        || rules.drop_block_allowed
+        || !crate::context::adapter::messages::thinking_on(&ctx.request.body)
+    {
+        return None;
+    }
+    let record = match (&ctx.managed.forwarded, &ctx.managed.body) {
+        (Some(record), _) => record.clone(),
+        // Forwarded as the client sent it (after any hidden round was put back).
+        (None, None) => crate::context::Forwarded::record(&ctx.request.body, &ctx.request.body)?,
+        (None, Some(_)) => return None,
     };
-    let binds = (ctx.format.write_rules)(&ctx.headers, &ctx.request.body)
-        .is_some_and(|rules| rules.binds_thinking);
-    if !binds {
-        return;
-    }
-    match &ctx.managed.body {
-        Some(bytes) => {
-            if let Ok(shown) = serde_json::from_slice::<Value>(bytes) {
-                state.context.forwarded(identity, &shown);
-            }
-        }
-        None => state.context.forwarded(identity, &ctx.request.body),
-    }
+    Some((identity.clone(), record))
 }
 
 /// After `apply`: reserves the request's estimated tokens (the prompt as forwarded, and the
@@ -617,11 +632,15 @@ async fn tool_loop(
     answer: upstream::Incoming,
 ) -> Result<Answer, ProxyError> {
     let answer = match overflow::learn_limit(state, ctx, answer).await {
-        Ok((relayed, Some(limit))) => match overflow::retry(state, ctx, limit).await {
-            // A second "too long" is relayed as the upstream sent it.
-            Some(answer) => answer,
-            None => return Ok(relayed),
-        },
+        Ok((relayed, Some(limit))) => {
+            // Refused as too long: made, and not billed (`pricing::Call::refused`).
+            ctx.stats.refuse_last();
+            match overflow::retry(state, ctx, limit).await {
+                // A second "too long" is relayed as the upstream sent it.
+                Some(answer) => answer,
+                None => return Ok(relayed),
+            }
+        }
         Ok((relayed, None)) => return Ok(relayed),
         Err(answer) => answer,
     };

@@ -211,8 +211,9 @@ fn journal_line(
         at.map(|at| at.duration_since(t.received).as_secs_f64() * 1e3)
     };
     let report = &ctx.managed.report;
+    let at = std::time::SystemTime::now();
     let line = RequestLine {
-        ts: crate::context::writer::rfc3339(std::time::SystemTime::now()),
+        ts: crate::context::writer::rfc3339(at),
         request_id: ctx.request_id().to_string(),
         event: "request".into(),
         route: ctx.format.name.into(),
@@ -229,6 +230,8 @@ fn journal_line(
         tokens_before: report.tokens_before,
         tokens_after: report.tokens_after,
         kept_prefix_tokens: report.kept_prefix_tokens,
+        // Counted by the writer, against the session's previous request.
+        client_shared_tokens: None,
         rewrote_prefix: report.rewrote_prefix,
         actions: report.actions(),
         summary: ctx.summary.map(str::to_string),
@@ -259,6 +262,8 @@ fn journal_line(
         session: identity.session.clone(),
         conversation: journal::conversation(ctx.format.wire),
         line,
+        at,
+        client_parts: ctx.client_parts.clone(),
         client_body: keep.then(|| ctx.request.raw.clone()),
         forwarded_body: ctx
             .outgoing

@@ -217,6 +217,14 @@ impl LoopStats {
             .push(call);
     }
 
+    /// The last call of the conversation on the bill was refused as too long: it costs nothing.
+    pub fn refuse_last(&self) {
+        self.bill
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .refuse_last();
+    }
+
     /// The request's bill so far.
     pub fn bill_so_far(&self) -> crate::pricing::Bill {
         self.bill.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -370,16 +378,24 @@ impl Round {
             .reload_rounds
             .fetch_add(1, Ordering::Relaxed);
         let counter = self.state.context.counter_for(&self.model, self.encoding);
-        let appended: usize = output
-            .iter()
-            .chain(&results)
-            .map(|item| self.adapter.count_item(&counter, item))
-            .sum();
+        let count = |items: &[Value]| -> usize {
+            items
+                .iter()
+                .map(|item| self.adapter.count_item(&counter, item))
+                .sum()
+        };
+        // The model's output of the round: its call of the proxy's tools, which the client
+        // never sees and the proxy pays for (the proxy's count of the items; reasoning the
+        // upstream does not show is not in it).
+        let hidden = count(&output);
+        let appended = hidden + count(&results);
         self.wire.append_round(&mut self.body, output, results);
-        // On the bill: the previous call again (read from the cache), the round after it.
+        // On the bill: the previous call again (read from the cache), the round after it, and
+        // the hidden output that asked for it.
         let previous = self.stats.bill_so_far().last_sent();
         let mut call = previous.map(|p| {
             crate::pricing::Call::conversation(crate::pricing::CallKind::Reload, p + appended, p)
+                .with_output(hidden)
         });
         if self.tools_withdrawn() {
             self.wire.remove_tools(

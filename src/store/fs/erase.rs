@@ -5,7 +5,7 @@ use std::fs;
 use std::io::ErrorKind;
 
 use super::tree::{io_error, Tree};
-use super::{REFS_DIR, TEMP_PREFIX};
+use super::{ERASED_DIR, REFS_DIR, TEMP_PREFIX};
 use crate::store::{ContentRef, SessionId, StoreError, Tenant};
 
 impl Tree {
@@ -42,6 +42,13 @@ impl Tree {
         refs: &[ContentRef],
     ) -> Result<usize, StoreError> {
         let _guard = self.exclusive_lock();
+        // The tombstone first: a line of before the erasure, appended after it, is refused.
+        let now = self.clock.now();
+        let tombstones = self.tenant_dir(tenant).join(ERASED_DIR);
+        self.make_dir(&self.tenant_dir(tenant))?;
+        self.make_dir(&tombstones)?;
+        let millis = crate::store::epoch_millis(now).to_string();
+        self.write_atomic(&tombstones, session.as_str(), millis.as_bytes(), now)?;
         let dir = self.session_dir(tenant, session);
         let mut erased = 0;
         // Content stored in this session's directory: its pointer goes too.

@@ -4,18 +4,28 @@
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::io::{self, BufRead, Read, Seek, SeekFrom, Write};
+use std::time::SystemTime;
 
 use super::tree::{io_error, private_file, refresh_on_read, sync_dir, Tree};
-use super::LOG_FILE;
-use crate::store::{LogPage, SessionId, StoreError, Tenant};
+use super::{ERASED_DIR, LOG_FILE};
+use crate::store::{refuses, Appended, LogPage, SessionId, StoreError, Tenant};
 
 impl Tree {
+    /// Appends `lines` (one record or the lines of a batch, without their last newline) to
+    /// the session's journal, unless the session was erased since `since` (its tombstone);
+    /// the records the journal then holds. The count is kept per journal (its length and
+    /// records after the last append), so a journal is read whole only when its file changed
+    /// otherwise (a first append since start-up, an erasure, a sweep).
     pub(super) fn append_log(
         &self,
         tenant: &Tenant,
         session: &SessionId,
-        line: &[u8],
-    ) -> Result<(), StoreError> {
+        lines: &[u8],
+        since: Option<SystemTime>,
+    ) -> Result<Appended, StoreError> {
+        if let Some(at) = refuses(self.tombstone(tenant, session), since) {
+            return Ok(Appended::Erased(at));
+        }
         let now = self.clock.now();
         let session_dir = self.session_dir(tenant, session);
         self.make_dir(&self.tenant_dir(tenant))?;
@@ -25,7 +35,7 @@ impl Tree {
         options.read(true).append(true).create(true);
         private_file(&mut options);
         let mut file = options.open(&path).map_err(io_error("open", &path))?;
-        let appended = (|| -> io::Result<()> {
+        let appended = (|| -> io::Result<usize> {
             let meta = file.metadata()?;
             let mut len = meta.len();
             if len > 0 && self.expired(meta.modified()?, now) {
@@ -33,7 +43,17 @@ impl Tree {
                 file.set_len(0)?;
                 len = 0;
             }
-            let mut buf = Vec::with_capacity(line.len() + 2);
+            let before = match self.journal_counts.get(&path) {
+                Some((known, records)) if known == len => records,
+                _ if len == 0 => 0,
+                _ => {
+                    file.seek(SeekFrom::Start(0))?;
+                    let mut bytes = Vec::with_capacity(len as usize);
+                    (&mut file).take(len).read_to_end(&mut bytes)?;
+                    records_in(&bytes)
+                }
+            };
+            let mut buf = Vec::with_capacity(lines.len() + 2);
             if len > 0 {
                 let mut last = [0u8];
                 file.seek(SeekFrom::End(-1))?;
@@ -43,7 +63,7 @@ impl Tree {
                     buf.push(b'\n');
                 }
             }
-            buf.extend_from_slice(line);
+            buf.extend_from_slice(lines);
             buf.push(b'\n');
             file.write_all(&buf)?;
             file.set_modified(now)?;
@@ -53,9 +73,24 @@ impl Tree {
                     sync_dir(&session_dir)?;
                 }
             }
-            Ok(())
+            let records = before + records_in(lines);
+            self.journal_counts
+                .insert(path.clone(), (len + buf.len() as u64, records));
+            Ok(records)
         })();
-        appended.map_err(io_error("append to", &path))
+        appended
+            .map(Appended::Records)
+            .map_err(io_error("append to", &path))
+    }
+
+    /// When the session was erased, from its tombstone (`<tenant>/_erased/<session>`, epoch
+    /// milliseconds), when it has one.
+    pub(super) fn tombstone(&self, tenant: &Tenant, session: &SessionId) -> Option<u64> {
+        let path = self
+            .tenant_dir(tenant)
+            .join(ERASED_DIR)
+            .join(session.as_str());
+        std::fs::read_to_string(path).ok()?.trim().parse().ok()
     }
 
     /// A page of the journal (see `Store::read_log_page`), read line by line: only the last
@@ -150,4 +185,12 @@ impl Tree {
         refresh_on_read(&file, &path, now);
         Ok(records)
     }
+}
+
+/// The records in `bytes` of a journal: its lines that are not blank (what a read counts).
+fn records_in(bytes: &[u8]) -> usize {
+    bytes
+        .split(|&b| b == b'\n')
+        .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
+        .count()
 }

@@ -55,19 +55,22 @@ mod tests;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
 use super::sweeper::Sweeper;
 use super::{
-    Clock, ContentKind, ContentRef, LogPage, SessionId, StateKey, Store, StoreConfig, StoreError,
-    Tenant,
+    Appended, Clock, ContentKind, ContentRef, LogLine, LogPage, SessionId, StateKey, Store,
+    StoreConfig, StoreError, Tenant,
 };
 use tree::Tree;
 
 const LOG_FILE: &str = "context.jsonl";
 const REFS_DIR: &str = "_refs";
+/// Tombstones of erased sessions, one file per session (never a session's stored name: those
+/// never start with `_`).
+const ERASED_DIR: &str = "_erased";
 const STATE_DIR: &str = "state";
 const TEMP_PREFIX: &str = ".tmp-";
 /// A temporary file older than this was left by a crash (operations time out long before).
@@ -176,39 +179,34 @@ impl Store for FsStore {
         session: &SessionId,
         record: &serde_json::Value,
     ) -> Result<(), StoreError> {
-        // Compact JSON has no raw newline: one record is one line.
-        let line = serde_json::to_string(record)
-            .map_err(|e| StoreError::Internal(format!("cannot serialize a log record: {e}")))?;
-        let (t, s) = (tenant.clone(), session.clone());
-        self.tree
-            .run("append_log", move |tree| {
-                tree.append_log(&t, &s, line.as_bytes())
-            })
+        self.append_logs(tenant, session, vec![LogLine::of(record)?], None)
             .await
+            .map(drop)
     }
 
-    /// One open and one `write` for all of `records`.
+    /// One open and one `write` for all of `lines`.
     async fn append_logs(
         &self,
         tenant: &Tenant,
         session: &SessionId,
-        records: &[serde_json::Value],
-    ) -> Result<(), StoreError> {
-        if records.is_empty() {
-            return Ok(());
+        lines: Vec<LogLine>,
+        since: Option<SystemTime>,
+    ) -> Result<Appended, StoreError> {
+        if lines.is_empty() {
+            return Ok(Appended::Records(0));
         }
-        let mut lines = Vec::new();
-        for record in records {
-            if !lines.is_empty() {
-                lines.push(b'\n');
+        let mut bytes = Vec::with_capacity(lines.iter().map(|l| l.as_str().len() + 1).sum());
+        for line in &lines {
+            if !bytes.is_empty() {
+                bytes.push(b'\n');
             }
-            // Compact JSON has no raw newline: one record is one line.
-            serde_json::to_writer(&mut lines, record)
-                .map_err(|e| StoreError::Internal(format!("cannot serialize a log record: {e}")))?;
+            bytes.extend_from_slice(line.as_str().as_bytes());
         }
         let (t, s) = (tenant.clone(), session.clone());
         self.tree
-            .run("append_logs", move |tree| tree.append_log(&t, &s, &lines))
+            .run("append_logs", move |tree| {
+                tree.append_log(&t, &s, &bytes, since)
+            })
             .await
     }
 

@@ -10,7 +10,7 @@ use std::time::SystemTime;
 
 use super::content::is_content_file_name;
 use super::tree::{io_error, Tree};
-use super::{LOG_FILE, REFS_DIR, STATE_DIR, TEMP_GRACE, TEMP_PREFIX};
+use super::{ERASED_DIR, LOG_FILE, REFS_DIR, STATE_DIR, TEMP_GRACE, TEMP_PREFIX};
 use crate::store::{ContentRef, SessionId, StateKey, StoreError, Tenant};
 
 impl Tree {
@@ -38,6 +38,9 @@ impl Tree {
             let Some(name) = name.to_str() else { continue };
             if name == REFS_DIR && is_dir(&entry) {
                 removed += self.sweep_files(&path, now, |n| ContentRef::parse(n).is_ok());
+                self.remove_if_empty(&path);
+            } else if name == ERASED_DIR && is_dir(&entry) {
+                removed += self.sweep_files(&path, now, |n| SessionId::from_stored(n).is_some());
                 self.remove_if_empty(&path);
             } else if SessionId::from_stored(name).is_some() && is_dir(&entry) {
                 removed +=

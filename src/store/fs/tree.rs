@@ -36,7 +36,12 @@ pub(super) struct Tree {
     key_stripes: Vec<Arc<AsyncMutex<()>>>,
     /// Session locks (`try_lock`, `unlock`).
     pub(super) locks: LockTable,
+    /// Per journal file, its length and records after this process's last append to it.
+    pub(super) journal_counts: quick_cache::sync::Cache<PathBuf, (u64, usize)>,
 }
+
+/// Journals whose record count is remembered (a miss costs one read of the journal).
+const JOURNAL_COUNTS: usize = 4_096;
 
 impl Tree {
     pub(super) fn new(cfg: &StoreConfig, clock: Arc<dyn Clock>) -> Tree {
@@ -54,6 +59,7 @@ impl Tree {
                 .map(|_| Arc::new(AsyncMutex::new(())))
                 .collect(),
             locks: LockTable::default(),
+            journal_counts: quick_cache::sync::Cache::new(JOURNAL_COUNTS),
         }
     }
 

@@ -30,13 +30,14 @@ mod sessions;
 #[cfg(test)]
 pub(crate) mod test_server;
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use redis::Script;
 
 use super::{
-    ContentKind, ContentRef, LogPage, SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
+    epoch_millis, from_epoch_millis, Appended, ContentKind, ContentRef, LogLine, LogPage,
+    SessionId, StateKey, Store, StoreConfig, StoreError, Tenant,
 };
 use conn::{Connection, Connector};
 
@@ -55,6 +56,25 @@ if matches then
   return 1
 end
 return 0
+";
+
+/// Appends ARGV[3..] to the journal KEYS[1] (expiring in ARGV[2] seconds) unless the
+/// session's tombstone KEYS[2] holds a time (epoch ms) at or after ARGV[1] (-1: no check).
+/// Returns {records in the journal, 0}, or {-1, the tombstone's time} when it refused.
+const APPEND_SCRIPT: &str = r"
+local since = tonumber(ARGV[1])
+if since >= 0 then
+  local erased = tonumber(redis.call('GET', KEYS[2]) or '')
+  if erased and erased >= since then
+    return {-1, erased}
+  end
+end
+local n = 0
+for i = 3, #ARGV, 1000 do
+  n = redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return {n, 0}
 ";
 
 /// Takes KEYS[1] for holder ARGV[1] for ARGV[2] milliseconds unless another holder has it.
@@ -118,6 +138,11 @@ impl RedisStore {
 
     fn log_key(&self, tenant: &Tenant, session: &SessionId) -> String {
         format!("{}:{{{tenant}}}:l:{session}", self.prefix)
+    }
+
+    /// An erased session's tombstone (a kind the session list does not read).
+    fn tombstone_key(&self, tenant: &Tenant, session: &SessionId) -> String {
+        format!("{}:{{{tenant}}}:e:{session}", self.prefix)
     }
 
     fn lock_key(&self, tenant: &Tenant, session: &SessionId, name: &StateKey) -> String {
@@ -273,55 +298,43 @@ impl Store for RedisStore {
         session: &SessionId,
         record: &serde_json::Value,
     ) -> Result<(), StoreError> {
-        let line = serde_json::to_string(record)
-            .map_err(|e| StoreError::Internal(format!("cannot serialize a log record: {e}")))?;
-        let key = self.log_key(tenant, session);
-        let mut conn = self.conn().await?;
-        redis::pipe()
-            .atomic()
-            .cmd("RPUSH")
-            .arg(&key)
-            .arg(line)
-            .ignore()
-            .cmd("EXPIRE")
-            .arg(&key)
-            .arg(self.ttl_secs)
-            .ignore()
-            .query_async::<()>(&mut conn)
+        self.append_logs(tenant, session, vec![LogLine::of(record)?], None)
             .await
-            .map_err(failed("append_log"))
+            .map(drop)
     }
 
-    /// One `RPUSH` of every line, with the journal's expiry, in one transaction.
+    /// One script: the tombstone checked, every line pushed with one `RPUSH`, the journal's
+    /// expiry refreshed.
     async fn append_logs(
         &self,
         tenant: &Tenant,
         session: &SessionId,
-        records: &[serde_json::Value],
-    ) -> Result<(), StoreError> {
-        if records.is_empty() {
-            return Ok(());
+        lines: Vec<LogLine>,
+        since: Option<SystemTime>,
+    ) -> Result<Appended, StoreError> {
+        if lines.is_empty() {
+            return Ok(Appended::Records(0));
         }
-        let lines = records
-            .iter()
-            .map(serde_json::to_string)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| StoreError::Internal(format!("cannot serialize a log record: {e}")))?;
-        let key = self.log_key(tenant, session);
         let mut conn = self.conn().await?;
-        redis::pipe()
-            .atomic()
-            .cmd("RPUSH")
-            .arg(&key)
-            .arg(lines)
-            .ignore()
-            .cmd("EXPIRE")
-            .arg(&key)
-            .arg(self.ttl_secs)
-            .ignore()
-            .query_async::<()>(&mut conn)
+        let script = Script::new(APPEND_SCRIPT);
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .key(self.log_key(tenant, session))
+            .key(self.tombstone_key(tenant, session))
+            .arg(since.map_or(-1, |t| epoch_millis(t) as i64))
+            .arg(self.ttl_secs);
+        for line in &lines {
+            invocation.arg(line.as_str());
+        }
+        let (records, erased): (i64, i64) = invocation
+            .invoke_async(&mut conn)
             .await
-            .map_err(failed("append_logs"))
+            .map_err(failed("append_logs"))?;
+        Ok(if records < 0 {
+            Appended::Erased(from_epoch_millis(erased.max(0) as u64))
+        } else {
+            Appended::Records(records as usize)
+        })
     }
 
     async fn read_log(

@@ -37,8 +37,10 @@ return out
 ";
 
 /// Deletes KEYS[1] (the journal), every key matching ARGV[1] .. '*' (the session's state
-/// records and locks) and ARGV[2] .. each of ARGV[3..] (content). Returns how many were deleted.
+/// records and locks) and ARGV[1] .. 'c:' .. each of ARGV[5..] (content); sets the tombstone
+/// KEYS[2] to ARGV[3] (the time, epoch ms) for ARGV[4] seconds. Returns how many were deleted.
 const ERASE_SCRIPT: &str = r"
+redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
 local n = redis.call('DEL', KEYS[1])
 for _, pattern in ipairs({ARGV[1] .. 's:' .. ARGV[2] .. ':*', ARGV[1] .. 'k:' .. ARGV[2] .. ':*'}) do
   local cursor = '0'
@@ -50,7 +52,7 @@ for _, pattern in ipairs({ARGV[1] .. 's:' .. ARGV[2] .. ':*', ARGV[1] .. 'k:' ..
     end
   until cursor == '0'
 end
-for i = 3, #ARGV do
+for i = 5, #ARGV do
   n = n + redis.call('DEL', ARGV[1] .. 'c:' .. ARGV[i])
 end
 return n
@@ -121,8 +123,11 @@ impl RedisStore {
         let mut invocation = script.prepare_invoke();
         invocation
             .key(self.log_key(tenant, session))
+            .key(self.tombstone_key(tenant, session))
             .arg(format!("{}:{{{tenant}}}:", self.prefix))
-            .arg(session.as_str());
+            .arg(session.as_str())
+            .arg(crate::store::epoch_millis(std::time::SystemTime::now()))
+            .arg(self.ttl_secs);
         for r in refs {
             invocation.arg(r.as_str());
         }

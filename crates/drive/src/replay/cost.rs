@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use context_proxy_pricing::{CachePricing, ModelPrice, PRESETS};
-use context_proxy_tokens::Counter;
+use context_proxy_tokens::{head_tokens, shared_prefix, Counter};
 
 /// One row of the report: a name and its caching terms.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -99,12 +99,31 @@ fn kind_of(body: &Value, previous: Option<&Value>) -> CallKind {
 /// recent window the proxy never cuts holds at least as many).
 const RETRY_TAIL: usize = 4;
 
+/// Whether `item` is the model's output (an assistant message, a call, reasoning), not a
+/// result nor the user's.
+fn is_model_output(item: &Value) -> bool {
+    item["role"] == "assistant"
+        || matches!(
+            item["type"].as_str(),
+            Some("function_call" | "custom_tool_call" | "reasoning")
+        )
+}
+
 /// One upstream call, counted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {
     pub kind: CallKind,
     /// Input tokens of the call.
     pub tokens: usize,
+    /// Output tokens paid for that the client never saw: on a reload round, the model's
+    /// output it resends (its call of the proxy's tools), as the proxy's bill has it.
+    pub hidden_output: usize,
+    /// Their cost in full-price input tokens of the call's model (its output price over its
+    /// input price, [`ModelPrice::relative_cost`]): the same under every provider's caching.
+    pub hidden_output_cost: f64,
+    /// The upstream refused it as too long (the proxy retried it smaller next): not billed
+    /// (`context_proxy_pricing::Call::refused`).
+    pub refused: bool,
     /// Tokens of the prefix it shares with the previous call of its session.
     pub shared_prefix_tokens: usize,
     /// Its messages start with all of the previous call's messages (the first call: false).
@@ -122,52 +141,87 @@ fn count(counter: &Counter, body: &Value) -> context_proxy_tokens::RequestCount 
     }
 }
 
-/// Counts the upstream calls of one session, in order.
+/// Counts the upstream calls of one session, in order. The prefix a call shares with the
+/// previous one is [`shared_prefix`]'s (the page's too): its parts are the head (model, tools
+/// and instructions, by their bytes; [`head_tokens`]) and each message or input item, by its
+/// bytes. A retry follows a call the upstream refused as too long: that call is marked
+/// refused, and the retry's cached prefix is the one of the call before it (a refused request
+/// is not cached).
 pub fn count_session(counter: &Counter, bodies: &[Value]) -> Vec<Call> {
-    let mut calls = Vec::with_capacity(bodies.len());
-    let mut previous: Option<(&Value, Vec<Vec<u8>>)> = None;
+    let mut calls: Vec<Call> = Vec::with_capacity(bodies.len());
+    // The last call sent, and the one before it.
+    let mut previous: Option<(&Value, Vec<Part>)> = None;
+    let mut before_previous: Option<(&Value, Vec<Part>)> = None;
     for body in bodies {
         let count = count(counter, body);
-        let messages: Vec<Vec<u8>> = conversation(body)
-            .map(|m| {
-                m.iter()
-                    .map(|m| serde_json::to_vec(m).unwrap_or_default())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let (shared, extends) = match &previous {
-            Some((prev, prev_messages))
-                if prev.get("model") == body.get("model")
-                    && prev.get("tools") == body.get("tools")
-                    && prev.get("instructions") == body.get("instructions") =>
-            {
-                let common = prev_messages
-                    .iter()
-                    .zip(&messages)
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                // What comes before the conversation: the tools (and on the Responses API
-                // the instructions, counted outside the items).
-                let head = if is_responses(body) {
-                    count.total - count.per_message.iter().sum::<usize>()
-                } else {
-                    count.tools
-                };
-                let tokens = head + count.per_message[..common].iter().sum::<usize>();
-                (tokens, common == prev_messages.len())
+        let head = Part::Head(
+            body.get("model"),
+            body.get("tools"),
+            body.get("instructions"),
+        );
+        let parts: Vec<Part> = std::iter::once(head)
+            .chain(
+                conversation(body)
+                    .into_iter()
+                    .flatten()
+                    .map(|m| Part::Message(serde_json::to_vec(m).unwrap_or_default())),
+            )
+            .collect();
+        let tokens: Vec<usize> = std::iter::once(head_tokens(&count, is_responses(body)))
+            .chain(count.per_message.iter().copied())
+            .collect();
+        let kind = kind_of(body, previous.as_ref().map(|(p, _)| *p));
+        if kind == CallKind::Retry {
+            if let Some(refused) = calls.last_mut() {
+                refused.refused = true;
             }
-            _ => (0, false),
+        }
+        let base = if kind == CallKind::Retry {
+            &before_previous
+        } else {
+            &previous
         };
+        let shared = shared_prefix(base.as_ref().map(|(_, p)| p.as_slice()), &parts, &tokens);
+        // A reload round resends the model's output of the round before it, which the
+        // client never saw: from the previous call's end (its parts are its head, then its
+        // messages), what is not a result.
+        let hidden_output: usize = match (kind, &previous) {
+            (CallKind::Reload, Some((_, prev_parts))) => conversation(body)
+                .map(|items| {
+                    items
+                        .iter()
+                        .zip(&count.per_message)
+                        .skip(prev_parts.len().saturating_sub(1))
+                        .filter(|(item, _)| is_model_output(item))
+                        .map(|(_, &t)| t)
+                        .sum()
+                })
+                .unwrap_or(0),
+            _ => 0,
+        };
+        let model = body.get("model").and_then(Value::as_str).unwrap_or("");
         calls.push(Call {
-            kind: kind_of(body, previous.as_ref().map(|(p, _)| *p)),
+            kind,
             tokens: count.total,
-            shared_prefix_tokens: shared.min(count.total),
-            extends_previous: extends,
+            hidden_output,
+            hidden_output_cost: ModelPrice::relative_cost(model, model, 0, hidden_output),
+            refused: false,
+            shared_prefix_tokens: shared.tokens.min(count.total),
+            extends_previous: shared.extends,
             has_previous: previous.is_some(),
         });
-        previous = Some((body, messages));
+        before_previous = previous.take();
+        previous = Some((body, parts));
     }
     calls
+}
+
+/// A part of a call's prefix: its head (model, tools, instructions, compared as JSON values),
+/// or one message or input item (compared byte for byte).
+#[derive(PartialEq)]
+enum Part<'a> {
+    Head(Option<&'a Value>, Option<&'a Value>, Option<&'a Value>),
+    Message(Vec<u8>),
 }
 
 /// The summarizer's calls of a run: they answer no client request of their own, are billed at
@@ -220,11 +274,13 @@ impl SummarizerCalls {
     }
 }
 
-/// Input cost of `calls` under `pricing`, in full-price tokens.
+/// Cost of `calls` under `pricing`, in full-price input tokens: each call's input under the
+/// provider's caching and the hidden output it pays for; a refused call costs nothing.
 pub fn effective_cost(calls: &[Call], pricing: &CachePricing) -> f64 {
     calls
         .iter()
-        .map(|c| pricing.call_cost(c.tokens, c.shared_prefix_tokens))
+        .filter(|c| !c.refused)
+        .map(|c| pricing.call_cost(c.tokens, c.shared_prefix_tokens) + c.hidden_output_cost)
         .sum()
 }
 

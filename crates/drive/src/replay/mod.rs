@@ -14,6 +14,7 @@
 
 pub mod chart;
 pub mod cost;
+pub mod live;
 pub mod report;
 pub mod send;
 pub mod source;

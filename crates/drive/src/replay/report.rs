@@ -740,6 +740,9 @@ mod tests {
         Call {
             kind: CallKind::Forwarded,
             tokens,
+            hidden_output: 0,
+            hidden_output_cost: 0.0,
+            refused: false,
             shared_prefix_tokens: shared,
             extends_previous: extends,
             has_previous,
@@ -868,11 +871,17 @@ mod tests {
         let t: Vec<usize> = bodies.iter().map(|b| c.count_request(b).total).collect();
         let m = |v: &Value| c.count_message(v);
         // Shared prefixes: the reload round and the next request extend the call before them;
-        // the retry shares nothing.
+        // the retry shares nothing with the call before the refused one.
         let shared = [0, m(&task), m(&task) + m(&read) + m(&text), 0];
         for (call, s) in calls.iter().zip(shared) {
             assert_eq!(call.shared_prefix_tokens, s);
         }
+        // The reload round pays for the model's hidden call it resends (gpt-4o: $10 out
+        // against $2.50 in); the request the upstream refused as too long costs nothing.
+        assert_eq!(calls[1].hidden_output, m(&read));
+        let refused: Vec<bool> = calls.iter().map(|c| c.refused).collect();
+        assert_eq!(refused, [false, false, true, false]);
+        let hidden = m(&read) as f64 * 4.0;
         let half = Pricing {
             name: "half",
             terms: CachePricing {
@@ -882,7 +891,11 @@ mod tests {
                 cache_ttl_secs: 300,
             },
         };
-        let by_hand = |i: usize| t[i] as f64 - 0.5 * shared[i] as f64;
+        let by_hand = |i: usize| match i {
+            1 => t[i] as f64 - 0.5 * shared[i] as f64 + hidden,
+            2 => 0.0,
+            _ => t[i] as f64 - 0.5 * shared[i] as f64,
+        };
         // Two summaries by gpt-4o-mini, 1,000 and 3,000 tokens in, 400 out in all: shared out
         // by input (100 and 300), at $0.15 and $0.60 per 1M against gpt-4o's $2.50 input.
         let summary = |n: usize| json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "word ".repeat(n)}]});

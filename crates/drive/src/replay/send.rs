@@ -56,6 +56,8 @@ pub struct Outcome {
     pub reload_rounds: u64,
     /// What an Anthropic answer's usage billed (Messages requests).
     pub billed: Option<Billed>,
+    /// The thinking block an Anthropic answer opened with (fed back: [`super::live`]).
+    pub thinking: Option<serde_json::Value>,
 }
 
 /// An Anthropic answer's usage: input, cache writes (5-minute and one-hour), cache reads and
@@ -195,6 +197,7 @@ pub async fn drive(
                 // With `speed`: when the previous request of the session was due, and its
                 // offset in the recording.
                 let mut planned = (Instant::now(), 0u64);
+                let mut live = super::live::LiveThinking::default();
                 for (index, request) in session.requests.iter().enumerate() {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
@@ -216,15 +219,15 @@ pub async fn drive(
                         _ => now,
                     };
                     tokio::time::sleep_until(slot.into()).await;
-                    let mut outcome = send(
-                        &client,
-                        &options,
-                        &session.id,
-                        &request.body,
-                        request.api,
-                        slot,
-                    )
-                    .await;
+                    let fed = (request.api == Api::Messages
+                        && super::live::LiveThinking::needed(&request.body))
+                    .then(|| live.apply(&request.body));
+                    let body = fed.as_ref().map_or(&request.body, |(b, _)| b.as_ref());
+                    let mut outcome =
+                        send(&client, &options, &session.id, body, request.api, slot).await;
+                    if let Some((_, ordinal)) = fed {
+                        live.answered(ordinal, outcome.thinking.take());
+                    }
                     outcome.session = s;
                     outcome.index = index;
                     outcome.stream = request.stream;
@@ -347,6 +350,7 @@ async fn send(
     }
     if api == Api::Messages && (200..300).contains(&outcome.status) {
         outcome.billed = Billed::of_answer(&answer);
+        outcome.thinking = super::live::answer_thinking(&answer);
     }
     outcome.ttfb_ms = first.unwrap_or_else(|| ms(sent));
     outcome.latency_ms = ms(slot);
