@@ -93,6 +93,11 @@ impl Setup {
         post(&self.h, "/v1/responses", &body(input, stream), "sk-a").await
     }
 
+    /// [`Setup::turn`] as JSON: its answer, parsed.
+    async fn turn_json(&self, input: Vec<Value>) -> Value {
+        self.turn(input, false).await.json().await.unwrap()
+    }
+
     /// A `POST /v1/responses/compact` of `request` under key `sk-a`.
     async fn compact(&self, request: &Value) -> reqwest::Response {
         post(&self.h, "/v1/responses/compact", request, "sk-a").await
@@ -250,7 +255,7 @@ async fn a_compaction_trigger_gets_one_sealed_item_streamed_then_expanded_next_t
         item.clone(),
         json!({"role": "user", "content": "now run the whole suite"}),
     ]);
-    let v: Value = s.turn(again, false).await.json().await.unwrap();
+    let v: Value = s.turn_json(again).await;
     assert_sealed(&v["output"][0]);
     assert_ne!(v["output"][0], item);
     let asked = s.summarizer.received()[1].json()["messages"][1]["content"]
@@ -317,12 +322,7 @@ async fn a_misplaced_or_second_trigger_and_a_sealed_item_of_another_key_are_400s
     }
     // A sealed item made for key a, presented with key b; then one changed by a byte.
     s.summarizer.push(Reply::text(SUMMARY));
-    let v: Value = s
-        .turn(with_trigger(history()), false)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v: Value = s.turn_json(with_trigger(history())).await;
     let item = v["output"][0].clone();
     let next = vec![item.clone(), json!({"role": "user", "content": "go on"})];
     let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-b").await;
@@ -558,12 +558,7 @@ async fn without_a_summary_the_item_is_sealed_around_the_marker_alone() {
         assert_sealed(&item);
         assert_eq!(events[4]["response"]["output"], json!([item]));
 
-        let v: Value = s
-            .turn(with_trigger(moved.clone()), false)
-            .await
-            .json()
-            .await
-            .unwrap();
+        let v: Value = s.turn_json(with_trigger(moved.clone())).await;
         assert_eq!(v["output"].as_array().unwrap().len(), 1, "{cause:?}: {v}");
         assert_sealed(&v["output"][0]);
 
@@ -642,19 +637,14 @@ async fn without_a_summary_the_item_is_sealed_around_the_marker_alone() {
 #[tokio::test]
 async fn a_second_marker_only_compaction_keeps_the_first_marker() {
     let s = start(|c| c.context.summarizer.enabled = false).await;
-    let v: Value = s
-        .turn(with_trigger(history()), false)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v: Value = s.turn_json(with_trigger(history())).await;
     let first = v["output"][0].clone();
     let again = with_trigger(vec![
         history()[1].clone(),
         first.clone(),
         json!({"role": "user", "content": "now run the whole suite"}),
     ]);
-    let v: Value = s.turn(again, false).await.json().await.unwrap();
+    let v: Value = s.turn_json(again).await;
     let second = v["output"][0].clone();
     assert_sealed(&second);
     s.h.mock.push(Reply::text("ok"));
@@ -691,12 +681,7 @@ async fn ids_and_codex_metadata_survive_a_compaction_round_trip() {
             item["internal_chat_message_metadata_passthrough"] = json!({"turn_id": "t1"});
         }
     }
-    let v: Value = s
-        .turn(with_trigger(input.clone()), false)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v: Value = s.turn_json(with_trigger(input.clone())).await;
     let item = v["output"][0].clone();
     assert_sealed(&item);
     let request = json!({"model": "gpt-5-codex", "input": input.clone()});
