@@ -558,3 +558,81 @@ async fn a_generated_codex_session_replays_valid_with_a_stable_prefix() {
         session.request_count()
     );
 }
+
+/// `codex_input` as Codex 0.171 sends it: every item with its `id` (the ids the API gave, or
+/// Codex's own for the messages it writes) and the messages with
+/// `internal_chat_message_metadata_passthrough` (its turn and content kinds).
+fn codex_0_171_input(turns: usize) -> Vec<Value> {
+    let mut input = codex_input(turns);
+    for (n, item) in input.iter_mut().enumerate() {
+        let prefix = match item["type"].as_str().unwrap() {
+            "message" => "msg",
+            "reasoning" => "rs",
+            "function_call" => "fc",
+            "custom_tool_call" => "ctc",
+            _ => continue,
+        };
+        item["id"] = json!(format!("{prefix}_0199a{n:043}"));
+        if prefix == "msg" {
+            item["internal_chat_message_metadata_passthrough"] = json!({
+                "turn_id": format!("0199a-turn-{}", n / 7),
+                "content_item_kinds": ["environments.environment_context"],
+                "create_time": 1788214171.128268,
+            });
+        }
+    }
+    input
+}
+
+/// Item ids and Codex's metadata field: the request is managed like any other, every item the
+/// proxy keeps reaches the upstream byte-identical (id and metadata included), the items it
+/// writes itself (markers, summaries) carry no id, so no id is ever sent twice (the mock
+/// refuses a duplicate as the API does); the same for a compaction and the turn after it.
+#[tokio::test]
+async fn codex_0_171_ids_and_metadata_are_kept_and_never_duplicated() {
+    let h = small_window().await;
+    let input = codex_0_171_input(30);
+    h.mock.push(Reply::text("Done."));
+    let resp = post(&h, &codex_body(input.clone(), false)).await;
+    assert_eq!(resp.status(), 200);
+    let actions = header(&resp, "x-context-actions").to_string();
+    assert!(
+        actions.contains("compacted") || actions.contains("offloaded"),
+        "{actions}"
+    );
+    resp.bytes().await.unwrap();
+    let sent = h.mock.received()[0].json();
+    let sent_input = sent["input"].as_array().unwrap();
+    let by_id = |id: &Value| input.iter().find(|i| i["id"] == *id);
+    let mut ids = std::collections::HashSet::new();
+    let mut kept = 0;
+    for item in sent_input {
+        let Some(id) = item["id"].as_str() else {
+            // A tool output (Codex sends them without an id), or written by the proxy: a
+            // marker or a summary, never with an id.
+            if item["type"] == "message" {
+                let text = item["content"].as_str().unwrap_or_default();
+                assert!(text.starts_with("[context-proxy"), "{item}");
+            } else {
+                assert!(item["call_id"].is_string(), "{item}");
+            }
+            continue;
+        };
+        assert!(ids.insert(id.to_string()), "id {id} sent twice");
+        let original =
+            by_id(&item["id"]).unwrap_or_else(|| panic!("an id not the client's: {item}"));
+        if item["type"] == "message" || item["type"] == "reasoning" {
+            assert_eq!(item, original, "changed");
+            kept += 1;
+        }
+    }
+    assert!(kept >= 3, "{sent}");
+    assert_eq!(
+        sent_input[1]["internal_chat_message_metadata_passthrough"],
+        input[1]["internal_chat_message_metadata_passthrough"]
+    );
+    let raw = String::from_utf8(h.mock.received()[0].body.to_vec()).unwrap();
+    assert!(raw.contains(
+        r#""internal_chat_message_metadata_passthrough":{"turn_id":"0199a-turn-0","content_item_kinds":["environments.environment_context"],"create_time":1788214171.128268}"#
+    ));
+}

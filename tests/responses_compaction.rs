@@ -87,6 +87,23 @@ fn with_trigger(mut input: Vec<Value>) -> Vec<Value> {
     input
 }
 
+impl Setup {
+    /// A `POST /v1/responses` of `input` (in [`body`]) under key `sk-a`.
+    async fn turn(&self, input: Vec<Value>, stream: bool) -> reqwest::Response {
+        post(&self.h, "/v1/responses", &body(input, stream), "sk-a").await
+    }
+
+    /// [`Setup::turn`] as JSON: its answer, parsed.
+    async fn turn_json(&self, input: Vec<Value>) -> Value {
+        self.turn(input, false).await.json().await.unwrap()
+    }
+
+    /// A `POST /v1/responses/compact` of `request` under key `sk-a`.
+    async fn compact(&self, request: &Value) -> reqwest::Response {
+        post(&self.h, "/v1/responses/compact", request, "sk-a").await
+    }
+}
+
 async fn post(h: &Harness, path: &str, body: &Value, key: &str) -> reqwest::Response {
     h.client
         .post(h.url(path))
@@ -147,13 +164,7 @@ fn assert_sealed(item: &Value) {
 async fn a_compaction_trigger_gets_one_sealed_item_streamed_then_expanded_next_turn() {
     let s = start(|_| {}).await;
     s.summarizer.push(Reply::text(SUMMARY));
-    let resp = post(
-        &s.h,
-        "/v1/responses",
-        &body(with_trigger(history()), true),
-        "sk-a",
-    )
-    .await;
+    let resp = s.turn(with_trigger(history()), true).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     assert!(resp.headers()["x-context-actions"]
@@ -202,13 +213,7 @@ async fn a_compaction_trigger_gets_one_sealed_item_streamed_then_expanded_next_t
     );
 
     // The same request again, as JSON: the same item, no second summary.
-    let resp = post(
-        &s.h,
-        "/v1/responses",
-        &body(with_trigger(history()), false),
-        "sk-a",
-    )
-    .await;
+    let resp = s.turn(with_trigger(history()), false).await;
     assert_eq!(resp.status(), 200);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["object"], "response");
@@ -222,7 +227,7 @@ async fn a_compaction_trigger_gets_one_sealed_item_streamed_then_expanded_next_t
         json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "now run the whole suite"}]}),
     ];
     s.h.mock.push(Reply::text("Running it."));
-    let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
+    let resp = s.turn(next, false).await;
     let status = resp.status();
     let v: Value = resp.json().await.unwrap();
     assert_eq!(status, 200, "{v}");
@@ -250,11 +255,7 @@ async fn a_compaction_trigger_gets_one_sealed_item_streamed_then_expanded_next_t
         item.clone(),
         json!({"role": "user", "content": "now run the whole suite"}),
     ]);
-    let v: Value = post(&s.h, "/v1/responses", &body(again, false), "sk-a")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v: Value = s.turn_json(again).await;
     assert_sealed(&v["output"][0]);
     assert_ne!(v["output"][0], item);
     let asked = s.summarizer.received()[1].json()["messages"][1]["content"]
@@ -277,7 +278,7 @@ async fn responses_compact_keeps_the_user_messages_and_seals_the_rest() {
     s.summarizer.push(Reply::text(SUMMARY));
     let request =
         json!({"model": "gpt-5-codex", "instructions": "You are Codex.", "input": history()});
-    let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
+    let resp = s.compact(&request).await;
     assert_eq!(resp.status(), 200);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["object"], "response.compaction");
@@ -291,7 +292,7 @@ async fn responses_compact_keeps_the_user_messages_and_seals_the_rest() {
     // The window it returned is a valid input for the next turn.
     let mut next = output.clone();
     next.push(json!({"role": "user", "content": "go on"}));
-    let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
+    let resp = s.turn(next, false).await;
     assert_eq!(resp.status(), 200);
     let sent = s.h.mock.received()[0].json();
     assert!(sent["input"][1]["content"][0]["text"]
@@ -307,7 +308,7 @@ async fn a_misplaced_or_second_trigger_and_a_sealed_item_of_another_key_are_400s
     misplaced.insert(2, json!({"type": "compaction_trigger"}));
     let twice = with_trigger(with_trigger(history()));
     for input in [misplaced, twice] {
-        let resp = post(&s.h, "/v1/responses", &body(input, true), "sk-a").await;
+        let resp = s.turn(input, true).await;
         assert_eq!(resp.status(), 400);
         let error = assert_openai_error(&resp.bytes().await.unwrap());
         assert_eq!(error["type"], "invalid_request_error");
@@ -321,16 +322,7 @@ async fn a_misplaced_or_second_trigger_and_a_sealed_item_of_another_key_are_400s
     }
     // A sealed item made for key a, presented with key b; then one changed by a byte.
     s.summarizer.push(Reply::text(SUMMARY));
-    let v: Value = post(
-        &s.h,
-        "/v1/responses",
-        &body(with_trigger(history()), false),
-        "sk-a",
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
+    let v: Value = s.turn_json(with_trigger(history())).await;
     let item = v["output"][0].clone();
     let next = vec![item.clone(), json!({"role": "user", "content": "go on"})];
     let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-b").await;
@@ -344,16 +336,12 @@ async fn a_misplaced_or_second_trigger_and_a_sealed_item_of_another_key_are_400s
     let content = changed["encrypted_content"].as_str().unwrap().to_owned();
     let last = if content.ends_with('a') { "b" } else { "a" };
     changed["encrypted_content"] = json!(format!("{}{last}", &content[..content.len() - 1]));
-    let resp = post(
-        &s.h,
-        "/v1/responses",
-        &body(
+    let resp = s
+        .turn(
             vec![changed, json!({"role": "user", "content": "go on"})],
             false,
-        ),
-        "sk-a",
-    )
-    .await;
+        )
+        .await;
     assert_eq!(resp.status(), 400);
     assert!(
         s.h.mock.received().is_empty(),
@@ -387,13 +375,7 @@ async fn an_openai_compaction_item_goes_as_it_came() {
 #[tokio::test]
 async fn native_compaction_forwards_both_to_an_upstream_that_compacts_itself() {
     let s = start(|c| c.upstreams[0].native_compaction = true).await;
-    let resp = post(
-        &s.h,
-        "/v1/responses",
-        &body(with_trigger(history()), true),
-        "sk-a",
-    )
-    .await;
+    let resp = s.turn(with_trigger(history()), true).await;
     assert_eq!(resp.status(), 200);
     assert!(resp.headers()["x-context-actions"]
         .to_str()
@@ -413,7 +395,7 @@ async fn native_compaction_forwards_both_to_an_upstream_that_compacts_itself() {
     );
 
     let request = json!({"model": "gpt-5-codex", "input": history()});
-    let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
+    let resp = s.compact(&request).await;
     assert_eq!(resp.status(), 200);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["object"], "response.compaction");
@@ -431,7 +413,7 @@ async fn native_compaction_forwards_both_to_an_upstream_that_compacts_itself() {
         native,
         json!({"role": "user", "content": "go on"}),
     ];
-    let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
+    let resp = s.turn(next, false).await;
     assert_eq!(resp.status(), 200);
 }
 
@@ -451,20 +433,14 @@ async fn an_upstream_without_compaction_never_sees_the_trigger() {
     let s = start_on(without_compaction(), |_| {}).await;
     s.summarizer.push(Reply::text(SUMMARY));
     s.summarizer.push(Reply::text(SUMMARY));
-    let resp = post(
-        &s.h,
-        "/v1/responses",
-        &body(with_trigger(history()), true),
-        "sk-a",
-    )
-    .await;
+    let resp = s.turn(with_trigger(history()), true).await;
     assert_eq!(resp.status(), 200);
     let done = items_done(&resp.text().await.unwrap());
     assert_eq!(done.len(), 1);
     let sealed = done[0].clone();
     assert_sealed(&sealed);
     let request = json!({"model": "gpt-5-codex", "input": history()});
-    let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
+    let resp = s.compact(&request).await;
     assert_eq!(resp.status(), 200);
     let compacted: Value = resp.json().await.unwrap();
     assert_sealed(compacted["output"].as_array().unwrap().last().unwrap());
@@ -477,7 +453,7 @@ async fn an_upstream_without_compaction_never_sees_the_trigger() {
         sealed,
         json!({"role": "user", "content": "go on"}),
     ];
-    let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
+    let resp = s.turn(next, false).await;
     assert_eq!(resp.status(), 200);
     let answer: Value = resp.json().await.unwrap();
     assert_eq!(
@@ -501,13 +477,7 @@ async fn native_compaction_on_an_upstream_without_it_gives_the_client_its_error(
     })
     .await;
     for stream in [false, true] {
-        let resp = post(
-            &s.h,
-            "/v1/responses",
-            &body(with_trigger(history()), stream),
-            "sk-a",
-        )
-        .await;
+        let resp = s.turn(with_trigger(history()), stream).await;
         assert_eq!(resp.status(), 400);
         let error = assert_openai_error(&resp.bytes().await.unwrap());
         assert_eq!(error["code"], "invalid_value");
@@ -518,7 +488,7 @@ async fn native_compaction_on_an_upstream_without_it_gives_the_client_its_error(
             .starts_with("Invalid value: 'compaction_trigger'."));
     }
     let request = json!({"model": "gpt-5-codex", "input": history()});
-    let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
+    let resp = s.compact(&request).await;
     assert_eq!(resp.status(), 404);
     assert_eq!(
         resp.json::<Value>().await.unwrap(),
@@ -571,13 +541,7 @@ async fn without_a_summary_the_item_is_sealed_around_the_marker_alone() {
             NoSummary::NotConfigured => {}
         }
 
-        let resp = post(
-            &s.h,
-            "/v1/responses",
-            &body(with_trigger(moved.clone()), true),
-            "sk-a",
-        )
-        .await;
+        let resp = s.turn(with_trigger(moved.clone()), true).await;
         assert_eq!(resp.status(), 200, "{cause:?}");
         let actions = resp.headers()["x-context-actions"]
             .to_str()
@@ -594,21 +558,12 @@ async fn without_a_summary_the_item_is_sealed_around_the_marker_alone() {
         assert_sealed(&item);
         assert_eq!(events[4]["response"]["output"], json!([item]));
 
-        let v: Value = post(
-            &s.h,
-            "/v1/responses",
-            &body(with_trigger(moved.clone()), false),
-            "sk-a",
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
+        let v: Value = s.turn_json(with_trigger(moved.clone())).await;
         assert_eq!(v["output"].as_array().unwrap().len(), 1, "{cause:?}: {v}");
         assert_sealed(&v["output"][0]);
 
         let request = json!({"model": "gpt-5-codex", "input": moved.clone()});
-        let resp = post(&s.h, "/v1/responses/compact", &request, "sk-a").await;
+        let resp = s.compact(&request).await;
         assert_eq!(resp.status(), 200, "{cause:?}");
         let compacted: Value = resp.json().await.unwrap();
         let output = compacted["output"].as_array().unwrap();
@@ -632,7 +587,7 @@ async fn without_a_summary_the_item_is_sealed_around_the_marker_alone() {
             item.clone(),
             json!({"role": "user", "content": "Recall the needles: port"}),
         ];
-        let resp = post(&s.h, "/v1/responses", &body(next, false), "sk-a").await;
+        let resp = s.turn(next, false).await;
         assert_eq!(resp.status(), 200, "{cause:?}");
         let answer: Value = resp.json().await.unwrap();
         assert_eq!(
@@ -682,27 +637,14 @@ async fn without_a_summary_the_item_is_sealed_around_the_marker_alone() {
 #[tokio::test]
 async fn a_second_marker_only_compaction_keeps_the_first_marker() {
     let s = start(|c| c.context.summarizer.enabled = false).await;
-    let v: Value = post(
-        &s.h,
-        "/v1/responses",
-        &body(with_trigger(history()), false),
-        "sk-a",
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
+    let v: Value = s.turn_json(with_trigger(history())).await;
     let first = v["output"][0].clone();
     let again = with_trigger(vec![
         history()[1].clone(),
         first.clone(),
         json!({"role": "user", "content": "now run the whole suite"}),
     ]);
-    let v: Value = post(&s.h, "/v1/responses", &body(again, false), "sk-a")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v: Value = s.turn_json(again).await;
     let second = v["output"][0].clone();
     assert_sealed(&second);
     s.h.mock.push(Reply::text("ok"));
@@ -711,12 +653,7 @@ async fn a_second_marker_only_compaction_keeps_the_first_marker() {
         second,
         json!({"role": "user", "content": "go on"}),
     ];
-    assert_eq!(
-        post(&s.h, "/v1/responses", &body(next, false), "sk-a")
-            .await
-            .status(),
-        200
-    );
+    assert_eq!(s.turn(next, false).await.status(), 200);
     let sent = s.h.mock.received()[0].json();
     let text = sent["input"][1]["content"][0]["text"].as_str().unwrap();
     assert!(
@@ -728,4 +665,45 @@ async fn a_second_marker_only_compaction_keeps_the_first_marker() {
         text.contains("[context-proxy: 8 earlier messages"),
         "{text}"
     );
+}
+
+/// Codex 0.171 sends item ids and `internal_chat_message_metadata_passthrough`: a compaction
+/// and the turn after it keep both on the client's items, byte for byte, and the message the
+/// sealed item expands into has no id, so no id reaches the (strict) upstream twice.
+#[tokio::test]
+async fn ids_and_codex_metadata_survive_a_compaction_round_trip() {
+    let s = start(|_| {}).await;
+    s.summarizer.push(Reply::text(SUMMARY));
+    let mut input = history();
+    for (n, item) in input.iter_mut().enumerate() {
+        if item["type"] == "message" {
+            item["id"] = json!(format!("msg_0199b{n:043}"));
+            item["internal_chat_message_metadata_passthrough"] = json!({"turn_id": "t1"});
+        }
+    }
+    let v: Value = s.turn_json(with_trigger(input.clone())).await;
+    let item = v["output"][0].clone();
+    assert_sealed(&item);
+    let request = json!({"model": "gpt-5-codex", "input": input.clone()});
+    let compacted: Value = s.compact(&request).await.json().await.unwrap();
+    assert_eq!(
+        compacted["output"][0], input[1],
+        "the kept message, id and metadata"
+    );
+
+    let mut next = vec![input[1].clone(), item.clone()];
+    next.push(
+        json!({"type": "message", "role": "user", "id": "msg_0199c", "content": "go on",
+        "internal_chat_message_metadata_passthrough": {"turn_id": "t2"}}),
+    );
+    s.h.mock.push(Reply::text("ok"));
+    let resp = s.turn(next.clone(), false).await;
+    assert_eq!(resp.status(), 200);
+    let sent = s.h.mock.received()[0].json();
+    let sent = sent["input"].as_array().unwrap();
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[0], next[0]);
+    assert_eq!(sent[2], next[2]);
+    assert!(sent[1].get("id").is_none(), "{}", sent[1]);
+    assert_eq!(sent[1]["role"], "user");
 }

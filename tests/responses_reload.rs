@@ -644,6 +644,16 @@ async fn client_items(resp: reqwest::Response, stream: bool) -> Vec<Value> {
     output
 }
 
+/// A harness whose first answer says "Let me look." and reads line 7 back.
+async fn harness_after_a_look() -> Harness {
+    let h = harness().await;
+    h.mock.push(Reply::text_and_tool_calls(
+        "Let me look.",
+        vec![read(&ref_a(), 7, 1)],
+    ));
+    h
+}
+
 /// One rule for the text of earlier rounds: a stream has shown it already (it cannot be
 /// unsent), so the JSON answer holds the earlier rounds' items too, in order; both modes give
 /// the client the same items.
@@ -651,11 +661,7 @@ async fn client_items(resp: reqwest::Response, stream: bool) -> Vec<Value> {
 async fn json_and_sse_give_the_client_the_same_items_of_every_round() {
     let mut seen = Vec::new();
     for stream in [false, true] {
-        let h = harness().await;
-        h.mock.push(Reply::text_and_tool_calls(
-            "Let me look.",
-            vec![read(&ref_a(), 7, 1)],
-        ));
+        let h = harness_after_a_look().await;
         h.mock.push(Reply::text_and_tool_calls(
             "Line 7 next.",
             vec![read(&ref_a(), 8, 1)],
@@ -685,11 +691,7 @@ async fn json_and_sse_give_the_client_the_same_items_of_every_round() {
 async fn a_mixed_round_after_text_is_restored_in_place_in_json_and_sse() {
     let mut seen = Vec::new();
     for stream in [false, true] {
-        let h = harness().await;
-        h.mock.push(Reply::text_and_tool_calls(
-            "Let me look.",
-            vec![read(&ref_a(), 7, 1)],
-        ));
+        let h = harness_after_a_look().await;
         h.mock.push(Reply::tool_calls(vec![
             read(&ref_a(), 8, 1),
             ("shell".into(), json!({"cmd": ["cargo", "test"]})),

@@ -9,7 +9,7 @@
 //! before as `cached_tokens`, the way OpenAI's prompt cache does (1024 tokens and up, in steps
 //! of 128).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{Response, StatusCode};
@@ -29,8 +29,11 @@ use crate::body::MockBody;
 use crate::DEFAULT_REPLY_TEXT;
 use context_proxy_tokens::Encoding;
 
-/// Every `input[].type` the API accepts, in the order its error message lists them.
-pub const ITEM_TYPES: [&str; 27] = [
+/// Every `input[].type` the API accepts, in the order its error message lists them, and
+/// `additional_tools` (tools added to the conversation as an item: Codex 0.171 sends its tools
+/// so, with no top-level `tools`, to the API by default).
+pub const ITEM_TYPES: [&str; 28] = [
+    "additional_tools",
     "apply_patch_call",
     "apply_patch_call_output",
     "code_interpreter_call",
@@ -532,7 +535,7 @@ fn output_kind(kind: &str) -> Option<&'static str> {
 
 /// The input items' rules: known types, message roles, call ids, every output answering an
 /// earlier call of its kind, every call answered, a reasoning item followed by an item, no
-/// reference to a stored item.
+/// reference to a stored item, no item `id` twice.
 fn check_items(items: &[Value], known: &[&str]) -> Result<(), Value> {
     let invalid = |message: &str, param: &str, code: Option<&str>| {
         wire::error_body(message, "invalid_request_error", Some(param), code)
@@ -547,6 +550,7 @@ fn check_items(items: &[Value], known: &[&str]) -> Result<(), Value> {
     // Calls by id: (what they are called, the outputs that answer them, answered).
     let mut calls: HashMap<&str, (&str, &[&str], bool)> = HashMap::new();
     let mut order: Vec<&str> = Vec::new();
+    let mut ids: HashSet<&str> = HashSet::new();
     for (i, item) in items.iter().enumerate() {
         let Some(map) = item.as_object() else {
             let message = format!(
@@ -587,6 +591,16 @@ fn check_items(items: &[Value], known: &[&str]) -> Result<(), Value> {
                 &format!("input[{i}]"),
                 Some("invalid_value"),
             ));
+        }
+        if let Some(id) = map.get("id").and_then(Value::as_str) {
+            if !ids.insert(id) {
+                // The API's words (continuedev/continue #10200, earendil-works/pi #5149).
+                let message = format!(
+                    "Duplicate item found with id {id}. Remove duplicate items from your input \
+                     and try again."
+                );
+                return Err(invalid(&message, "input", None));
+            }
         }
         let call_id = || map.get("call_id").and_then(Value::as_str);
         match kind {
@@ -705,6 +719,26 @@ mod tests {
     }
 
     #[test]
+    fn an_item_id_given_twice_is_the_apis_400() {
+        let reasoning = json!({"type": "reasoning", "id": "rs_1", "summary": []});
+        let twice = error_of(json!({"model": "m", "input": [
+            {"role": "user", "content": "x", "id": "msg_1"},
+            reasoning, {"role": "assistant", "content": "y", "id": "msg_2"},
+            reasoning, {"role": "assistant", "content": "z", "id": "msg_3"}]}));
+        assert_eq!(
+            twice["message"],
+            "Duplicate item found with id rs_1. Remove duplicate items from your input and try again."
+        );
+        assert_eq!(twice["param"], "input");
+        assert_eq!(twice["code"], Value::Null);
+        let once = json!({"model": "m", "input": [
+            {"type": "additional_tools", "id": "at_1", "role": "developer", "tools": []},
+            {"role": "user", "content": "x", "id": "msg_1"},
+            {"role": "assistant", "content": "y", "id": "msg_2"}]});
+        assert!(parse(once.to_string().as_bytes(), &ITEM_TYPES).is_ok());
+    }
+
+    #[test]
     fn pairing_errors_are_the_apis() {
         let orphan = error_of(json!({"model": "m", "input": [
             {"role": "user", "content": "x"},
@@ -806,7 +840,7 @@ mod tests {
         let unknown = error_of(json!({"model": "m", "input": [{"type": "context_compaction"}]}));
         assert_eq!(unknown["code"], "invalid_value");
         assert!(unknown["message"].as_str().unwrap().starts_with(
-            "Invalid value: 'context_compaction'. Supported values are: 'apply_patch_call',"
+            "Invalid value: 'context_compaction'. Supported values are: 'additional_tools', 'apply_patch_call',"
         ));
         let nested = error_of(json!({"model": "m", "input": "x",
             "tools": [{"type": "function", "function": {"name": "f"}}]}));
