@@ -178,12 +178,25 @@ pub fn names(body: &Value, config: &ReloadConfig) -> Offer {
 }
 
 /// The names of the client's own tools (function and custom; nested as chat completions
-/// writes them, or flat as the Responses API does).
+/// writes them, or flat as the Responses API does), those of `tools` and those a Responses
+/// `additional_tools` input item defines (Codex 0.171 sends its tools that way): a name the
+/// model already knows from either is not free.
 fn client_tool_names(body: &Value) -> Vec<&str> {
-    body.get("tools")
+    fn listed(tools: Option<&Value>) -> impl Iterator<Item = &str> {
+        tools
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(tool_name)
+    }
+    let added = body
+        .get("input")
         .and_then(Value::as_array)
-        .map(|tools| tools.iter().filter_map(tool_name).collect())
-        .unwrap_or_default()
+        .into_iter()
+        .flatten()
+        .filter(|item| item.get("type").and_then(Value::as_str) == Some("additional_tools"))
+        .flat_map(|item| listed(item.get("tools")));
+    listed(body.get("tools")).chain(added).collect()
 }
 
 /// A tool definition's name: `{"type": k, k: {"name"}}` (chat) or `{"type", "name"}` (flat).
@@ -423,6 +436,22 @@ mod tests {
             body,
             json!({"input": [], "tools": [{"type": "function", "name": "context_read"}]})
         );
+    }
+
+    #[test]
+    fn names_defined_by_an_additional_tools_item_are_taken() {
+        let cfg = ReloadConfig::default();
+        let body = json!({"input": [
+            {"type": "additional_tools", "id": "at_1", "role": "developer",
+             "tools": [{"type": "function", "name": "context_read"},
+                       {"type": "function", "name": "context_search"}]},
+            {"type": "message", "role": "user", "content": "hi"}
+        ], "tools": [{"type": "function", "name": "proxy_context_read"}]});
+        let Offer::Tools(n) = offer(&body, &cfg) else {
+            panic!("not offered")
+        };
+        assert_eq!(n.read, "context_proxy_read");
+        assert_eq!(n.search, "proxy_context_search");
     }
 
     #[test]
