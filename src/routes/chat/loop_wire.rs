@@ -107,4 +107,27 @@ impl LoopWire for ChatLoop {
     fn stream(&self, round: Round, first: Incoming) -> EventStream {
         loop_stream::spawn(round, first)
     }
+
+    /// A stream shows each round's text as it comes, as deltas of the one message the client
+    /// accumulates; the JSON answer holds the same text.
+    fn shows_earlier_rounds(&self) -> bool {
+        true
+    }
+
+    /// The earlier rounds' text, in order, before the final message's own (no separator: a
+    /// streaming client joins the deltas as they come).
+    fn merge(&self, answer: &mut Value, earlier: &[Value], _is_proxy: &dyn Fn(&str) -> bool) {
+        let before: String = earlier
+            .iter()
+            .filter_map(|a| a.pointer("/choices/0/message/content"))
+            .filter_map(Value::as_str)
+            .collect();
+        if before.is_empty() {
+            return;
+        }
+        if let Some(message) = answer.pointer_mut("/choices/0/message") {
+            let own = message.get("content").and_then(Value::as_str).unwrap_or("");
+            message["content"] = Value::from(before + own);
+        }
+    }
 }
