@@ -311,26 +311,14 @@ async fn metrics_compare_the_proxy_count_with_the_upstream_usage() {
     let billed = resp.json::<Value>().await.unwrap()["usage"]["prompt_tokens"]
         .as_u64()
         .unwrap();
-    let text = h
-        .client
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let metric = |name: &str| -> i64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or_else(|| panic!("{name} missing in\n{text}"))
-    };
-    assert_eq!(metric("context_proxy_chat_requests_total "), 1);
-    assert_eq!(metric("context_proxy_context_rewritten_total "), 1);
-    assert_eq!(metric("context_proxy_usage_samples_total "), 1);
-    let after = metric("context_proxy_tokens_after_total ");
+    let text = h.metrics_text().await;
+    let metric = |name: &str| common::sample(&text, name);
+    assert_eq!(metric("context_proxy_chat_requests_total"), 1.0);
+    assert_eq!(metric("context_proxy_context_rewritten_total"), 1.0);
+    assert_eq!(metric("context_proxy_usage_samples_total"), 1.0);
+    let after = metric("context_proxy_tokens_after_total");
     assert_eq!(
-        metric("context_proxy_usage_diff_tokens_sum "),
-        billed as i64 - after
+        metric("context_proxy_usage_diff_tokens_sum"),
+        billed as f64 - after
     );
 }

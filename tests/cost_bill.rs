@@ -18,7 +18,6 @@ use context_proxy::mock::reader::{needle_line, QUESTION};
 use context_proxy::mock::MockConfig;
 use context_proxy::tokens::{Counter, Encoding};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 /// Turn `i`: the user's step, a tool call, its result (~400 tokens; the first holds a needle),
 /// the model's answer.
@@ -201,33 +200,8 @@ async fn a_replay_with_a_reload_round_and_a_summary_bills_every_call_as_computed
 
 /// Replays `lines` (one request body each) through the harness's proxy, as the command does.
 async fn replay(h: &Harness, lines: &[Value]) -> context_proxy_drive::replay::report::Report {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("traffic.jsonl");
-    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-    std::fs::write(&path, text).unwrap();
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: context_proxy_drive::replay::ReplayArgs,
-    }
-    let mock = format!("http://{}", h.mock.addr());
-    let cli = <Cli as clap::Parser>::try_parse_from([
-        "replay",
-        path.to_str().unwrap(),
-        "--target",
-        &h.url("/v1"),
-        "--mock",
-        &mock,
-        "--concurrency",
-        "1",
-        "--api-key",
-        "sk-test-client",
-        "--quiet",
-    ])
-    .unwrap();
-    context_proxy_drive::replay::replay(&cli.args)
-        .await
-        .unwrap()
+    let args = ["--concurrency", "1", "--api-key", "sk-test-client"];
+    common::replay(h, lines, &args).await
 }
 
 /// The request lines of `session`'s journal, as the context API shows them to its key.
@@ -287,17 +261,7 @@ async fn a_request_refused_as_too_long_is_not_billed_and_its_retry_is() {
     let h = Harness::start_with(limited, |c| {
         c.upstreams[0].cache_pricing = Some("deepseek".into());
         c.upstreams[0].api_key_env = Some("CP_COST_BILL_UPSTREAM".into());
-        c.keys = vec![context_proxy::auth::KeyConfig {
-            name: "client".into(),
-            sha256: Sha256::digest(b"sk-test-client")
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect(),
-            models: vec![],
-            upstreams: vec![],
-            requests_per_minute: None,
-            tokens_per_minute: None,
-        }];
+        c.keys = vec![common::key("client", "sk-test-client")];
         c.ui.enabled = true;
     })
     .await;

@@ -1,6 +1,7 @@
 //! `context-proxy --demo` through the real binary, as a new user runs it: it listens, shows a
 //! scripted long session being managed (the headers of every request, some rewritten), says
-//! where to look next, and every command it prints works while it keeps serving.
+//! where to look next (the page too), and every command it prints works while it keeps
+//! serving.
 
 mod common;
 
@@ -28,6 +29,7 @@ async fn the_demo_shows_a_managed_session_and_keeps_serving() {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_context-proxy"))
         .args(["--demo", "--listen", "127.0.0.1:0", "--config"])
         .arg(&config)
+        .env("CONTEXT_PROXY_UI__ENABLED", "true")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -97,6 +99,34 @@ async fn the_demo_shows_a_managed_session_and_keeps_serving() {
         .unwrap();
     assert_eq!(detail["id"], "demo", "{detail}");
     assert!(detail["stored_refs"].as_u64().unwrap() > 0, "{detail}");
+
+    // The page it names shows the session to the key the demo sent.
+    assert!(text.contains(&format!(
+        "http://{addr}/ui/ in a browser, logged in with sk-demo"
+    )));
+    let page = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = page
+        .post(format!("http://{addr}/ui/login"))
+        .header("origin", format!("http://{addr}"))
+        .form(&[("key", "sk-demo")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 303);
+    let cookie = login.headers()["set-cookie"].to_str().unwrap();
+    let list = page
+        .get(format!("http://{addr}/ui/"))
+        .header("cookie", cookie.split(';').next().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(list.contains("s=demo\">demo</a>"), "{list}");
 
     let inspect = format!("context-proxy --config {} inspect demo", config.display());
     assert!(text.contains(&inspect), "{text}");

@@ -5,27 +5,12 @@
 
 mod common;
 
-use common::{assert_openai_error, Harness};
+use common::{assert_openai_error, key, Harness};
 use context_proxy::app::config::Config;
-use context_proxy::auth::{key_tenant, KeyConfig};
+use context_proxy::auth::key_tenant;
 use context_proxy::mock::MockConfig;
 use context_proxy::store::Backend;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
-
-fn key(name: &str, secret: &str) -> KeyConfig {
-    KeyConfig {
-        name: name.into(),
-        sha256: Sha256::digest(secret.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-        models: vec![],
-        upstreams: vec![],
-        requests_per_minute: None,
-        tokens_per_minute: None,
-    }
-}
 
 fn setup(dir: &std::path::Path) -> impl FnOnce(&mut Config) {
     std::env::set_var("CP_INSPECT_TEST_UPSTREAM", "sk-upstream-own");

@@ -242,27 +242,14 @@ async fn metrics_and_the_recorder_see_anthropics_cache_fields() {
         assert_eq!(resp.status(), 200);
         resp.bytes().await.unwrap();
     }
-    let metrics = h
-        .client
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let counter = |name: &str| -> u64 {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(name))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
-            .sum()
-    };
     let received = h.mock.received();
     assert_eq!(received[0].body, received[1].body);
     // The first request wrote the marked prefix, the second read it.
-    assert!(counter("context_proxy_upstream_cache_creation_tokens_total") > 1_000);
-    assert!(counter("context_proxy_upstream_cached_tokens_total") > 1_000);
+    let model = "{model=\"claude-sonnet-4-5\"}";
+    let created = format!("context_proxy_upstream_cache_creation_tokens_total{model}");
+    assert!(h.metric(&created).await > 1_000.0);
+    let read = format!("context_proxy_upstream_cached_tokens_total{model}");
+    assert!(h.metric(&read).await > 1_000.0);
     h.proxy.shutdown().await;
     let recorded = context_proxy::corpus::recording::read(dir.path()).unwrap();
     assert_eq!(recorded.exchanges.len(), 2);

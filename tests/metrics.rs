@@ -4,17 +4,11 @@
 
 mod common;
 
-use common::Harness;
+use common::{sample, Harness};
 use context_proxy::mock::Reply;
 use serde_json::json;
 
 /// The value of the sample line starting with `series ` (name and labels exactly).
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{series} missing in\n{text}"))
-}
-
 #[tokio::test]
 async fn scrape_after_known_traffic() {
     let h = Harness::start().await;
@@ -156,15 +150,7 @@ async fn scrape_after_known_traffic() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     resp.bytes().await.unwrap();
-    let text = h
-        .client
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = h.metrics_text().await;
     for (route, n) in [("responses", 1.0), ("messages", 1.0), ("passthrough", 1.0)] {
         let labels = format!("{{route=\"{route}\",status_class=\"2xx\",upstream=\"default\"}}");
         assert_eq!(

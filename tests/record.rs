@@ -217,41 +217,17 @@ async fn hashed_recordings_hold_no_original_text() {
 /// it forwards), and prices each session with and without the proxy.
 #[tokio::test]
 async fn the_replay_report_finds_each_sessions_calls_behind_the_proxy() {
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: context_proxy_drive::replay::ReplayArgs,
-    }
     let h = Harness::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("traffic.jsonl");
-    let mut lines = String::new();
+    let mut lines = Vec::new();
     for s in ["a", "b"] {
         let mut messages = vec![json!({"role": "user", "content": format!("task {s}")})];
         for k in 0..3 {
-            lines.push_str(
-                &json!({"session": s, "model": "gpt-4o", "messages": messages}).to_string(),
-            );
-            lines.push('\n');
+            lines.push(json!({"session": s, "model": "gpt-4o", "messages": messages}));
             messages.push(json!({"role": "assistant", "content": format!("answer {k}")}));
             messages.push(json!({"role": "user", "content": format!("more {k}")}));
         }
     }
-    std::fs::write(&path, lines).unwrap();
-    let mock = format!("http://{}", h.mock.addr());
-    let cli = <Cli as clap::Parser>::try_parse_from([
-        "replay",
-        path.to_str().unwrap(),
-        "--target",
-        &h.url("/v1"),
-        "--mock",
-        &mock,
-        "--quiet",
-    ])
-    .unwrap();
-    let report = context_proxy_drive::replay::replay(&cli.args)
-        .await
-        .unwrap();
+    let report = common::replay(&h, &lines, &[]).await;
     let with = report.with_proxy.as_ref().unwrap();
     assert_eq!(with.upstream_calls, 6);
     assert_eq!(with.per_session.len(), 2);

@@ -11,7 +11,6 @@
 //! script of the content runs (dialogs and console errors are listened for); that another
 //! key sees nothing of it, not even a row; that erasure removes it; and how fast a 500-turn
 //! session's page first renders.
-//! `UI_SCREENSHOTS=DIR` also saves the README's screenshots there.
 
 mod common;
 
@@ -19,28 +18,13 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{Harness, WAIT};
+use common::{key, Harness, WAIT};
 use context_proxy::app::config::Config;
-use context_proxy::auth::{key_tenant, KeyConfig};
+use context_proxy::auth::key_tenant;
 use context_proxy::mock::{MockConfig, Reply};
 use context_proxy::store::{Backend, ContentRef, SessionId, StoreConfig};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
-fn key(name: &str, secret: &str) -> KeyConfig {
-    KeyConfig {
-        name: name.into(),
-        sha256: Sha256::digest(secret.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-        models: vec![],
-        upstreams: vec![],
-        requests_per_minute: None,
-        tokens_per_minute: None,
-    }
-}
 
 const HOSTILE: &str = "<script>alert('xss')</script> <img src=x onerror=alert(2)> \
      <a href=\"javascript:alert(3)\">click</a> [stored as ctx_aaaaaaaaaaaaaaaaaaaaaaaa]";
@@ -311,7 +295,6 @@ async fn the_page_in_a_real_browser() {
     big_session(&store).await;
     older_mini_session(&store).await;
 
-    let screenshots = std::env::var("UI_SCREENSHOTS").ok();
     let cfg = json!({
         "base": format!("http://{}", h.proxy.addr()),
         "key": "sk-alice",
@@ -333,7 +316,6 @@ async fn the_page_in_a_real_browser() {
         "messages_session": "messages-ui",
         "huge_session": "huge-ui",
         "huge_ref": ContentRef::of(&huge_result()).as_str(),
-        "screenshots": screenshots,
     });
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/ui_browser.py");
     let mut child = tokio::process::Command::new(python)

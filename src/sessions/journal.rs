@@ -53,10 +53,29 @@ pub struct Pending {
     /// The client's request as prefix parts: the writer counts the prefix it shares with the
     /// previous request of its session into the line (`client_shared_tokens`).
     pub client_parts: Option<crate::tokens::Parts>,
-    /// The client's body and the forwarded one (`None`: the client's) to keep
-    /// (`keep_messages`).
+    /// The client's body, to keep (`keep_messages`).
     pub client_body: Option<bytes::Bytes>,
+    /// The body forwarded, when the proxy sent other bytes than the client's (`None`: it sent
+    /// the client's): counted by the writer with `recount`, and kept with the client's.
     pub forwarded_body: Option<bytes::Bytes>,
+    /// How the writer counts `forwarded_body` (given with it).
+    pub recount: Option<Recount>,
+}
+
+/// How the journal writer counts a forwarded body as the upstream bills it, off the request
+/// path: the request's counter, and its wire's count of a body as prefix parts.
+pub struct Recount {
+    pub counter: crate::tokens::Counter,
+    /// The route's (`routes::ui::journal::sent`).
+    pub sent: fn(&crate::tokens::Counter, &[u8]) -> Option<Sent>,
+}
+
+/// A request as sent upstream: its prefix parts and its tokens (`total`, the parts' and
+/// what is in none, the reply priming).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    pub parts: crate::tokens::Parts,
+    pub total: usize,
 }
 
 /// The settings of a [`JournalWriter`] (`[ui]`).
@@ -274,9 +293,9 @@ impl Writer {
             let previous = kept
                 .as_ref()
                 .and_then(|(_, s)| s.as_ref())
-                .filter(|s| !s.previous_parts.is_empty())
-                .map(|s| s.previous_parts.clone());
-            let last_parts = shared_prefixes(&mut lines, previous);
+                .map(Previous::of)
+                .unwrap_or_default();
+            let last = shared_prefixes(&mut lines, previous);
             let (written, end) = match self.append(&tenant, &session, lines).await {
                 Ok(done) => done,
                 Err(count) => {
@@ -290,7 +309,7 @@ impl Writer {
             let summary = Added {
                 lines: &written,
                 end,
-                last_parts,
+                last,
             };
             if let Err(e) = self.summarize(&tenant, &session, &summary, kept).await {
                 tracing::warn!(error = %e, "cannot keep the session's summary for the page");
@@ -382,6 +401,10 @@ impl Writer {
         // Per line: the body index of the client's and of the forwarded messages.
         let mut slots: Vec<(Option<usize>, Option<usize>)> = Vec::with_capacity(lines.len());
         for pending in lines.iter() {
+            if pending.client_body.is_none() {
+                slots.push((None, None));
+                continue;
+            }
             let route = pending.line.route.as_str();
             let mut ids = [None, None];
             let both = [
@@ -507,10 +530,12 @@ impl Writer {
             };
             let mut summary = summary;
             // The next request is counted against these lines' last, when it is the newest.
-            summary.previous_parts = match summary.records == Some(added.end) {
-                true => added.last_parts.clone().unwrap_or_default(),
-                false => Vec::new(),
+            let last = match summary.records == Some(added.end) {
+                true => added.last.clone(),
+                false => Previous::default(),
             };
+            summary.previous_parts = last.client.unwrap_or_default();
+            summary.previous_sent = last.sent.unwrap_or_default();
             let new = serde_json::to_vec(&summary)
                 .map_err(|e| StoreError::Internal(format!("cannot write a summary: {e}")))?;
             if self
@@ -532,8 +557,27 @@ struct Added<'a> {
     lines: &'a [RequestLine],
     /// The journal's records after them: they are its records `end - lines.len()..end`.
     end: usize,
-    /// The prefix parts of the last of them, when known.
-    last_parts: Option<Vec<u64>>,
+    /// The prefix parts of the last of them.
+    last: Previous,
+}
+
+/// The prefix parts of a session's last request, as its client sent it and as the upstream
+/// received it, when known: what the next request's shared prefixes are counted against.
+#[derive(Debug, Clone, Default)]
+struct Previous {
+    client: Option<Vec<u64>>,
+    sent: Option<Vec<u64>>,
+}
+
+impl Previous {
+    /// What a session's summary kept.
+    fn of(summary: &Summary) -> Previous {
+        let known = |parts: &Vec<u64>| (!parts.is_empty()).then(|| parts.clone());
+        Previous {
+            client: known(&summary.previous_parts),
+            sent: known(&summary.previous_sent),
+        }
+    }
 }
 
 /// The key of a session's summary.
@@ -543,18 +587,39 @@ fn summary_key() -> Result<StateKey, StoreError> {
 
 /// Counts into each of `lines` the prefix its client's request shares with the previous one
 /// of the session (the line before it, or `previous`: the parts the summary kept), as the
-/// replay's report counts it; the parts of the last, when known.
-fn shared_prefixes(lines: &mut [Pending], mut previous: Option<Vec<u64>>) -> Option<Vec<u64>> {
+/// replay's report counts it; and the forwarded request as the upstream received it (its
+/// body counted again when the proxy changed it, [`Recount`]), sharing a prefix with the
+/// previous request as forwarded, into the line's bill
+/// ([`crate::pricing::Bill::recount_forwarded`]): the replay's computation of every call,
+/// [`crate::tokens::shared_prefix`] over [`crate::tokens::Parts`]. The parts of the last.
+fn shared_prefixes(lines: &mut [Pending], mut previous: Previous) -> Previous {
     for pending in lines.iter_mut() {
-        let Some(parts) = pending.client_parts.take() else {
-            previous = None;
-            continue;
+        let client = pending.client_parts.take();
+        let sent = match (&pending.forwarded_body, &pending.recount) {
+            (Some(body), Some(recount)) => (recount.sent)(&recount.counter, body),
+            (Some(_), None) => None,
+            // The client's bytes went out: they are what the upstream received.
+            (None, _) => client.as_ref().map(|parts| Sent {
+                parts: parts.clone(),
+                total: pending.line.tokens_before,
+            }),
         };
-        if let Some(previous) = &previous {
-            let shared = crate::tokens::shared_prefix(Some(previous), &parts.ids, &parts.tokens);
+        if let (Some(before), Some(parts)) = (&previous.client, &client) {
+            let shared = crate::tokens::shared_prefix(Some(before), &parts.ids, &parts.tokens);
             pending.line.client_shared_tokens = Some(shared.tokens);
         }
-        previous = Some(parts.ids);
+        previous.client = client.map(|parts| parts.ids);
+        previous.sent = sent.map(|sent| {
+            let parts = sent.parts;
+            let shared =
+                crate::tokens::shared_prefix(previous.sent.as_deref(), &parts.ids, &parts.tokens);
+            let outside = sent.total.saturating_sub(parts.tokens.iter().sum());
+            pending
+                .line
+                .calls
+                .recount_forwarded(sent.total, shared.tokens, outside);
+            parts.ids
+        });
     }
     previous
 }
@@ -663,6 +728,7 @@ mod tests {
             client_parts: None,
             client_body: body.map(|b| bytes::Bytes::from(b.to_string())),
             forwarded_body: None,
+            recount: None,
         }
     }
 
@@ -689,21 +755,32 @@ mod tests {
             .collect()
     }
 
-    /// Lines wait in the writer (here for an hour) until the page asks: then every session's
-    /// lines are in its journal, in the order they were offered, their kept messages stored.
-    #[tokio::test]
-    async fn lines_wait_for_a_flush_and_land_in_order_per_session() {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
+    fn memory() -> Arc<dyn Store> {
+        Arc::new(MemoryStore::new(
             &StoreConfig::default(),
             Arc::new(SystemClock),
-        ));
+        ))
+    }
+
+    /// A writer over `store` whose lines wait an hour (until a flush), at most `batch` at a
+    /// time, and the count of the lines it drops.
+    fn writer(store: &Arc<dyn Store>, batch: usize) -> (Arc<JournalWriter>, Arc<AtomicU64>) {
         let dropped = Arc::new(AtomicU64::new(0));
         let config = WriterConfig {
             queue: 100,
             flush: Duration::from_secs(3600),
-            batch: 1_000,
+            batch,
         };
         let writer = JournalWriter::start(store.clone(), config, dropped.clone(), free());
+        (writer, dropped)
+    }
+
+    /// Lines wait in the writer (here for an hour) until the page asks: then every session's
+    /// lines are in its journal, in the order they were offered, their kept messages stored.
+    #[tokio::test]
+    async fn lines_wait_for_a_flush_and_land_in_order_per_session() {
+        let store = memory();
+        let (writer, dropped) = writer(&store, 1_000);
         let t = Tenant::from_api_key(Some("sk-a"));
         let (a, b) = (SessionId::derive(b"a"), SessionId::derive(b"b"));
         let body = r#"{"model":"m","messages":[{"role":"user","content":"<b>hi</b>"}]}"#;
@@ -740,16 +817,8 @@ mod tests {
     /// by batch. A body sent twice, or forwarded as sent, is read and kept once.
     #[tokio::test]
     async fn the_summary_follows_the_journal_and_a_body_is_kept_once() {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
-            &StoreConfig::default(),
-            Arc::new(SystemClock),
-        ));
-        let config = WriterConfig {
-            queue: 100,
-            flush: Duration::from_secs(3600),
-            batch: 1_000,
-        };
-        let writer = JournalWriter::start(store.clone(), config, Arc::default(), free());
+        let store = memory();
+        let (writer, _) = writer(&store, 1_000);
         let t = Tenant::from_api_key(Some("sk-a"));
         let s = SessionId::derive(b"s");
         let earlier = serde_json::json!({"event": "request", "ts": "2026-01-01T00:00:00.000Z",
@@ -826,16 +895,8 @@ mod tests {
     /// A batch as large as `batch` is written without waiting for the interval.
     #[tokio::test]
     async fn a_full_batch_is_written_without_waiting() {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
-            &StoreConfig::default(),
-            Arc::new(SystemClock),
-        ));
-        let config = WriterConfig {
-            queue: 100,
-            flush: Duration::from_secs(3600),
-            batch: 3,
-        };
-        let writer = JournalWriter::start(store.clone(), config, Arc::default(), free());
+        let store = memory();
+        let (writer, _) = writer(&store, 3);
         let t = Tenant::from_api_key(None);
         let s = SessionId::derive(b"s");
         for i in 0..3 {
@@ -852,13 +913,6 @@ mod tests {
         }
         assert_eq!(ids(&journal), ["r0", "r1", "r2"]);
         writer.stop().await;
-    }
-
-    fn memory() -> Arc<dyn Store> {
-        Arc::new(MemoryStore::new(
-            &StoreConfig::default(),
-            Arc::new(SystemClock),
-        ))
     }
 
     /// Two replicas' writers (one store) each append a line of a new session before either
@@ -897,12 +951,12 @@ mod tests {
         let added_a = Added {
             lines: &lines_a,
             end: end_a,
-            last_parts: None,
+            last: Previous::default(),
         };
         let added_b = Added {
             lines: &lines_b,
             end: end_b,
-            last_parts: None,
+            last: Previous::default(),
         };
         b.summarize(&t, &s, &added_b, kept_b).await.unwrap();
         a.summarize(&t, &s, &added_a, kept_a).await.unwrap();
@@ -920,7 +974,7 @@ mod tests {
         let added = Added {
             lines: &lines,
             end,
-            last_parts: None,
+            last: Previous::default(),
         };
         a.summarize(&t, &s, &added, kept_a).await.unwrap();
         let kept = summary(store.as_ref(), &t, &s, free().as_ref())
@@ -936,16 +990,7 @@ mod tests {
     #[tokio::test]
     async fn a_line_of_another_writer_before_these_is_read_from_the_journal() {
         let store = memory();
-        let writer = JournalWriter::start(
-            store.clone(),
-            WriterConfig {
-                queue: 100,
-                flush: Duration::from_secs(3600),
-                batch: 1_000,
-            },
-            Arc::default(),
-            free(),
-        );
+        let (writer, _) = writer(&store, 1_000);
         let t = Tenant::from_api_key(Some("sk-a"));
         let s = SessionId::derive(b"s");
         writer.offer(pending(&t, &s, "r1", None));
@@ -971,16 +1016,7 @@ mod tests {
     #[tokio::test]
     async fn lines_of_before_an_erasure_do_not_bring_the_session_back() {
         let store = memory();
-        let writer = JournalWriter::start(
-            store.clone(),
-            WriterConfig {
-                queue: 100,
-                flush: Duration::from_secs(3600),
-                batch: 1_000,
-            },
-            Arc::default(),
-            free(),
-        );
+        let (writer, _) = writer(&store, 1_000);
         let t = Tenant::from_api_key(Some("sk-a"));
         let s = SessionId::derive(b"s");
         let mut old = pending(&t, &s, "old", None);
@@ -1010,16 +1046,7 @@ mod tests {
     #[tokio::test]
     async fn each_line_counts_the_prefix_shared_with_the_previous_request() {
         let store = memory();
-        let writer = JournalWriter::start(
-            store.clone(),
-            WriterConfig {
-                queue: 100,
-                flush: Duration::from_secs(3600),
-                batch: 1_000,
-            },
-            Arc::default(),
-            free(),
-        );
+        let (writer, _) = writer(&store, 1_000);
         let t = Tenant::from_api_key(Some("sk-a"));
         let s = SessionId::derive(b"s");
         let turn = |id: &str, ids: Vec<u64>, tokens: Vec<usize>| {
@@ -1042,6 +1069,91 @@ mod tests {
             .map(|r| RequestLine::of(r).unwrap().client_shared_tokens)
             .collect();
         assert_eq!(shared, [None, Some(110), Some(110)]);
+        writer.stop().await;
+    }
+
+    /// The writer counts what the upstream received into each line's bill, with the replay's
+    /// computation: a body the proxy changed is counted again (here by a route counting
+    /// `r2` and `r3` by hand), one it sent as it came is the client's; each shares with the
+    /// previous request as forwarded (across batches: the summary keeps its parts), and a
+    /// round of the proxy's tools moves with the forwarded call, sharing it but its priming.
+    #[tokio::test]
+    async fn the_forwarded_request_is_counted_as_the_upstream_received_it() {
+        use crate::pricing::{Call, CallKind};
+        use crate::tokens::{CountSettings, Counter, Encoding, Parts};
+        let store = memory();
+        let (writer, _) = writer(&store, 1_000);
+        let t = Tenant::from_api_key(Some("sk-a"));
+        let s = SessionId::derive(b"s");
+        let by_hand = |_: &Counter, body: &[u8]| -> Option<Sent> {
+            let (ids, tokens) = match body {
+                b"r2" => (vec![1, 90, 11, 12], vec![5, 40, 20, 30]),
+                b"r3" => (vec![1, 90, 11, 12, 13], vec![5, 40, 20, 30, 7]),
+                _ => return None,
+            };
+            let total = tokens.iter().sum::<usize>() + 3;
+            Some(Sent {
+                parts: Parts { ids, tokens },
+                total,
+            })
+        };
+        let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+        let turn = |id: &str, ids: Vec<u64>, tokens: Vec<usize>, calls: Vec<Call>| {
+            let mut p = pending(&t, &s, id, None);
+            p.line.tokens_before = tokens.iter().sum::<usize>() + 3;
+            p.client_parts = Some(Parts { ids, tokens });
+            p.line.calls.calls = calls;
+            if id != "r1" {
+                p.forwarded_body = Some(bytes::Bytes::from(id.to_string()));
+                p.recount = Some(Recount {
+                    counter: counter.clone(),
+                    sent: by_hand,
+                });
+            }
+            p
+        };
+        let forwarded = |tokens, shared| Call::conversation(CallKind::Forwarded, tokens, shared);
+        writer.offer(turn(
+            "r1",
+            vec![1, 10],
+            vec![5, 100],
+            vec![forwarded(999, 0)],
+        ));
+        let reload = Call::conversation(CallKind::Reload, 145, 95).with_output(9);
+        writer.offer(turn(
+            "r2",
+            vec![1, 10, 11, 12],
+            vec![5, 100, 20, 30],
+            vec![forwarded(95, 60), reload],
+        ));
+        writer.flush().await;
+        writer.offer(turn(
+            "r3",
+            vec![1, 10, 11, 12, 13],
+            vec![5, 100, 20, 30, 7],
+            vec![forwarded(100, 90)],
+        ));
+        writer.flush().await;
+        let lines: Vec<RequestLine> = store
+            .read_log(&t, &s)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| RequestLine::of(r).unwrap())
+            .collect();
+        let bills: Vec<Vec<(usize, usize)>> = lines
+            .iter()
+            .map(|l| l.calls.calls.iter().map(|c| (c.tokens, c.shared)).collect())
+            .collect();
+        // r1 went as it came: 108 tokens, nothing before it. r2: 98 sent, sharing the head
+        // (5) with r1 as sent; its round 3 more, sharing r2's parts (95). r3: 105 sent,
+        // sharing r2's parts as sent (95), read back from the summary.
+        assert_eq!(
+            bills,
+            [vec![(108, 0)], vec![(98, 5), (148, 95)], vec![(105, 95)]]
+        );
+        let client: Vec<Option<usize>> = lines.iter().map(|l| l.client_shared_tokens).collect();
+        assert_eq!(client, [None, Some(105), Some(155)]);
         writer.stop().await;
     }
 }

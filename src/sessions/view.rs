@@ -9,7 +9,9 @@
 //! leading messages left as they were, counted by [`crate::tokens::shared_prefix`], the one
 //! computation the replay's report uses too; in a line without it, the previous request's
 //! whole count). With the proxy every call the request made is on it (the line's
-//! `calls`, [`crate::pricing::Bill`]): the forwarded request, each round of the proxy's tools
+//! `calls`, [`crate::pricing::Bill`], the forwarded request's figures counted again by the
+//! journal writer from the body the upstream received, with the same computation, so the page
+//! and the replay's report agree call by call): the forwarded request, each round of the proxy's tools
 //! (the conversation again, mostly cached), a retry after "context too long" and the
 //! summarizer's calls the request waited for, at the summarizer model's prices. In dollars with the model's list prices ([`ModelPrice::dollars`], the
 //! replay's conversion too): the input so priced, plus the output the upstream reported
@@ -43,6 +45,9 @@ pub struct Turn {
     /// Its position among the session's requests, from 1.
     pub number: usize,
     pub line: RequestLine,
+    /// Tokens the upstream received for it (the forwarded request, as the writer counted
+    /// it; in a line written before, the proxy's `tokens_after`).
+    pub tokens_with: usize,
     /// Input cost with the proxy and without it, in full-price input tokens.
     pub cost_with: f64,
     pub cost_without: f64,
@@ -101,6 +106,10 @@ pub struct Summary {
     /// journal writer knew them: what the next request's shared prefix is counted against.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub previous_parts: Vec<u64>,
+    /// The same of the last request as the upstream received it: what the next forwarded
+    /// request's shared prefix is counted against.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub previous_sent: Vec<u64>,
     /// How many journal records are summed (the next record's index): a writer adds only the
     /// lines past it, so a line is never counted twice. `None` in a summary written before,
     /// which is then read again from the journal.
@@ -123,6 +132,7 @@ impl Summary {
         Some(Turn {
             index,
             number: self.totals.turns,
+            tokens_with: line.calls.forwarded_tokens().unwrap_or(line.tokens_after),
             line,
             cost_with,
             cost_without,

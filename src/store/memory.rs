@@ -289,27 +289,13 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    async fn append_log(
-        &self,
-        tenant: &Tenant,
-        session: &SessionId,
-        record: &serde_json::Value,
-    ) -> Result<(), StoreError> {
-        self.append_logs(tenant, session, vec![LogLine::of(record)?], None)
-            .await
-            .map(drop)
-    }
-
-    async fn append_logs(
+    async fn append_lines(
         &self,
         tenant: &Tenant,
         session: &SessionId,
         lines: Vec<LogLine>,
         since: Option<SystemTime>,
     ) -> Result<Appended, StoreError> {
-        if lines.is_empty() {
-            return Ok(Appended::Records(0));
-        }
         let key = log_key(tenant, session);
         let max_bytes = self.shared.max_bytes;
         let now = self.shared.clock.now();

@@ -288,7 +288,11 @@ pub trait Store: Send + Sync + 'static {
         tenant: &Tenant,
         session: &SessionId,
         record: &serde_json::Value,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        self.append_logs(tenant, session, vec![LogLine::of(record)?], None)
+            .await
+            .map(drop)
+    }
 
     /// Appends `lines` (records serialized by the caller, [`LogLine`]), in order, to the
     /// session's journal: what [`Store::append_log`] does for each record, in one write (the
@@ -296,8 +300,23 @@ pub trait Store: Send + Sync + 'static {
     /// With `since` (when the oldest line was written), nothing is appended when the session
     /// was erased since then ([`Appended::Erased`]): a line of before an erasure never brings
     /// the session back, whichever replica queued it. Checked and appended in one step. An
-    /// empty `lines` does nothing (`Records(0)`).
+    /// empty `lines` does nothing (`Records(0)`); the backend's [`Store::append_lines`] does
+    /// the rest.
     async fn append_logs(
+        &self,
+        tenant: &Tenant,
+        session: &SessionId,
+        lines: Vec<LogLine>,
+        since: Option<SystemTime>,
+    ) -> Result<Appended, StoreError> {
+        if lines.is_empty() {
+            return Ok(Appended::Records(0));
+        }
+        self.append_lines(tenant, session, lines, since).await
+    }
+
+    /// [`Store::append_logs`] of at least one line: what each backend implements.
+    async fn append_lines(
         &self,
         tenant: &Tenant,
         session: &SessionId,
@@ -524,24 +543,14 @@ impl Store for Timed {
         bounded("contains_content", self.timeout, fut).await
     }
 
-    async fn append_log(
-        &self,
-        tenant: &Tenant,
-        session: &SessionId,
-        record: &serde_json::Value,
-    ) -> Result<(), StoreError> {
-        let fut = self.inner.append_log(tenant, session, record);
-        bounded("append_log", self.timeout, fut).await
-    }
-
-    async fn append_logs(
+    async fn append_lines(
         &self,
         tenant: &Tenant,
         session: &SessionId,
         lines: Vec<LogLine>,
         since: Option<SystemTime>,
     ) -> Result<Appended, StoreError> {
-        let fut = self.inner.append_logs(tenant, session, lines, since);
+        let fut = self.inner.append_lines(tenant, session, lines, since);
         bounded("append_logs", self.timeout, fut).await
     }
 
@@ -695,15 +704,7 @@ mod tests {
         ) -> Result<Vec<bool>, StoreError> {
             std::future::pending().await
         }
-        async fn append_log(
-            &self,
-            _: &Tenant,
-            _: &SessionId,
-            _: &serde_json::Value,
-        ) -> Result<(), StoreError> {
-            std::future::pending().await
-        }
-        async fn append_logs(
+        async fn append_lines(
             &self,
             _: &Tenant,
             _: &SessionId,

@@ -59,25 +59,24 @@ impl Harness {
         format!("http://{}{}", self.proxy.addr(), path)
     }
 
-    /// POSTs `body` (sent as-is) to the proxy's chat-completions route.
-    /// The value of one series of the proxy's `/metrics`, named whole with its labels as the
-    /// exposition writes them (`context_proxy_calls_total{kind="reload"}`); 0 when absent.
-    pub async fn metric(&self, series: &str) -> f64 {
-        let text = self
-            .client
+    /// The proxy's `/metrics`, as scraped.
+    pub async fn metrics_text(&self) -> String {
+        self.client
             .get(self.url("/metrics"))
             .send()
             .await
             .unwrap()
             .text()
             .await
-            .unwrap();
-        let line = format!("{series} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&line))
-            .map_or(0.0, |v| v.trim().parse().unwrap())
+            .unwrap()
     }
 
+    /// The value of one series of the proxy's `/metrics` (see [`series`]); 0 when absent.
+    pub async fn metric(&self, name: &str) -> f64 {
+        series(&self.metrics_text().await, name).unwrap_or(0.0)
+    }
+
+    /// POSTs `body` (sent as-is) to the proxy's chat-completions route.
     pub async fn chat_raw(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
         self.client
             .post(self.url("/v1/chat/completions"))
@@ -95,6 +94,68 @@ impl Harness {
 }
 
 /// Asserts `body` is an OpenAI error with all four keys and returns its `error` object.
+/// The value of one series in a `/metrics` text, named whole with its labels as the
+/// exposition writes them (`context_proxy_calls_total{kind="reload"}`); `None` when absent.
+pub fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+/// [`series`], which must be there.
+pub fn sample(text: &str, name: &str) -> f64 {
+    series(text, name).unwrap_or_else(|| panic!("{name} missing in\n{text}"))
+}
+
+/// A proxy key named `name` whose secret is `secret`, without limits.
+pub fn key(name: &str, secret: &str) -> context_proxy::auth::KeyConfig {
+    use sha2::{Digest, Sha256};
+    context_proxy::auth::KeyConfig {
+        name: name.into(),
+        sha256: Sha256::digest(secret.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        models: vec![],
+        upstreams: vec![],
+        requests_per_minute: None,
+        tokens_per_minute: None,
+    }
+}
+
+/// Replays `lines` (one request body each) through the harness's proxy, in front of its mock,
+/// as `context-proxy replay` does, with `args` after the traffic, target and mock.
+pub async fn replay(
+    h: &Harness,
+    lines: &[serde_json::Value],
+    args: &[&str],
+) -> context_proxy_drive::replay::report::Report {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: context_proxy_drive::replay::ReplayArgs,
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("traffic.jsonl");
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    let (target, mock) = (h.url("/v1"), format!("http://{}", h.mock.addr()));
+    let mut argv = vec![
+        "replay",
+        path.to_str().unwrap(),
+        "--target",
+        &target,
+        "--mock",
+        &mock,
+        "--quiet",
+    ];
+    argv.extend_from_slice(args);
+    let cli = <Cli as clap::Parser>::try_parse_from(argv).unwrap();
+    context_proxy_drive::replay::replay(&cli.args)
+        .await
+        .unwrap()
+}
+
 pub fn assert_openai_error(body: &[u8]) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|e| {
         panic!(
@@ -112,6 +173,25 @@ pub fn assert_openai_error(body: &[u8]) -> serde_json::Value {
     let message = err["message"].as_str().unwrap_or_default();
     assert!(message.len() > 10, "message too short to act on: {v}");
     err
+}
+
+/// The mock's `count_tokens` of the Messages request `body` (asked directly, not through the
+/// proxy; `max_tokens` left out, as the endpoint wants, and the binding beta sent, which a
+/// body with `thinking.block_binding` needs): the upstream's own count of what it got.
+pub async fn messages_upstream_count(mock: &MockUpstream, body: &serde_json::Value) -> u64 {
+    let mut counted = body.clone();
+    counted.as_object_mut().unwrap().remove("max_tokens");
+    let resp = reqwest::Client::new()
+        .post(format!("{}/messages/count_tokens", mock.base_url()))
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", context_proxy::mock::rules::BINDING_BETA)
+        .json(&counted)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    v["input_tokens"].as_u64().unwrap()
 }
 
 /// The input tokens the mock bills for the Responses request `body` (asked directly, not

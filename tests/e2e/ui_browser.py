@@ -7,7 +7,6 @@ while a session page is open ("NEED live" -> the test sends it and answers "sent
 """
 
 import json
-import os
 import sys
 
 from playwright.sync_api import sync_playwright
@@ -75,7 +74,6 @@ def login(page, base, key):
 def main():
     cfg = json.loads(sys.argv[1])
     base = cfg["base"]
-    shots = cfg.get("screenshots")
     result = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
@@ -94,12 +92,6 @@ def main():
         # Costs in dollars, with and without the proxy, as the replay's report prices them.
         assert row.locator("td.cost-without").inner_text() == cfg["cost_without"], row.inner_text()
         assert row.locator("td.cost-with").inner_text() == cfg["cost_with"], row.inner_text()
-        if shots:
-            bottom = page.evaluate("() => document.querySelector('main').getBoundingClientRect().bottom")
-            page.screenshot(
-                path=os.path.join(shots, "ui-sessions.png"),
-                clip={"x": 0, "y": 0, "width": 1400, "height": min(900, bottom + 16)},
-            )
 
         # The filters: by model, then by time (the older session is of another model, last
         # active three hours ago; the 500-turn one hours ago too).
@@ -162,8 +154,6 @@ def main():
         hidden = last_row.locator("td.proxy").inner_text()
         assert "context_read" in hidden and cfg["reload_text"] in hidden, hidden
         assert "context_read" not in last_row.locator("td.client").inner_text()
-        if shots:
-            page.screenshot(path=os.path.join(shots, "ui-request.png"), full_page=False)
         link = mark.locator("a.ref").first
         assert link.inner_text() == cfg["ref"], link.inner_text()
         link.click()
@@ -293,10 +283,6 @@ def main():
             assert page.locator("#turn-400").count() == 1 and page.locator("#turn-500").count() == 0
             assert page.locator("tr.turn").count() == 100
             page.goto(base + "/ui/session?s=" + cfg["big_session"])
-            if shots:
-                page.locator("#turn-500 td.reloads").scroll_into_view_if_needed()
-                page.evaluate("() => window.scrollTo(0, 0)")
-                page.screenshot(path=os.path.join(shots, "ui-session.png"))
             result["big_response_end_ms"] = nav
 
         # Erasure from the page removes the session.

@@ -195,6 +195,11 @@ pub fn outro(turns: &[Turn], proxy: SocketAddr, inspect: Option<&str>) -> String
     }
     let _ = writeln!(
         out,
+        "  or open http://{proxy}/ui/ in a browser, logged in with {API_KEY} (the page is on with \
+         CONTEXT_PROXY_UI__ENABLED=true or [ui] enabled = true)"
+    );
+    let _ = writeln!(
+        out,
         "\nThe proxy keeps serving. Send your own requests (any API key works against the demo):"
     );
     let _ = writeln!(

@@ -195,6 +195,48 @@ impl Bill {
             .map(|c| c.tokens)
     }
 
+    /// The forwarded request counted again from the bytes the upstream received (the page's
+    /// journal writer does, off the request path, as the replay's report counts every call):
+    /// it sent `tokens`, `shared` of them its previous call's prefix parts
+    /// (`tokens::shared_prefix`), and `outside` of them are in no part (the reply priming:
+    /// what ends a request, never a prefix). The rounds of the proxy's tools after it move by
+    /// the same difference, each sharing all of the previous call's parts (its tokens less
+    /// `outside`) unless it shared nothing (the tools withdrawn). A bill whose request was
+    /// retried, or that does not start with the forwarded request, is left as it is.
+    pub fn recount_forwarded(&mut self, tokens: usize, shared: usize, outside: usize) {
+        let mut calls = self
+            .calls
+            .iter_mut()
+            .filter(|c| c.kind != CallKind::Summarizer);
+        let Some(first) = calls.next() else { return };
+        if first.kind != CallKind::Forwarded {
+            return;
+        }
+        let rest: Vec<&mut Call> = calls.collect();
+        if rest.iter().any(|c| c.kind != CallKind::Reload) {
+            return;
+        }
+        let moved = tokens as i64 - first.tokens as i64;
+        first.tokens = tokens;
+        first.shared = shared.min(tokens);
+        let mut previous = tokens;
+        for call in rest {
+            call.tokens = (call.tokens as i64 + moved).max(0) as usize;
+            if call.shared > 0 {
+                call.shared = previous.saturating_sub(outside).min(call.tokens);
+            }
+            previous = call.tokens;
+        }
+    }
+
+    /// The tokens the forwarded request sent (its first call), when it is on the bill.
+    pub fn forwarded_tokens(&self) -> Option<usize> {
+        self.calls
+            .iter()
+            .find(|c| c.kind == CallKind::Forwarded)
+            .map(|c| c.tokens)
+    }
+
     /// The whole bill, in full-price input tokens of `unit_model` ([`Call::cost`]).
     pub fn cost(&self, cache: &CachePricing, unit_model: &str) -> f64 {
         self.calls.iter().map(|c| c.cost(cache, unit_model)).sum()
@@ -309,6 +351,34 @@ mod tests {
             r#"[{"kind":"forwarded","tokens":1200,"refused":true},{"kind":"retry","tokens":900},{"kind":"summarizer","tokens":100,"output":20,"model":"summarizer-1"}]"#
         );
         assert_eq!(serde_json::from_str::<Bill>(&text).unwrap(), bill);
+    }
+
+    /// Counted again from what the upstream received, the forwarded call takes the new
+    /// figures and its rounds move with it, each sharing the call before it but its priming;
+    /// a round after the tools were withdrawn still shares nothing; a retried request is left.
+    #[test]
+    fn the_forwarded_call_counted_again_moves_its_rounds() {
+        let mut bill = Bill::default();
+        bill.push(Call::summarizer("gpt-4o-mini", 4_000, 300));
+        bill.push(Call::conversation(CallKind::Forwarded, 2_000, 1_500));
+        bill.push(Call::conversation(CallKind::Reload, 2_300, 2_000).with_output(40));
+        bill.push(Call::conversation(CallKind::Reload, 2_500, 0));
+        bill.recount_forwarded(2_010, 1_497, 3);
+        let figures: Vec<(usize, usize)> =
+            bill.calls.iter().map(|c| (c.tokens, c.shared)).collect();
+        assert_eq!(
+            figures,
+            [(4_000, 0), (2_010, 1_497), (2_310, 2_007), (2_510, 0)]
+        );
+        assert_eq!(bill.calls[2].output, 40);
+        assert_eq!(bill.forwarded_tokens(), Some(2_010));
+        let mut retried = Bill::default();
+        retried.push(Call::conversation(CallKind::Forwarded, 9_000, 6_000));
+        retried.refuse_last();
+        retried.push(Call::conversation(CallKind::Retry, 5_000, 2_000));
+        let before = retried.clone();
+        retried.recount_forwarded(9_100, 6_100, 3);
+        assert_eq!(retried, before);
     }
 
     /// A model the table does not know is priced as the request's model; an unknown request

@@ -254,9 +254,23 @@ fn journal_line(
         bodies: None,
         calls: bill,
     };
-    // The bodies as they are (shared, not copied): the writer reads them, and finds the
-    // forwarded one equal to the client's when nothing changed.
+    // The bodies as they are (shared, not copied): the writer reads them. The forwarded one
+    // only when the proxy sent other bytes (the same buffer when it sent the client's): the
+    // writer counts it, as the upstream bills it, for the line's bill.
     let keep = ui.config.keep_messages && ctx.request.raw.len() <= ui.config.max_kept_bytes;
+    let raw = &ctx.request.raw;
+    let forwarded_body = ctx
+        .outgoing
+        .as_ref()
+        .map(|o| &o.body)
+        .filter(|body| body.as_ptr() != raw.as_ptr() || body.len() != raw.len())
+        .cloned();
+    let recount = forwarded_body.as_ref().map(|_| journal::Recount {
+        counter: state
+            .context
+            .counter_for(ctx.model.as_deref().unwrap_or(""), ctx.upstream.encoding),
+        sent: journal::sent(ctx.format.wire),
+    });
     let pending = journal::Pending {
         tenant: identity.tenant.clone(),
         session: identity.session.clone(),
@@ -264,12 +278,9 @@ fn journal_line(
         line,
         at,
         client_parts: ctx.client_parts.clone(),
-        client_body: keep.then(|| ctx.request.raw.clone()),
-        forwarded_body: ctx
-            .outgoing
-            .as_ref()
-            .filter(|_| keep)
-            .map(|o| o.body.clone()),
+        client_body: keep.then(|| raw.clone()),
+        forwarded_body,
+        recount,
     };
     ui.journal.offer(pending);
 }

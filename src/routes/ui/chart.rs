@@ -22,7 +22,7 @@ pub fn session_chart(turns: &[Turn]) -> Markup {
             .iter()
             .map(|t| {
                 if with {
-                    t.line.tokens_after as f64
+                    t.tokens_with as f64
                 } else {
                     t.line.tokens_before as f64
                 }

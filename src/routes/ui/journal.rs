@@ -3,6 +3,7 @@
 //! re-exported here.
 
 use crate::context::adapter::{scan, Wire};
+use crate::tokens::{Counter, Parts};
 
 pub use crate::sessions::journal::*;
 
@@ -59,6 +60,28 @@ pub fn conversation(wire: Wire) -> fn(&[u8]) -> Option<String> {
         Wire::Responses => |body| messages_of(body, Wire::Responses),
         Wire::Messages => |body| messages_of(body, Wire::Messages),
     }
+}
+
+/// The count of `wire`'s bodies as the upstream bills them, for [`Recount::sent`]: by the
+/// route's own count (the one the plan made of the client's request), as prefix parts
+/// ([`crate::tokens::Parts::of`]).
+pub fn sent(wire: Wire) -> fn(&Counter, &[u8]) -> Option<Sent> {
+    match wire {
+        Wire::Chat => |counter, body| sent_of(counter, body, Wire::Chat),
+        Wire::Responses => |counter, body| sent_of(counter, body, Wire::Responses),
+        Wire::Messages => |counter, body| sent_of(counter, body, Wire::Messages),
+    }
+}
+
+fn sent_of(counter: &Counter, body: &[u8], wire: Wire) -> Option<Sent> {
+    let body: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let count = wire.adapter().count(counter, &body);
+    let model = body.get("model").and_then(serde_json::Value::as_str);
+    let parts = Parts::of(&count, model.unwrap_or(""), wire == Wire::Responses);
+    Some(Sent {
+        parts,
+        total: count.total,
+    })
 }
 
 #[cfg(test)]

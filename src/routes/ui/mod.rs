@@ -352,13 +352,7 @@ impl PageCtx<'_> {
             tenant: tenant_label.as_deref(),
             totals: reader.totals(),
             turns: &reader.turns,
-            page: page
-                .records
-                .iter()
-                .enumerate()
-                .map(|(n, r)| (page.first_index + n, r))
-                .rev()
-                .collect(),
+            page: newest_first(&page.records, page.first_index),
             journal_total: total.max(page.total),
             older,
             live: before.is_none(),
@@ -837,9 +831,46 @@ fn redirect(to: &'static str, cookie: Option<String>) -> Response<ProxyBody> {
     resp
 }
 
+/// The records of a journal page (the first at index `first_index`), newest first, by when
+/// each was written: a request's line is appended by the journal writer in batches, after
+/// the decision and `stored` lines the next requests appended at once, and would show below
+/// them. Records of the same time, or of a journal without times, stay in the journal's order.
+fn newest_first(records: &[Value], first_index: usize) -> Vec<(usize, &Value)> {
+    let mut page: Vec<(usize, &Value)> = records
+        .iter()
+        .enumerate()
+        .map(|(n, r)| (first_index + n, r))
+        .rev()
+        .collect();
+    fn ts(r: &Value) -> Option<&str> {
+        r.get("ts").and_then(Value::as_str)
+    }
+    if page.iter().all(|(_, r)| ts(r).is_some()) {
+        page.sort_by(|(_, a), (_, b)| ts(b).cmp(&ts(a)));
+    }
+    page
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request's line, written by the journal writer after the next request's decision,
+    /// shows above that decision; a journal without times keeps its order.
+    #[test]
+    fn the_timeline_is_newest_first_by_time() {
+        let at = |event: &str, ts: &str| serde_json::json!({"event": event, "ts": ts});
+        let records = [
+            at("request", "2026-11-26T10:00:01.000Z"),
+            at("decision", "2026-11-26T10:00:03.000Z"),
+            at("request", "2026-11-26T10:00:02.000Z"),
+            at("request", "2026-11-26T10:00:04.000Z"),
+        ];
+        let order = |page: Vec<(usize, &Value)>| page.iter().map(|(i, _)| *i).collect::<Vec<_>>();
+        assert_eq!(order(newest_first(&records, 10)), [13, 11, 12, 10]);
+        let untimed = [serde_json::json!({"event": "stored"}), at("request", "t")];
+        assert_eq!(order(newest_first(&untimed, 0)), [1, 0]);
+    }
     use serde_json::json;
 
     #[test]

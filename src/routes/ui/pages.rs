@@ -189,7 +189,7 @@ pub fn session_list(
                     tbody {
                         @for r in rows {
                             tr.session {
-                                td { a href=(format!("/ui/session?{}", r.query)) { (r.session) } }
+                                td.nowrap { a href=(format!("/ui/session?{}", r.query)) { (r.session) } }
                                 @if viewer.admin { td { (r.tenant.as_deref().unwrap_or("")) } }
                                 td { (r.totals.model.as_deref().unwrap_or("–")) }
                                 td.num.turns { (r.totals.turns) }
@@ -201,7 +201,7 @@ pub fn session_list(
                                 td.num.cost-with { (cost(r.totals.cost_with, r.totals.dollars, true)) }
                                 td.num.reloads { (r.totals.reload_rounds) }
                                 td.num { (r.totals.summaries) }
-                                td { (r.totals.last_at.as_deref().map_or("–".into(), when)) }
+                                td.when { (r.totals.last_at.as_deref().map_or("–".into(), when)) }
                             }
                         }
                     }
@@ -302,7 +302,7 @@ fn timeline(s: &SessionView) -> Markup {
                         (turn_row(s.query, turn))
                     } @else {
                         tr.event {
-                            td {} td { (when(record.get("ts").and_then(Value::as_str).unwrap_or(""))) }
+                            td {} td.when { (when(record.get("ts").and_then(Value::as_str).unwrap_or(""))) }
                             td colspan="8" { (event_text(record)) }
                         }
                     }
@@ -358,7 +358,7 @@ fn turn_row(query: &str, turn: &Turn) -> Markup {
                     }
                 } @else { "–" }
             }
-            td { a href=(format!("/ui/request?{query}&i={}", turn.index)) { "side by side" } }
+            td.nowrap { a href=(format!("/ui/request?{query}&i={}", turn.index)) { "side by side" } }
         }
     }
 }

@@ -11,9 +11,9 @@ use super::{ERASED_DIR, LOG_FILE};
 use crate::store::{refuses, Appended, LogPage, SessionId, StoreError, Tenant};
 
 impl Tree {
-    /// Appends `lines` (one record or the lines of a batch, without their last newline) to
-    /// the session's journal, unless the session was erased since `since` (its tombstone);
-    /// the records the journal then holds. The count is kept per journal (its length and
+    /// Appends `lines` (`count` records, one per line: one record or the lines of a batch,
+    /// without their last newline) to the session's journal, unless the session was erased
+    /// since `since` (its tombstone); the records the journal then holds. The count is kept per journal (its length and
     /// records after the last append), so a journal is read whole only when its file changed
     /// otherwise (a first append since start-up, an erasure, a sweep).
     pub(super) fn append_log(
@@ -21,6 +21,7 @@ impl Tree {
         tenant: &Tenant,
         session: &SessionId,
         lines: &[u8],
+        count: usize,
         since: Option<SystemTime>,
     ) -> Result<Appended, StoreError> {
         if let Some(at) = refuses(self.tombstone(tenant, session), since) {
@@ -73,7 +74,7 @@ impl Tree {
                     sync_dir(&session_dir)?;
                 }
             }
-            let records = before + records_in(lines);
+            let records = before + count;
             self.journal_counts
                 .insert(path.clone(), (len + buf.len() as u64, records));
             Ok(records)

@@ -292,29 +292,15 @@ impl Store for RedisStore {
             .map_err(failed("contains_content"))
     }
 
-    async fn append_log(
-        &self,
-        tenant: &Tenant,
-        session: &SessionId,
-        record: &serde_json::Value,
-    ) -> Result<(), StoreError> {
-        self.append_logs(tenant, session, vec![LogLine::of(record)?], None)
-            .await
-            .map(drop)
-    }
-
     /// One script: the tombstone checked, every line pushed with one `RPUSH`, the journal's
     /// expiry refreshed.
-    async fn append_logs(
+    async fn append_lines(
         &self,
         tenant: &Tenant,
         session: &SessionId,
         lines: Vec<LogLine>,
         since: Option<SystemTime>,
     ) -> Result<Appended, StoreError> {
-        if lines.is_empty() {
-            return Ok(Appended::Records(0));
-        }
         let mut conn = self.conn().await?;
         let script = Script::new(APPEND_SCRIPT);
         let mut invocation = script.prepare_invoke();
