@@ -15,10 +15,12 @@
 
 mod common;
 
-use common::redis::TestRedis;
+use common::redis::{RedisServer, TestRedis};
 use context_proxy::app::config::Config;
 use context_proxy::app::serve::RunningServer;
 use context_proxy::context::adapter::messages::bound_hashes;
+use context_proxy::context::adapter::messages_bound;
+use context_proxy::context::settings::WindowEntry;
 use context_proxy::mock::{rules, MockConfig, MockUpstream, Reply};
 use context_proxy::store::{Backend, StoreConfig};
 use serde_json::{json, Value};
@@ -41,16 +43,36 @@ fn edit_config(config: &mut Config, budget: usize) {
 }
 
 async fn proxy(mock: &MockUpstream, store: StoreConfig, budget: usize) -> RunningServer {
+    proxy_with(mock, store, |c| edit_config(c, budget)).await
+}
+
+async fn proxy_with(
+    mock: &MockUpstream,
+    store: StoreConfig,
+    edit: impl FnOnce(&mut Config),
+) -> RunningServer {
     let mut config = common::config_for(&mock.base_url());
     config.store = store;
-    // A store call that times out fails open: the client's bytes go, which a binding
-    // conversation's signatures refuse (see the report of issue 22). The loaded test machine
-    // has seen the fs store take over the default 2 s.
+    // A store call that times out holds the request's changes back (or refuses it): the
+    // loaded test machine has seen the fs store take over the default 2 s.
     config.store.op_timeout_ms = 10_000;
-    edit_config(&mut config, budget);
+    edit(&mut config);
     RunningServer::start(config.validate().unwrap())
         .await
         .unwrap()
+}
+
+/// A private Redis (one a test may stop or restrict), and a store config on it.
+async fn private_redis() -> (RedisServer, StoreConfig) {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let store = StoreConfig {
+        backend: Backend::Redis,
+        redis_url: server.url(),
+        ..StoreConfig::default()
+    };
+    (server, store)
 }
 
 /// What one request of a session got.
@@ -90,10 +112,9 @@ impl Session {
         }
     }
 
-    /// Sends the session's request to `addr`; the answer goes back into the conversation (a
-    /// call's result follows it; a final answer is followed by `next_prompt`).
-    async fn send(&mut self, addr: std::net::SocketAddr, t: usize, next_prompt: &str) -> Turn {
-        let sent_bytes = self.body.to_string().len();
+    /// Posts the session's request to `addr` as it stands: the status, `x-context-actions`
+    /// and the answer's JSON.
+    async fn post(&self, addr: std::net::SocketAddr) -> (u16, String, Value) {
         let resp = reqwest::Client::new()
             .post(format!("http://{addr}/v1/messages?beta=true"))
             .header("x-api-key", "sk-ant-test")
@@ -105,14 +126,30 @@ impl Session {
             .await
             .unwrap();
         let status = resp.status().as_u16();
-        let header = |name: &str| {
-            resp.headers()
-                .get(name)
-                .map(|v| v.to_str().unwrap().to_string())
-                .unwrap_or_default()
-        };
-        let actions = header("x-context-actions");
-        let answer: Value = resp.json().await.unwrap();
+        let actions = resp
+            .headers()
+            .get("x-context-actions")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, actions, resp.json().await.unwrap())
+    }
+
+    /// Sends the session's request to `addr`; the answer goes back into the conversation (a
+    /// call's result follows it; a final answer is followed by `next_prompt`).
+    async fn send(&mut self, addr: std::net::SocketAddr, t: usize, next_prompt: &str) -> Turn {
+        self.send_with(addr, t, next_prompt, file).await
+    }
+
+    /// [`Session::send`], the result of call `t` being `result(t)`.
+    async fn send_with(
+        &mut self,
+        addr: std::net::SocketAddr,
+        t: usize,
+        next_prompt: &str,
+        result: impl Fn(usize) -> String,
+    ) -> Turn {
+        let sent_bytes = self.body.to_string().len();
+        let (status, actions, answer) = self.post(addr).await;
         assert_eq!(status, 200, "request {t}: {actions}: {answer}");
         let content = answer["content"].clone();
         let messages = self.body["messages"].as_array_mut().unwrap();
@@ -133,7 +170,7 @@ impl Session {
             .cloned();
         match call {
             Some(call) => messages.push(json!({"role": "user", "content": [{"type": "tool_result",
-                "tool_use_id": call["id"], "content": file(t), "cache_control": {"type": "ephemeral"}}]})),
+                "tool_use_id": call["id"], "content": result(t), "cache_control": {"type": "ephemeral"}}]})),
             None => messages.push(json!({"role": "user", "content": [{"type": "text",
                 "text": next_prompt, "cache_control": {"type": "ephemeral"}}]})),
         }
@@ -322,4 +359,228 @@ async fn a_sub_agent_in_the_same_session_keeps_its_own_record() {
     for (k, body) in forwarded(&mock).iter().enumerate() {
         assert_eq!(rules::check_messages(body), Ok(()), "request {k}");
     }
+}
+
+/// `n` lines of a source file, as `Read` returns them.
+fn lines(t: usize, n: usize) -> String {
+    (0..n)
+        .map(|l| format!("fn f{t}_{l}(x: u32) -> u32 {{ x + {l} }} // src/f{t}.rs:{l}\n"))
+        .collect()
+}
+
+/// Every `/v1/messages` request the mock received was accepted by its rules (each thinking
+/// signature checked against what came before it).
+fn all_accepted(mock: &MockUpstream) {
+    for (k, body) in forwarded(mock).iter().enumerate() {
+        assert_eq!(rules::check_messages(body), Ok(()), "request {k}");
+    }
+}
+
+/// Redis stops mid-session. The conversation was edited (each large result truncated as it
+/// arrived), so its thinking is bound to messages the client does not have, and the proxy can
+/// no longer read what it forwarded: it answers a retryable error in Anthropic's shape, which
+/// says what to do, and sends nothing (the client's bytes would be refused as "bound to a
+/// different conversation").
+#[tokio::test]
+async fn a_store_gone_mid_session_refuses_an_edited_conversation() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let (mut redis, store) = private_redis().await;
+    let server = proxy(&mock, store, 60_000).await;
+    script(&mock, 6);
+    let mut session = Session::new();
+    let mut turns = Vec::new();
+    for k in 0..3 {
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    let truncated = turns
+        .iter()
+        .filter(|t| t.actions.contains("truncated"))
+        .count();
+    assert_eq!(truncated, 2, "{turns:#?}");
+    redis.kill();
+    let (status, actions, answer) = session.post(server.addr()).await;
+    assert_eq!(status, 503, "{actions}: {answer}");
+    assert_eq!(answer["type"], "error", "{answer}");
+    assert_eq!(answer["error"]["type"], "overloaded_error", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("bound to a different conversation") && message.contains("Retry"),
+        "{message}"
+    );
+    assert_eq!(forwarded(&mock).len(), 3, "the request was not forwarded");
+    all_accepted(&mock);
+}
+
+/// Redis stops mid-session in a conversation the proxy never edited (its results are small):
+/// what the client sends is what every signature was made after, so it goes as it came, and
+/// `x-context-actions` says why it was not managed.
+#[tokio::test]
+async fn a_store_gone_before_any_edit_lets_the_conversation_through_as_sent() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let (mut redis, store) = private_redis().await;
+    let server = proxy(&mock, store, 60_000).await;
+    script(&mock, 6);
+    let mut session = Session::new();
+    let small = |t| lines(t, 12);
+    let mut turns = Vec::new();
+    for k in 0..3 {
+        turns.push(session.send_with(server.addr(), k, "Next.", small).await);
+    }
+    assert!(turns.iter().all(|t| t.actions == "none"), "{turns:#?}");
+    redis.kill();
+    let turn = session.send_with(server.addr(), 3, "Next.", small).await;
+    assert_eq!(
+        turn.actions,
+        format!(
+            "skipped (unmanaged: {})",
+            messages_bound::UNREADABLE_UNEDITED
+        )
+    );
+    assert_eq!(forwarded(&mock).len(), 4);
+    all_accepted(&mock);
+}
+
+/// The store refuses writes for one request (Redis denies `SET`): what that request removed
+/// cannot be stored, nor what it forwards recorded, so it sends the form the record kept
+/// (its new result whole) and says why. Once the store takes writes again the session goes
+/// on, every request accepted: none repeats a form that was never forwarded.
+#[tokio::test]
+async fn a_store_that_takes_no_writes_holds_the_changes_back() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let (redis, store) = private_redis().await;
+    let server = proxy(&mock, store, 60_000).await;
+    let rounds = 6;
+    script(&mock, rounds);
+    let acl = |rule: &str| {
+        let mut conn = redis::Client::open(redis.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("default")
+            .arg(rule)
+            .query::<()>(&mut conn)
+            .unwrap();
+    };
+    let mut session = Session::new();
+    let mut turns = Vec::new();
+    for k in 0..3 {
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    acl("-set");
+    let held = session.send(server.addr(), 3, "Now the tests.").await;
+    acl("+set");
+    assert!(held.actions.starts_with("skipped (unmanaged: "), "{held:?}");
+    let sent = forwarded(&mock);
+    let last = sent[3]["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(
+        last["content"][0]["content"],
+        file(2),
+        "the new result went whole"
+    );
+    turns.push(held);
+    for k in 4..2 * (rounds + 1) {
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    all_accepted(&mock);
+    let truncated = turns
+        .iter()
+        .filter(|t| t.actions.contains("truncated"))
+        .count();
+    assert!(truncated >= turns.len() / 2, "{turns:#?}");
+}
+
+/// The engine plans nothing for a request (it asks for less room for its answer, so the
+/// result truncated when it arrived now fits), but the model's latest thinking was signed
+/// after the truncated form: the record's form goes again, not the client's bytes.
+#[tokio::test]
+async fn when_nothing_is_planned_the_recorded_form_goes() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let memory = StoreConfig {
+        backend: Backend::Memory,
+        ..StoreConfig::default()
+    };
+    let server = proxy_with(&mock, memory, |c| {
+        c.context
+            .model_windows
+            .insert(MODEL.into(), WindowEntry::Window(30_000));
+        c.context.tool_result_max_tokens = 8_000;
+        c.context.keep_recent_messages = 4;
+    })
+    .await;
+    script(&mock, 3);
+    let mut session = Session::new();
+    let result = |t| lines(t, 300);
+    session.body["max_tokens"] = json!(20_000);
+    let mut turns = Vec::new();
+    for k in 0..2 {
+        turns.push(session.send_with(server.addr(), k, "Next.", result).await);
+    }
+    assert!(turns[1].actions.contains("truncated"), "{turns:#?}");
+    session.body["max_tokens"] = json!(2_000);
+    let turn = session.send_with(server.addr(), 2, "Next.", result).await;
+    let sent = forwarded(&mock);
+    let (before, now) = (bound_hashes(&sent[1]), bound_hashes(&sent[2]));
+    assert_eq!(&now[..before.len()], &before[..], "{turn:?}");
+    all_accepted(&mock);
+}
+
+/// At a turn boundary the upstream says the prompt is too long: the proxy learns the limit and
+/// retries with a cut (allowed there, the thinking after it removed). The answer is signed
+/// after the retried form, so the next request repeats that form, not the first attempt's.
+#[tokio::test]
+async fn an_overflow_retry_is_what_the_next_request_repeats() {
+    let mock = MockUpstream::start(MockConfig {
+        context_limit: Some(9_500),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let memory = StoreConfig {
+        backend: Backend::Memory,
+        ..StoreConfig::default()
+    };
+    let server = proxy(&mock, memory, 200_000).await;
+    let rounds = 6;
+    for r in 0..rounds {
+        mock.push(Reply::tool_calls(vec![(
+            "Read".into(),
+            json!({"file_path": format!("/repo/src/f{r}.rs")}),
+        )]));
+    }
+    mock.push(Reply::text("They add numbers."));
+    mock.push(Reply::tool_calls(vec![(
+        "Read".into(),
+        json!({"file_path": "/repo/tests/a.rs"}),
+    )]));
+    mock.push(Reply::text("The tests pass."));
+    let mut session = Session::new();
+    let result = |t| lines(t, 40);
+    let prompt = format!("Now the tests. {}", "Consider this case too. ".repeat(400));
+    let mut turns = Vec::new();
+    for k in 0..=rounds {
+        turns.push(session.send_with(server.addr(), k, &prompt, result).await);
+    }
+    assert_eq!(forwarded(&mock).len(), rounds + 1, "{turns:#?}");
+    // The turn boundary: refused as too long, then retried with a cut.
+    let boundary = session
+        .send_with(server.addr(), rounds + 1, "Next.", result)
+        .await;
+    let sent = forwarded(&mock);
+    assert_eq!(sent.len(), rounds + 3, "{boundary:?}");
+    let retried = &sent[rounds + 2];
+    assert!(
+        retried.to_string().len() < sent[rounds + 1].to_string().len(),
+        "{boundary:?}"
+    );
+    // The next request, inside the tool loop, begins with the retried form.
+    let next = session
+        .send_with(server.addr(), rounds + 2, "Next.", result)
+        .await;
+    let sent = forwarded(&mock);
+    assert_eq!(sent.len(), rounds + 4, "{next:?}");
+    let (before, now) = (bound_hashes(retried), bound_hashes(&sent[rounds + 3]));
+    assert_eq!(&now[..before.len()], &before[..], "{next:?}");
+    all_accepted(&mock);
 }

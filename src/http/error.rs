@@ -56,6 +56,11 @@ pub enum ProxyError {
     ToolLoopExhausted { rounds: usize },
     #[error("the context store is unavailable ({0}) and store.on_error = \"closed\": the request was not forwarded; retry later")]
     StoreUnavailable(String),
+    /// On a model binding thinking to its prefix, what the conversation forwarded before
+    /// cannot be read from the store, and earlier requests may have been edited: sent as the
+    /// client has it, the upstream would refuse the request (the message says what to do).
+    #[error("{0}")]
+    BoundRecordUnavailable(String),
     /// The error of a part of the proxy (an upstream, the body reader, auth, inspection),
     /// which says itself how the client sees it.
     #[error("{0}")]
@@ -99,7 +104,7 @@ impl ProxyError {
                 "upstream_error",
                 Some("tool_loop_exhausted"),
             ),
-            StoreUnavailable(_) => (
+            StoreUnavailable(_) | BoundRecordUnavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("store_unavailable"),

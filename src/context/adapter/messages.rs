@@ -541,7 +541,8 @@ fn is_thinking(block: &Value) -> bool {
     matches!(block_type(block), "thinking" | "redacted_thinking")
 }
 
-fn has_thinking(message: &Value) -> bool {
+/// Whether `message` holds a `thinking` or `redacted_thinking` block.
+pub fn has_thinking(message: &Value) -> bool {
     blocks(field(message, "content")).iter().any(is_thinking)
 }
 
