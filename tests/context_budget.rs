@@ -54,9 +54,8 @@ fn long_chat(rounds: usize) -> Vec<Value> {
     messages
 }
 
-#[tokio::test]
-async fn eight_parallel_results_reach_the_model_whole() {
-    let h = Harness::start().await;
+/// The request of one round of eight parallel reads of files of `tokens` tokens each.
+fn eight_reads(tokens: usize) -> Value {
     let mut messages = vec![
         json!({"role": "system", "content": "You are a coding agent."}),
         json!({"role": "user", "content": "Read the eight modules."}),
@@ -66,17 +65,64 @@ async fn eight_parallel_results_reach_the_model_whole() {
         .collect();
     messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
     for k in 0..8 {
-        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{k}"), "content": document(&format!("m{k}.rs"), 12_600)}));
+        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{k}"), "content": document(&format!("m{k}.rs"), tokens)}));
     }
-    let body = json!({"model": "gpt-4o", "messages": messages});
+    json!({"model": "gpt-4o", "messages": messages})
+}
+
+/// gpt-4o's budget: (128,000 − 4,096) × 0.8.
+const GPT_4O_BUDGET: usize = 99_123;
+
+#[tokio::test]
+async fn eight_parallel_results_within_the_budget_reach_the_model_whole() {
+    let h = Harness::start().await;
+    let body = eight_reads(10_000);
     let resp = h.chat(&body).await;
     assert_eq!(resp.status(), 200);
     let before: usize = header(&resp, "x-context-tokens-before").parse().unwrap();
-    assert!(before > 100_000, "{before}");
+    assert!((80_000..GPT_4O_BUDGET).contains(&before), "{before}");
     assert_eq!(header(&resp, "x-context-actions"), "none");
     // Every result, the first two included, reached the model as it was.
     let sent = h.mock.received()[0].json();
     assert_eq!(sent["messages"], body["messages"]);
+}
+
+/// Eight parallel results the model has not read, together over the budget (each under the
+/// hard cap): they share it, each cut to head and tail at one common cap, none kept whole
+/// while another is cut short, and the request fits.
+#[tokio::test]
+async fn eight_parallel_results_over_the_budget_share_it() {
+    let h = Harness::start().await;
+    let body = eight_reads(16_000);
+    let resp = h.chat(&body).await;
+    assert_eq!(resp.status(), 200);
+    let before: usize = header(&resp, "x-context-tokens-before").parse().unwrap();
+    assert!(before > GPT_4O_BUDGET + 20_000, "{before}");
+    assert_eq!(header(&resp, "x-context-actions"), "truncated=8");
+    let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
+    assert!(after <= GPT_4O_BUDGET, "{after}");
+    let sent = h.mock.received()[0].json();
+    // The request as forwarded, the proxy's tools included, fits too.
+    let forwarded = counter().count_request(&sent).total;
+    assert!(forwarded <= GPT_4O_BUDGET, "{forwarded}");
+    let c = counter();
+    let sizes: Vec<usize> = sent["messages"].as_array().unwrap()[3..]
+        .iter()
+        .map(|m| c.count_message(m))
+        .collect();
+    let (least, most) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+    // A fair share each: within a few percent of one another, all of the room used.
+    assert!(most - least <= most / 20, "{sizes:?}");
+    assert!(
+        sizes.iter().sum::<usize>() * 10 > GPT_4O_BUDGET * 9,
+        "{sizes:?}"
+    );
+    for m in &sent["messages"].as_array().unwrap()[3..] {
+        assert!(m["content"]
+            .as_str()
+            .unwrap()
+            .contains("[context-proxy: truncated"));
+    }
 }
 
 #[tokio::test]

@@ -270,42 +270,152 @@ async fn unpaid_sessions(h: &Harness) -> u64 {
         .map_or(0, |n| n.trim().parse().unwrap())
 }
 
-/// Sends three requests of one head-heavy session (`exchanges` and the next two) under a
-/// budget `room` tokens over its pinned head, each cut and within the budget; the sessions
-/// warned.
-async fn cut_three_times(room: usize, exchanges: usize) -> u64 {
+/// Sends three requests of one head-heavy session (`exchanges`, then two exchanges more each
+/// time) under a budget `room` tokens over its pinned head, each cut and within the budget (the
+/// recent window the default six messages), with the upstream priced as `preset`: the sessions
+/// warned, and the budget warnings `check-config` gives for the same configuration.
+async fn cut_three_times(preset: &str, room: usize, exchanges: usize) -> (u64, usize) {
     let counter = context_proxy::tokens::Counter::new(
         context_proxy::tokens::Encoding::O200kBase,
         Default::default(),
     );
     let head = counter.count_request(&head_heavy(0)).total;
+    let mut config = None;
     let h = Harness::start_with(MockConfig::default(), |c| {
-        c.context.keep_recent_messages = 2;
         c.context.reload.enabled = false;
         c.context.max_context_tokens = Some(head + room);
-        c.upstreams[0].cache_pricing = Some("anthropic".into());
+        c.upstreams[0].cache_pricing = Some(preset.into());
+        config = Some(c.clone());
     })
     .await;
-    for turns in exchanges..exchanges + 3 {
+    let checked = config.unwrap().validate().unwrap().warnings();
+    let budget_warnings = checked
+        .iter()
+        .filter(|w| w.contains("max_context_tokens"))
+        .count();
+    for turns in (exchanges..).step_by(2).take(3) {
         let resp = h.chat(&head_heavy(turns)).await;
         assert_eq!(resp.status().as_u16(), 200);
         let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
         assert!(after <= head + room, "{after} over {}", head + room);
         let before: usize = header(&resp, "x-context-tokens-before").parse().unwrap();
         assert!(before > head + room);
+        assert!(header(&resp, "x-context-actions").contains("offloaded"));
     }
-    unpaid_sessions(&h).await
+    (unpaid_sessions(&h).await, budget_warnings)
 }
 
 /// A budget that cannot be met without costing more than going direct is said once per
 /// session (the metric counts the session once, however many of its requests are cut); a
-/// budget with room enough for the cuts to pay says nothing.
+/// budget with room enough for the cuts to pay says nothing. `check-config`, which knows the
+/// budget and the prices but not the traffic, agrees on both.
 #[tokio::test]
 async fn a_budget_the_head_nearly_fills_is_warned_once_per_session() {
-    // Early in a conversation going direct is cheap: 250 tokens of room cost more.
-    assert_eq!(cut_three_times(250, 4).await, 1);
+    // 400 tokens of room hold the marker and the recent window (three exchanges) but not one
+    // more exchange: every request is cut, each writing the window and the marker again at
+    // the full rate (plus Anthropic's write premium), where going direct writes one exchange
+    // and reads the rest at 10%: the cuts cost more over the next ten requests too.
+    // `check-config` says the same: cuts go down to 0.6 × the budget (about 970 tokens, the
+    // head being about 1,220), under Anthropic's minimum cacheable prefix.
+    assert_eq!(cut_three_times("anthropic", 400, 6).await, (1, 1));
     // 3,000 tokens of room, and a conversation grown well past them: the cuts pay.
-    assert_eq!(cut_three_times(3000, 40).await, 0);
+    assert_eq!(cut_three_times("anthropic", 3000, 40).await, (0, 0));
+    // Without caching every token sent is billed, and the cuts send fewer: never warned.
+    assert_eq!(cut_three_times("none", 400, 6).await, (0, 0));
+}
+
+/// A request over a budget its pinned head and recent window overfill, with nothing older to
+/// move out, goes as it came (its marker and the proxy's tools would only add to it): no cut is
+/// made, so none is priced, and without caching (where fewer tokens always cost less) nothing
+/// is said. (It used to price the cut that moves nothing, with the tools it would bring, and
+/// warn for every such conversation at 1.02–1.06×.)
+#[tokio::test]
+async fn a_cut_that_moves_nothing_is_not_warned() {
+    let counter = context_proxy::tokens::Counter::new(
+        context_proxy::tokens::Encoding::O200kBase,
+        Default::default(),
+    );
+    let head = counter.count_request(&head_heavy(0)).total;
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.context.max_context_tokens = Some(head + 50);
+        c.upstreams[0].cache_pricing = Some("none".into());
+    })
+    .await;
+    for turns in 1..=2 {
+        let resp = h.chat(&head_heavy(turns)).await;
+        assert_eq!(resp.status().as_u16(), 200);
+        let before: usize = header(&resp, "x-context-tokens-before").parse().unwrap();
+        assert!(before > head + 50, "{before}: not over the budget");
+        assert!(!header(&resp, "x-context-actions").contains("offloaded"));
+    }
+    assert_eq!(unpaid_sessions(&h).await, 0);
+}
+
+/// A coding session whose file reads make it grow by thousands of tokens a turn: two files read
+/// at once each turn, each request ending with the results the model has not read yet. At a
+/// budget of 3,600 every request from the third on is cut (the reads truncated, compacted once
+/// seen, the older turns moved out), and going direct rereads the whole growing session on
+/// every request. The proxy's bill, added up from what the upstream received, is lower, and the
+/// proxy says nothing. (The cut model used to price the cut's one short cycle against going
+/// direct over as many turns as the session had made, two here, and warned.)
+#[tokio::test]
+async fn a_fast_growing_session_whose_cuts_pay_is_not_warned() {
+    use context_proxy_drive::replay::cost::{count_session, effective_cost};
+    let request = |turns: usize| {
+        let mut messages = vec![
+            json!({"role": "system", "content": "You are a coding agent. Read files before you change them."}),
+            json!({"role": "user", "content": "Fix the failing tests in the parser crate."}),
+        ];
+        for i in 0..turns {
+            let ids = [format!("call_{i}_0"), format!("call_{i}_1")];
+            let calls: Vec<Value> = ids
+                .iter()
+                .map(|id| json!({"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/{id}.rs\"}}")}}))
+                .collect();
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+            for id in &ids {
+                messages.push(json!({"role": "tool", "tool_call_id": id, "content": numbered_lines(&format!("src/{id}.rs"), 160)}));
+            }
+            // The latest reads are unseen: the model answers them in the next request.
+            if i + 1 < turns {
+                messages.push(json!({"role": "assistant", "content": format!("Read turn {i}'s files; the parser is not there.")}));
+                messages.push(json!({"role": "user", "content": "Go on."}));
+            }
+        }
+        json!({"model": "gpt-5", "messages": messages,
+               "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]})
+    };
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.context.max_context_tokens = Some(3600);
+        c.upstreams[0].cache_pricing = Some("openai-gpt5".into());
+    })
+    .await;
+    let sent: Vec<Value> = (1..=12).map(request).collect();
+    let mut cut = 0;
+    for body in &sent {
+        let resp = h.chat(body).await;
+        assert_eq!(resp.status().as_u16(), 200);
+        let before: usize = header(&resp, "x-context-tokens-before").parse().unwrap();
+        assert!(before > 3600, "{before}");
+        cut += usize::from(header(&resp, "x-context-actions").contains("offloaded"));
+    }
+    assert!(cut >= 9, "cut {cut} times");
+    let received: Vec<Value> = h.mock.received().iter().map(|r| r.json()).collect();
+    assert_eq!(received.len(), sent.len());
+    let counter = context_proxy::tokens::Counter::new(
+        context_proxy::tokens::Encoding::O200kBase,
+        Default::default(),
+    );
+    let gpt5 = context_proxy::pricing::Preset::parse("openai-gpt5")
+        .unwrap()
+        .for_model("gpt-5");
+    let direct = effective_cost(&count_session(&counter, &sent), &gpt5);
+    let proxy = effective_cost(&count_session(&counter, &received), &gpt5);
+    assert!(
+        proxy < 0.8 * direct,
+        "{proxy} through the proxy, {direct} direct"
+    );
+    assert_eq!(unpaid_sessions(&h).await, 0);
 }
 
 /// A pinned head over half the budget will be cut, and the proxy's tools, added at the first

@@ -777,25 +777,27 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
 
-    /// A rewrite that brings the proxy's tools is taken exactly when the bills of the next
-    /// requests, added up here one request at a time, come out lower with it: without it each
-    /// of `h` requests reads `before + rebilled + freed` from the cache and writes `new`
-    /// tokens; with it the first writes the tools, `before` and `rebilled`, and the next read
-    /// them back.
+    /// A rewrite is taken exactly when the bills of the next requests, added up here one
+    /// request at a time, come out lower with it: without it each of `h` requests reads
+    /// `before + rebilled + freed` from the cache and writes `new` tokens; with it the first
+    /// writes `rebilled` (and, when it brings the proxy's tools, which lead the prompt, the
+    /// tools and `before` too), and the next read them back.
     #[test]
     fn a_rewrite_bringing_the_tools_pays_as_the_bills_say(freed in 0usize..20_000, rebilled in 0usize..20_000,
-                                                          before in 0usize..20_000, tools in 0usize..3000,
+                                                          before in 0usize..20_000,
+                                                          tools in prop_oneof![Just(0usize), 1usize..3000],
                                                           new in 0usize..2000, h in 1usize..12, cache in pricing()) {
-        let bill = |prefix: usize, first_cached: bool| -> f64 {
+        let bill = |prefix: usize, first_cached: usize| -> f64 {
             (0..h)
                 .map(|k| {
-                    let cached = if k == 0 && !first_cached { 0 } else { prefix };
+                    let cached = if k == 0 { first_cached } else { prefix };
                     cache.call_cost(prefix + new, cached)
                 })
                 .sum()
         };
-        let without = bill(before + rebilled + freed, true);
-        let with = bill(tools + before + rebilled, false);
+        let without = bill(before + rebilled + freed, before + rebilled + freed);
+        // Without tools coming, what stands before the rewrite stays cached.
+        let with = bill(tools + before + rebilled, if tools == 0 { before } else { 0 });
         let (f, r) = engine::with_tools_added(freed, rebilled, before, tools);
         let pays = engine::rewrite_pays(f, r, &cache, h as f64);
         let margin = 1e-6 * without.max(1.0);
@@ -803,6 +805,152 @@ proptest! {
             prop_assert!(with < without + margin, "taken: {} with, {} without", with, without);
         } else if f > 0 {
             prop_assert!(with > without - margin, "left: {} with, {} without", with, without);
+        }
+    }
+}
+
+/// Both sides of the bill from a forced cut, written here one request at a time from their
+/// definition (docs/context.md, "A budget that costs more than going direct is said"): the
+/// proxy's requests start at the cut and grow by the proxy's growth, cut again to `kept` when
+/// over the budget; going direct's start at the client's request and grow by its growth; each
+/// request is billed on what it shares with the one before. Returns both totals per request.
+fn both_bills(size: usize, o: &engine::Outlook) -> (f64, f64) {
+    let m = &o.model;
+    let c = &m.cache;
+    let price = |tokens: f64, shared: f64| {
+        let cached = if shared >= c.min_cacheable_prefix as f64 {
+            shared.min(tokens)
+        } else {
+            0.0
+        };
+        cached * c.cached_read_rate + (tokens - cached) * (1.0 + c.cache_write_premium)
+    };
+    let t = m.tools as f64;
+    // (tokens sent, tokens shared with the previous request, weight)
+    let first_shared = if m.tools > 0 {
+        0.0
+    } else {
+        m.head.min(size) as f64
+    };
+    let mut proxy = vec![(size as f64 + t, first_shared, 1.0)];
+    let mut direct = vec![(o.raw as f64, o.raw_prefix.min(o.raw) as f64, 1.0)];
+    let (mut p, mut d) = (size as f64, o.raw as f64);
+    let mut k = 1.0;
+    while k < o.horizon + 1.0 {
+        let weight = (o.horizon - (k - 1.0)).min(1.0);
+        if p + o.growth > m.budget as f64 {
+            proxy.push((o.kept as f64 + t, m.head.min(o.kept) as f64 + t, weight));
+            p = o.kept as f64;
+        } else {
+            proxy.push(((p + o.growth).round() + t, p.round() + t, weight));
+            p += o.growth;
+        }
+        direct.push(((d + m.growth).round(), d.round(), weight));
+        d += m.growth;
+        k += 1.0;
+    }
+    let total = |calls: &[(f64, f64, f64)]| {
+        calls.iter().map(|&(n, s, w)| w * price(n, s)).sum::<f64>() / (1.0 + o.horizon)
+    };
+    (total(&proxy), total(&direct))
+}
+
+/// A forced cut's outlook: a head, a budget over it, a cut and the later ones, both growths.
+fn outlook() -> impl Strategy<Value = (usize, engine::Outlook)> {
+    (
+        (0usize..4000, 1usize..6000, 0usize..8000, 0usize..3000),
+        (
+            0.0f64..3000.0,
+            0.0f64..12000.0,
+            0usize..20_000,
+            0usize..5000,
+        ),
+        (
+            0.0f64..12.0,
+            pricing_with_minimum(),
+            prop_oneof![Just(0usize), 1usize..800],
+        ),
+    )
+        .prop_map(
+            |(
+                (head, room, over, later),
+                (growth, raw_growth, raw_extra, new),
+                (horizon, cache, tools),
+            )| {
+                let budget = head + room;
+                // The cut leaves `over` tokens past the head: within the budget or not.
+                let size = head + over;
+                let raw = size + raw_extra;
+                let outlook = engine::Outlook {
+                    model: engine::CutModel {
+                        budget,
+                        head,
+                        growth: raw_growth,
+                        horizon: 3.0,
+                        cache,
+                        tools,
+                    },
+                    kept: head + later,
+                    growth,
+                    raw,
+                    raw_prefix: raw.saturating_sub(new),
+                    horizon,
+                };
+                (size, outlook)
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+    /// The warning's two sides are the bills added up request by request, and it is raised
+    /// exactly when the proxy's bill is the larger one.
+    #[test]
+    fn the_warning_compares_the_bills_of_both_sides((size, o) in outlook()) {
+        let (proxy, direct) = both_bills(size, &o);
+        let tolerance = 1e-9 * proxy.max(direct).max(1.0);
+        let with = engine::with_proxy_per_turn(size, &o);
+        let without = engine::direct_per_turn(&o);
+        prop_assert!((with - proxy).abs() < tolerance, "through the proxy {} against {} by request", with, proxy);
+        prop_assert!((without - direct).abs() < tolerance, "going direct {} against {} by request", without, direct);
+    }
+
+    /// Without caching every token sent is billed: a proxy that never sends more than the
+    /// client (its cut and later cuts, the tools included, under the client's request, and
+    /// growing no faster) never costs more, so it is never warned.
+    #[test]
+    fn without_caching_fewer_tokens_are_never_warned((size, o) in outlook()) {
+        let o = engine::Outlook { model: engine::CutModel { cache: CachePricing::NONE, ..o.model }, ..o };
+        let t = o.model.tools;
+        prop_assume!(size + t <= o.raw && o.kept + t <= o.raw && o.growth <= o.model.growth);
+        prop_assert!(engine::with_proxy_per_turn(size, &o) <= engine::direct_per_turn(&o) + 1e-9 * o.raw as f64);
+    }
+
+    /// The budget the warning names pays by the same comparison (the one checked against the
+    /// bills above), and one token less does not.
+    #[test]
+    fn the_named_budget_pays_and_one_less_does_not((_, o) in outlook(), ratio in 0.3f64..0.9,
+                                                   raw_per_managed in 1.0f64..4.0) {
+        let steady = o.kept;
+        let kept = |b: usize| ((b as f64 * ratio) as usize).max(steady);
+        let new = o.raw - o.raw_prefix;
+        let pays = |b: usize| {
+            let raw = ((b as f64 * raw_per_managed).round() as usize).max(b);
+            let at = engine::Outlook {
+                model: engine::CutModel { budget: b, ..o.model },
+                kept: kept(b),
+                raw,
+                raw_prefix: raw.saturating_sub(new),
+                ..o
+            };
+            kept(b) <= b && engine::with_proxy_per_turn(kept(b), &at) <= engine::direct_per_turn(&at)
+        };
+        if let Some(b) = engine::smallest_paying_budget(&o, raw_per_managed, kept) {
+            prop_assert!(pays(b), "{} does not pay", b);
+            prop_assert!(b == o.model.budget.max(1) || !pays(b - 1), "{} pays too", b - 1);
+        } else {
+            prop_assert!(!pays(o.model.budget.max(1) * 64));
         }
     }
 }
@@ -839,8 +987,15 @@ proptest! {
             prop_assert!(out.report.tokens_after <= budget, "{:?} over {}", out.report, budget);
         }
         let plain = run_priced(&messages, &none, Decision::default(), true);
-        prop_assert_eq!(plain.decision, deep.decision);
-        prop_assert_eq!(plain.messages, deep.messages);
+        // The same cut. (`deepest_only` keeps the whole budget as the room of what stands in
+        // for the moved run, so that only the deepest cut is a candidate: counting that room,
+        // the deep run may then also compact up to what the model has not read, or squeeze
+        // that, where the plain one fits without.)
+        prop_assert_eq!(plain.decision.offload_before, deep.decision.offload_before);
+        prop_assert_eq!(plain.decision.kept_user, deep.decision.kept_user);
+        if plain.decision == deep.decision {
+            prop_assert_eq!(plain.messages, deep.messages);
+        }
     }
 }
 

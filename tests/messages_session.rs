@@ -3,7 +3,7 @@
 //! message, large `Read`/`Bash` results, the breakpoint moving to the newest block) replayed
 //! through the real proxy with a small budget, against the strict mock: every forwarded request
 //! is accepted (pairing, breakpoints ≤ 4, thinking signatures), fits the budget by the
-//! upstream's own count unless nothing is left to move, carries only thinking blocks the
+//! upstream's own count, carries only thinking blocks the
 //! client sent, `count_tokens` answers the size of what is forwarded, and between the proxy's
 //! rare edit points each forwarded request repeats the previous one's messages byte for byte.
 
@@ -124,27 +124,13 @@ async fn a_60_turn_claude_code_session_stays_valid_under_a_small_budget() {
             managed += 1;
         }
         // The upstream's own count of what it got is within the budget (the proxy counts
-        // with an estimate that errs high, corrected from each answer's usage).
-        let mut sent_counted = sent.clone();
-        sent_counted.as_object_mut().unwrap().remove("max_tokens");
-        let upstream: Value = h
-            .client
-            .post(format!("{}/messages/count_tokens", h.mock.base_url()))
-            .header("anthropic-version", "2023-06-01")
-            .json(&sent_counted)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let tokens = upstream["input_tokens"].as_u64().unwrap();
-        // Over it only when nothing is left to move: the prompt, the marker, the recent window
-        // (6 messages) and the round the model has not read, whose parallel results alone may
-        // fill the budget (only the hard cap shortens what the model has not seen).
+        // with an estimate that errs high, corrected from each answer's usage), every time: a
+        // forced cut goes past the recent window, and a round of parallel results the model
+        // has not read shares what the budget leaves.
+        let tokens = common::messages_upstream_count(&h.mock, &sent).await;
         let held = sent["messages"].as_array().unwrap().len();
         assert!(
-            tokens <= BUDGET as u64 || held <= 9,
+            tokens <= BUDGET as u64,
             "request {k}: {tokens} over {BUDGET} with {held} messages ({actions})"
         );
         let settled = settled_messages(&forwarded.body);

@@ -139,6 +139,26 @@ async fn harness() -> Harness {
     .await
 }
 
+/// A recent window (45 items) larger than the budget by itself: only a cut that reaches into
+/// it fits.
+async fn harness_with_a_wide_window() -> Harness {
+    Harness::start_with(MockConfig::default(), |c| {
+        c.context.max_context_tokens = Some(BUDGET);
+        c.context.keep_recent_messages = 45;
+    })
+    .await
+}
+
+/// The size of a forwarded body by the route's own count: on Messages the upstream's
+/// (`count_tokens`), elsewhere the proxy's tokenizer.
+async fn forwarded_tokens(h: &Harness, wire: &Wire, sent: &Value) -> usize {
+    if wire.path == "/v1/messages" {
+        common::messages_upstream_count(&h.mock, sent).await as usize
+    } else {
+        (wire.count)(sent)
+    }
+}
+
 async fn post(h: &Harness, wire: &Wire, body: &Value) -> reqwest::Response {
     h.client
         .post(h.url(wire.path))
@@ -190,7 +210,7 @@ async fn replay(h: &Harness, wire: &Wire) -> (Value, String) {
             assert_eq!(rules::check_messages(&sent), Ok(()), "round {k}");
         }
         // It fits the budget by the route's own count, the proxy's tools included.
-        let tokens = (wire.count)(&sent);
+        let tokens = forwarded_tokens(h, wire, &sent).await;
         assert!(
             tokens <= BUDGET,
             "round {k}: {tokens} over {BUDGET} ({actions})"
@@ -277,6 +297,237 @@ async fn messages_a_long_single_prompt_tool_loop_holds_the_budget() {
     let h = harness().await;
     let (body, reference) = replay(&h, &MESSAGES).await;
     read_back(&h, &MESSAGES, &body, &reference).await;
+}
+
+/// With a recent window larger than the budget, the forced cut goes into it (up to the round
+/// the model has not read) and lasts: every request fits, and between cuts each repeats the
+/// previous one byte for byte.
+#[tokio::test]
+async fn chat_a_forced_cut_reaches_into_the_recent_window_and_lasts() {
+    let h = harness_with_a_wide_window().await;
+    let (body, reference) = replay(&h, &CHAT).await;
+    read_back(&h, &CHAT, &body, &reference).await;
+}
+
+#[tokio::test]
+async fn responses_a_forced_cut_reaches_into_the_recent_window_and_lasts() {
+    let h = harness_with_a_wide_window().await;
+    let (body, reference) = replay(&h, &RESPONSES).await;
+    read_back(&h, &RESPONSES, &body, &reference).await;
+}
+
+#[tokio::test]
+async fn messages_a_forced_cut_reaches_into_the_recent_window_and_lasts() {
+    let h = harness_with_a_wide_window().await;
+    let (body, reference) = replay(&h, &MESSAGES).await;
+    read_back(&h, &MESSAGES, &body, &reference).await;
+}
+
+/// Parallel reads the model has not seen yet.
+const READS: usize = 8;
+
+/// A file of `tokens`-ish tokens: numbered lines, every one distinct.
+fn file(k: usize) -> String {
+    (0..150)
+        .map(|l| {
+            format!("m{k}.rs line {l}: pub fn handler_{k}_{l}(req: &Request) -> u32 {{ {l} }}\n")
+        })
+        .collect()
+}
+
+/// The line of file `k` a squeeze removes (from the middle).
+fn middle_line(k: usize) -> String {
+    format!("m{k}.rs line 75: pub fn handler_{k}_75")
+}
+
+/// The body after one round of `READS` parallel reads, then `more` small rounds.
+fn parallel_body(wire: &Wire, more: usize) -> Value {
+    let mut body = (wire.body)(0);
+    match wire.path {
+        "/v1/chat/completions" => {
+            let list = body["messages"].as_array_mut().unwrap();
+            let calls: Vec<Value> = (0..READS)
+                .map(|k| json!({"id": format!("read_{k}"), "type": "function", "function": {"name": "shell", "arguments": format!("{{\"cmd\":\"cat m{k}.rs\"}}")}}))
+                .collect();
+            list.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+            for k in 0..READS {
+                list.push(json!({"role": "tool", "tool_call_id": format!("read_{k}"), "content": file(k)}));
+            }
+            for i in 0..more {
+                list.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": format!("call_{i}"), "type": "function", "function": {"name": "shell", "arguments": "{\"cmd\":\"cargo check\"}"}}]}));
+                list.push(json!({"role": "tool", "tool_call_id": format!("call_{i}"), "content": format!("ok {i}")}));
+            }
+        }
+        "/v1/responses" => {
+            let list = body["input"].as_array_mut().unwrap();
+            list.push(json!({"type": "reasoning", "summary": [], "encrypted_content": format!("gAAAAB{}", "Rd+/".repeat(40))}));
+            for k in 0..READS {
+                list.push(json!({"type": "function_call", "call_id": format!("read_{k}"), "name": "shell", "arguments": format!("{{\"cmd\":[\"cat\",\"m{k}.rs\"]}}")}));
+            }
+            for k in 0..READS {
+                list.push(json!({"type": "function_call_output", "call_id": format!("read_{k}"), "output": file(k)}));
+            }
+            for i in 0..more {
+                list.push(json!({"type": "reasoning", "summary": [], "encrypted_content": format!("gAAAAB{i:04}{}", "Qx+/".repeat(40))}));
+                list.push(json!({"type": "function_call", "call_id": format!("call_{i}"), "name": "shell", "arguments": "{\"cmd\":[\"cargo\",\"check\"]}"}));
+                list.push(json!({"type": "function_call_output", "call_id": format!("call_{i}"), "output": format!("ok {i}")}));
+            }
+        }
+        _ => {
+            let thinking = rules::signed_thinking(&body, "Read the modules.");
+            let calls = (0..READS).map(|k| json!({"type": "tool_use", "id": format!("toolu_read_{k}"), "name": "Bash", "input": {"command": format!("cat m{k}.rs")}}));
+            let content: Vec<Value> = std::iter::once(thinking).chain(calls).collect();
+            let list = body["messages"].as_array_mut().unwrap();
+            list.push(json!({"role": "assistant", "content": content}));
+            let results: Vec<Value> = (0..READS)
+                .map(|k| json!({"type": "tool_result", "tool_use_id": format!("toolu_read_{k}"), "content": file(k)}))
+                .collect();
+            list.push(json!({"role": "user", "content": results}));
+            for i in 0..more {
+                let thinking = rules::signed_thinking(&body, &format!("Check {i}."));
+                let list = body["messages"].as_array_mut().unwrap();
+                list.push(json!({"role": "assistant", "content": [thinking,
+                    {"type": "tool_use", "id": format!("toolu_{i}"), "name": "Bash", "input": {"command": "cargo check"}}]}));
+                list.push(json!({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": format!("toolu_{i}"), "content": format!("ok {i}")}]}));
+            }
+        }
+    }
+    body
+}
+
+/// The references the truncation markers in `text` name, in order.
+fn truncated_refs(text: &str) -> Vec<String> {
+    text.match_indices("truncated: ")
+        .filter_map(|(at, _)| {
+            let from = at + text[at..].find("stored as ctx_")? + "stored as ".len();
+            Some(
+                text[from..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// A round of parallel reads larger than the budget, which the model has not read yet: every
+/// result is cut to one share of the budget (none left whole while another is cut to
+/// nothing), the request fits by the route's own count, and the model reads each result's
+/// middle back through `context_read`. The next requests repeat the squeezed results byte for
+/// byte.
+async fn parallel_reads_share_the_budget(wire: &Wire) {
+    let h = harness().await;
+    let body = parallel_body(wire, 0);
+    let raw = (wire.count)(&body);
+    assert!(raw > 2 * BUDGET, "the round is only {raw} tokens");
+    let resp = post(&h, wire, &body).await;
+    let actions = header(&resp, "x-context-actions");
+    assert_eq!(resp.status(), 200, "{actions}");
+    resp.bytes().await.unwrap();
+    let sent = h.mock.received().last().unwrap().json();
+    if wire.path == "/v1/messages" {
+        assert_eq!(rules::check_messages(&sent), Ok(()));
+    }
+    let tokens = forwarded_tokens(&h, wire, &sent).await;
+    assert!(tokens <= BUDGET, "{tokens} over {BUDGET} ({actions})");
+    let first = sent[wire.list].as_array().unwrap().clone();
+    let text = serde_json::to_string(&first).unwrap();
+    // Every result is cut, and keeps its head and its tail.
+    let mut references: Vec<String> = Vec::new();
+    for k in 0..READS {
+        assert!(
+            !text.contains(&middle_line(k)),
+            "result {k} went whole ({actions})"
+        );
+        assert!(
+            text.contains(&format!("m{k}.rs line 0:")),
+            "result {k} lost its head"
+        );
+        assert!(
+            text.contains(&format!("m{k}.rs line 149:")),
+            "result {k} lost its tail"
+        );
+    }
+    for item in &first {
+        references.extend(truncated_refs(&item.to_string()));
+    }
+    references.dedup();
+    assert_eq!(references.len(), READS, "{references:?}");
+
+    // The model reads every result's middle back, in one round of parallel calls.
+    let calls = references
+        .iter()
+        .map(|r| {
+            (
+                "context_read".to_string(),
+                json!({"ref": r, "offset": 73, "limit": 6}),
+            )
+        })
+        .collect();
+    h.mock.push(Reply::tool_calls(calls));
+    h.mock.push(Reply::text("Read them all."));
+    let before = h.mock.received().len();
+    let resp = post(&h, wire, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert!(header(&resp, "x-context-reload").starts_with("rounds=1"));
+    resp.bytes().await.unwrap();
+    let received = h.mock.received();
+    assert_eq!(received.len(), before + 2);
+    let second = received[before + 1].json().to_string();
+    for k in 0..READS {
+        assert!(
+            second.contains(&middle_line(k)),
+            "result {k} was not read back"
+        );
+    }
+
+    // The model has read them: the next request repeats the squeezed results as they were
+    // sent, and later ones too, until a boundary moves (the squeeze left the budget little
+    // room to grow in: the next cut compacts or moves them out).
+    let squeezed: Vec<Value> = first
+        .iter()
+        .filter(|m| !truncated_refs(&m.to_string()).is_empty())
+        .cloned()
+        .collect();
+    let mut moved = false;
+    for more in 1..=4 {
+        let resp = post(&h, wire, &parallel_body(wire, more)).await;
+        assert_eq!(resp.status(), 200);
+        let actions = header(&resp, "x-context-actions");
+        moved |= actions.contains("offloaded=") || actions.contains("compacted=");
+        resp.bytes().await.unwrap();
+        let sent = h.mock.received().last().unwrap().json();
+        let tokens = forwarded_tokens(&h, wire, &sent).await;
+        assert!(tokens <= BUDGET, "round {more}: {tokens} over {BUDGET}");
+        let list = sent[wire.list].as_array().unwrap().clone();
+        if more == 1 {
+            let shared = first.len() - 1;
+            assert_eq!(&list[..shared], &first[..shared]);
+        }
+        for item in &squeezed {
+            assert!(
+                list.contains(item) || moved,
+                "round {more}: a squeezed result changed ({actions})"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn chat_parallel_reads_over_the_budget_share_it() {
+    parallel_reads_share_the_budget(&CHAT).await;
+}
+
+#[tokio::test]
+async fn responses_parallel_reads_over_the_budget_share_it() {
+    parallel_reads_share_the_budget(&RESPONSES).await;
+}
+
+#[tokio::test]
+async fn messages_parallel_reads_over_the_budget_share_it() {
+    parallel_reads_share_the_budget(&MESSAGES).await;
 }
 
 /// On a model that binds each thinking block to everything before it, moving out rounds of the

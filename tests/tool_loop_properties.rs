@@ -10,7 +10,7 @@
 use context_proxy::context::adapter::messages::{self, WriteRules};
 use context_proxy::context::adapter::{Adapter, Chat, Messages, Responses};
 use context_proxy::context::engine::{self, Decision, Env, Input, Outcome, Source};
-use context_proxy::context::model::units;
+use context_proxy::context::model::{units, Kind};
 use context_proxy::context::{estimate, ContextConfig, Mode, Settings};
 use context_proxy::mock::rules;
 use context_proxy::store::ContentRef;
@@ -181,15 +181,14 @@ fn shared_checks(
             i
         );
     }
-    // Fits whenever what must stay fits: the head, a marker, the recent window and the unseen
-    // round, each item capped by the hard cap.
-    let recent = unit_list
-        .iter()
-        .find(|u| u.end > items.len().saturating_sub(s.keep_recent))
-        .map_or(items.len(), |u| u.start)
-        .min(unseen);
-    let capped = |i: usize| counts[i].min(s.truncate_tokens + 200);
-    let must_stay: usize = (0..=prompt).chain(recent..items.len()).map(capped).sum();
+    // Fits whenever what must stay fits: the head, a marker and the round the model has not
+    // read (a forced cut goes past the recent window), each of its results squeezed to the
+    // floor at most.
+    let capped = |i: usize| match kinds[i].kind {
+        Kind::ToolResult(_) => counts[i].min(engine::SQUEEZE_FLOOR_TOKENS),
+        _ => counts[i],
+    };
+    let must_stay: usize = (0..=prompt).chain(unseen..items.len()).map(capped).sum();
     if fixed + must_stay + 300 <= s.budget {
         prop_assert!(
             outcome.report.tokens_after <= s.budget,
@@ -200,6 +199,99 @@ fn shared_checks(
         );
     }
     Ok(())
+}
+
+/// The loop replayed one round at a time, each request planned with the decision the previous
+/// one left: every request checked as above, and while the decision stays, each repeats the
+/// previous one byte for byte (a cut, or a squeeze of a round the model had not read, lasts);
+/// the decision moves in batches, not on every round.
+fn replayed(
+    adapter: &dyn Adapter,
+    rounds: &[Round],
+    requests: impl Fn(usize) -> (Vec<Value>, Vec<usize>, usize),
+    env: &dyn Env,
+    s: &Settings,
+) -> Result<(), TestCaseError> {
+    let mut prior = Decision::default();
+    let mut previous: Option<Vec<Value>> = None;
+    let (mut moves, mut added, mut last_total) = (0, 0, 0);
+    for k in 1..=rounds.len() {
+        let (items, counts, fixed) = requests(k);
+        let input = Input::read(adapter, &items, &counts, &[], fixed);
+        let outcome = engine::run(&input, s, prior, env);
+        shared_checks(adapter, &items, &counts, fixed, &outcome, s)?;
+        let out = outcome.messages.clone().unwrap_or_else(|| items.clone());
+        let total = outcome.report.tokens_before;
+        added += total.saturating_sub(last_total);
+        last_total = total;
+        if outcome.decision == prior {
+            if let Some(prev) = &previous {
+                prop_assert!(out.len() >= prev.len());
+                for (i, (a, b)) in prev.iter().zip(&out).enumerate() {
+                    prop_assert_eq!(a, b, "round {}: item {} changed without a move", k, i);
+                }
+            }
+        } else {
+            moves += 1;
+        }
+        prior = outcome.decision;
+        previous = Some(out);
+    }
+    let bound = 2 + added / (s.budget - s.target).max(1);
+    prop_assert!(moves <= bound, "{} moves, bound {}", moves, bound);
+    Ok(())
+}
+
+proptest! {
+    // Each case plans every request of its loop.
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn chat_loops_fit_every_round_and_cuts_last(
+        rounds in prop::collection::vec(round(), 1..30),
+        budget in 1_500usize..30_000,
+        keep in 0usize..12,
+    ) {
+        let c = counter();
+        let requests = |k: usize| {
+            let items = chat(&rounds[..k]);
+            let counts: Vec<usize> = items.iter().map(|m| c.count_message(m)).collect();
+            (items, counts, 3)
+        };
+        replayed(&Chat, &rounds, requests, &c, &settings(budget, keep))?;
+    }
+
+    #[test]
+    fn responses_loops_fit_every_round_and_cuts_last(
+        rounds in prop::collection::vec(round(), 1..30),
+        budget in 1_500usize..30_000,
+        keep in 0usize..12,
+    ) {
+        let c = counter();
+        let requests = |k: usize| {
+            let items = responses(&rounds[..k]);
+            let body = json!({"model": "gpt-5", "instructions": "You are Codex.", "input": items});
+            let count = Responses.count(&c, &body);
+            let fixed = count.total - count.per_message.iter().sum::<usize>();
+            (items, count.per_message, fixed)
+        };
+        replayed(&Responses, &rounds, requests, &c, &settings(budget, keep))?;
+    }
+
+    #[test]
+    fn messages_loops_fit_every_round_and_cuts_last(
+        rounds in prop::collection::vec(round(), 1..30),
+        budget in 1_500usize..30_000,
+        keep in 0usize..12,
+    ) {
+        let requests = |k: usize| {
+            let body = messages_body(&rounds[..k], "claude-sonnet-4-5");
+            let items = Messages.payloads(&body).unwrap().into_owned();
+            let counts: Vec<usize> = items.iter().map(|p| Estimate.count_message(p)).collect();
+            (items, counts, estimate::fixed_tokens(&body))
+        };
+        replayed(&Messages, &rounds, requests, &Estimate, &settings(budget, keep))?;
+    }
 }
 
 proptest! {
@@ -299,4 +391,33 @@ proptest! {
             Err(other) => prop_assert!(false, "unexpected refusal: {other}"),
         }
     }
+}
+
+/// A case the chat property found: a tiny budget, a cut, then rounds whose results the model
+/// has not read yet squeezed beside the cut's marker; every request fits.
+#[test]
+fn a_squeeze_beside_a_marker_fits() {
+    let rounds: Vec<Round> = vec![
+        vec![212, 194],
+        vec![6],
+        vec![75, 2454, 7062],
+        vec![78, 94],
+        vec![1386],
+        vec![150],
+        vec![6],
+        vec![177, 94],
+        vec![332],
+        vec![942],
+        vec![57, 4444],
+        vec![843, 257],
+        vec![720],
+        vec![51, 104],
+    ];
+    let c = counter();
+    let requests = |k: usize| {
+        let items = chat(&rounds[..k]);
+        let counts: Vec<usize> = items.iter().map(|m| c.count_message(m)).collect();
+        (items, counts, 3)
+    };
+    replayed(&Chat, &rounds, requests, &c, &settings(1967, 2)).unwrap();
 }

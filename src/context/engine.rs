@@ -23,12 +23,19 @@
 //!    one marker message placed after that head. The boundary stays where it was, goes to a
 //!    ready summary's boundary when that pays, and over budget goes once, so the following
 //!    turns extend the prefix for many turns: at the depth the [`CutModel`] prices lowest per
-//!    turn, between the shallowest cut that fits and the low watermark (the target).
+//!    turn, between the shallowest cut that fits and the low watermark (the target). When no
+//!    cut within the recent window fits, a forced cut goes past it, up to the model's last
+//!    answer. "Over budget" counts the room of the marker a prior cut left.
+//! 4. **Squeeze** the round the model has not read when it alone still leaves the request over
+//!    budget: its tool results are cut to one common cap ([`squeeze_cap`]), so parallel
+//!    results share what the budget leaves. The [`Squeeze`] is part of the decision, repeated
+//!    exactly while it stands (the model has read those results by the next request), and
+//!    dropped once a cut moves its results out.
 //!
 //! **What the model has not seen is untouchable**: everything after the last assistant message
-//! (the results it is about to read) is never compacted nor moved out; only the hard cap may
-//! shorten it. The recent window is whole units, at least `keep_recent` messages, and always
-//! includes that unseen part.
+//! (the results it is about to read) is never compacted nor moved out; only the hard cap and
+//! the squeeze may shorten it. The recent window is whole units, at least `keep_recent`
+//! messages, and always includes that unseen part; only a forced cut goes past it.
 //!
 //! Every removed byte is in a [`Write`]; a conversation that is not well formed is left as it
 //! came.
@@ -80,13 +87,59 @@ pub struct Decision {
     /// boundary stays, so the prefix does not change when the next turn begins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_user: Option<usize>,
+    /// The tool results of a round squeezed to fit the budget while the model had not read
+    /// them: repeated exactly while it stands, so the prefix does not change when the model
+    /// has read them; dropped once its range is moved out or compacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub squeeze: Option<Squeeze>,
 }
 
 impl Decision {
     /// How many leading messages this decision depends on.
     pub fn prefix_len(&self) -> usize {
-        self.compact_before.max(self.offload_before)
+        self.compact_before
+            .max(self.offload_before)
+            .max(self.squeeze.map_or(0, |s| s.to))
     }
+}
+
+/// The tool results of `from..to` cut to head and tail at one common `cap` (tokens each):
+/// a round too large for the budget, sharing it fairly ([`squeeze_cap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Squeeze {
+    pub from: usize,
+    pub to: usize,
+    pub cap: usize,
+}
+
+/// The smallest cap a squeezed result is cut to: its head, its tail and the truncation
+/// marker naming its reference still fit.
+pub const SQUEEZE_FLOOR_TOKENS: usize = 240;
+
+/// The largest common cap at which results of `counts` tokens (each cut to at most the cap)
+/// take at most `room` tokens together, by bisection; never under [`SQUEEZE_FLOOR_TOKENS`]
+/// (the results then take more than `room`: the budget is met when it can be). `None` when
+/// they fit as they are.
+pub fn squeeze_cap(counts: &[usize], room: usize) -> Option<usize> {
+    let taken = |cap: usize| counts.iter().map(|&c| c.min(cap)).sum::<usize>();
+    let largest = counts.iter().copied().max()?;
+    if taken(largest) <= room {
+        return None;
+    }
+    if taken(SQUEEZE_FLOOR_TOKENS) > room {
+        return Some(SQUEEZE_FLOOR_TOKENS);
+    }
+    // taken(low) <= room < taken(high)
+    let (mut low, mut high) = (SQUEEZE_FLOOR_TOKENS, largest);
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if taken(mid) <= room {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    Some(low)
 }
 
 /// Where the content of a write comes from.
@@ -464,15 +517,6 @@ pub fn cut_cost_per_turn(size: usize, model: &CutModel) -> f64 {
     per_turn(cut, sent, n, model)
 }
 
-/// Going direct, priced as [`cut_cost_per_turn`] prices a cut: the request as the client sent
-/// it (`size`, its previous request cached: `size − growth`) and the next `horizon` turns,
-/// per turn.
-pub fn direct_cost_per_turn(size: usize, model: &CutModel) -> f64 {
-    let previous = (size as f64 - model.growth).max(0.0).round() as usize;
-    let first = model.cache.call_cost(size, previous);
-    per_turn(first, size, model.horizon, model)
-}
-
 /// `first` (the cost of turn 0, a request of `size`), then `n` turns (a real number) each
 /// growing by the model's growth and reading the previous one from the cache: per turn.
 fn per_turn(first: f64, size: usize, n: f64, model: &CutModel) -> f64 {
@@ -509,22 +553,144 @@ pub fn cheapest_cut(sizes: &[usize], model: &CutModel) -> usize {
     best.0
 }
 
-/// The smallest budget at which a forced cut of this conversation costs no more per turn than
-/// going direct (both by the [`CutModel`]): at a budget `b` the conversation is cut when it
-/// reaches `b`, down to `kept(b)` tokens (a budget under that is never met). `None` when no
-/// budget up to 64 times the model's pays.
-pub fn smallest_paying_budget(model: &CutModel, kept: impl Fn(usize) -> usize) -> Option<usize> {
+/// What the bill compares once a forced cut is made: the proxy's requests and going direct's
+/// over the same next requests of the conversation, for the warning that a budget costs more
+/// than no budget ([`Unpaid`]). The cut's depth is chosen by [`cut_cost_per_turn`], over one
+/// cycle to the next cut; whether the budget pays is a question about the whole rest of the
+/// conversation, so both sides are priced here request by request over one common horizon,
+/// each growing as it does on the wire:
+///
+/// - **through the proxy**: the cut's request (`size` and the tools it brings; the pinned head
+///   read from the cache unless the tools come before it), then each turn the conversation as
+///   the proxy forwards it grows by `growth` (what it holds past the head over its requests so
+///   far, after the proxy's own transforms: truncated, compacted, moved out); each turn reads
+///   the previous request from the cache; when it would pass the budget it is cut again, down
+///   to `kept`, the head (and tools) read from the cache and the rest written again;
+/// - **going direct**: the request as the client sent it (`raw`), of which `raw_prefix` (what
+///   the previous request held) is read from the cache and the rest written; then each turn it
+///   grows by the cut model's `growth` (the client's own growth per request), reading the
+///   previous request and writing its new tokens. It is never cut: every request carries all
+///   that came before, which is what the proxy saves on a long conversation.
+///
+/// Both totals are taken over `1 + horizon` requests (the last weighed by its fraction) and
+/// divided by as many: [`with_proxy_per_turn`] over [`direct_per_turn`] is the ratio the
+/// warning states. (The previous comparison priced one cut's cycle per turn against going
+/// direct over a horizon of as many requests as the conversation had made: a cut early in a
+/// fast-growing coding session, whose cycle is short and costly, looked dearer than going
+/// direct for two or three requests, while going direct rereads the whole growing session on
+/// every later one; the whole-session bill was 0.25× while it said no budget would pay.)
+///
+/// Without caching both sides pay every token they send, so the proxy costs more only when it
+/// sends more: a cut that moves out less than its marker and the tools it brings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outlook {
+    /// The cut's model: the budget, the pinned head, the client's growth per request, the
+    /// cache prices and the tools the cut brings (its own `horizon` is the cut's, not this).
+    pub model: CutModel,
+    /// Tokens a later cut leaves: as many as this one forwards (the same head and marker, a
+    /// recent window of as many messages), or the low watermark when that is more.
+    pub kept: usize,
+    /// The conversation's growth per request as the proxy forwards it.
+    pub growth: f64,
+    /// The request as the client sent it, and the part of it the previous request held.
+    pub raw: usize,
+    pub raw_prefix: usize,
+    /// Further requests both sides are priced over (`cache_horizon_turns`).
+    pub horizon: f64,
+}
+
+/// Expected input cost per request through the proxy from a forced cut leaving `size` tokens
+/// (see [`Outlook`]). Turn 0 is the cut; turn `k` (weight `min(1, horizon − k + 1)`) is the
+/// previous request grown by `growth`, or cut again to `kept` when that passes the budget:
+///
+/// `cost = call(size + t, head·[t = 0]) + Σ_k w_k · (grown ≤ budget ? call(grown + t, previous + t) : call(kept + t, head + t))`
+///
+/// over `1 + horizon`, `t` the tools the cut brings (from then on in every request, first).
+pub fn with_proxy_per_turn(size: usize, outlook: &Outlook) -> f64 {
+    let m = &outlook.model;
+    let t = m.tools;
+    let cached = if t > 0 { 0 } else { m.head.min(size) };
+    let mut cost = m.cache.call_cost(size + t, cached);
+    let mut previous = size as f64;
+    let g = outlook.growth.max(0.0);
+    each_turn(outlook.horizon, |w| {
+        let grown = previous + g;
+        let (now, shared) = if grown > m.budget as f64 {
+            (outlook.kept as f64, m.head.min(outlook.kept) as f64)
+        } else {
+            (grown, previous)
+        };
+        cost += w * m
+            .cache
+            .call_cost(now.round() as usize + t, shared.round() as usize + t);
+        previous = now;
+    });
+    cost / (1.0 + outlook.horizon.max(0.0))
+}
+
+/// Expected input cost per request going direct over the same requests (see [`Outlook`]):
+///
+/// `cost = call(raw, raw_prefix) + Σ_k w_k · call(raw + k·g, raw + (k − 1)·g)`
+///
+/// over `1 + horizon`, `g` the client's growth per request.
+pub fn direct_per_turn(outlook: &Outlook) -> f64 {
+    let m = &outlook.model;
+    let mut cost = m
+        .cache
+        .call_cost(outlook.raw, outlook.raw_prefix.min(outlook.raw));
+    let mut previous = outlook.raw as f64;
+    let g = m.growth.max(0.0);
+    each_turn(outlook.horizon, |w| {
+        let now = previous + g;
+        cost += w * m
+            .cache
+            .call_cost(now.round() as usize, previous.round() as usize);
+        previous = now;
+    });
+    cost / (1.0 + outlook.horizon.max(0.0))
+}
+
+/// Calls `turn` with the weight of each turn `k = 1, 2, …` of a horizon of `horizon` turns (a
+/// real number): 1, and the fraction left for the last.
+fn each_turn(horizon: f64, mut turn: impl FnMut(f64)) {
+    let mut k = 1.0;
+    while k < horizon + 1.0 {
+        turn((horizon - (k - 1.0)).min(1.0));
+        k += 1.0;
+    }
+}
+
+/// The smallest budget at which this conversation's forced cuts cost no more per request than
+/// going direct (by the [`Outlook`]): at a budget `b` the conversation is cut when the request
+/// the proxy forwards reaches `b` (going direct it is then `b` scaled as the client's request
+/// is to the proxy's, `raw_per_managed`, with this turn's new tokens unchanged), down to
+/// `kept(b)` tokens, and later cuts keep as much (a budget under that is never met). `None`
+/// when no budget up to 64 times the model's pays.
+pub fn smallest_paying_budget(
+    outlook: &Outlook,
+    raw_per_managed: f64,
+    kept: impl Fn(usize) -> usize,
+) -> Option<usize> {
+    let new = outlook.raw.saturating_sub(outlook.raw_prefix);
     // A budget under what its cut keeps cannot be met at all.
     let pays = |b: usize| {
-        let at = CutModel {
-            budget: b,
-            ..*model
+        let raw = ((b as f64 * raw_per_managed.max(1.0)).round() as usize).max(b);
+        let at = Outlook {
+            model: CutModel {
+                budget: b,
+                ..outlook.model
+            },
+            kept: kept(b),
+            raw,
+            raw_prefix: raw.saturating_sub(new),
+            ..*outlook
         };
-        kept(b) <= b && cut_cost_per_turn(kept(b), &at) <= direct_cost_per_turn(b, &at)
+        kept(b) <= b && with_proxy_per_turn(kept(b), &at) <= direct_per_turn(&at)
     };
-    let (mut low, mut high) = (model.budget.max(1), model.budget.max(1));
+    let budget = outlook.model.budget.max(1);
+    let (mut low, mut high) = (budget, budget);
     while !pays(high) {
-        if high >= model.budget.max(1).saturating_mul(64) {
+        if high >= budget.saturating_mul(64) {
             return None;
         }
         low = high;
@@ -561,6 +727,8 @@ struct Slot {
     /// The lossless form it was sent in, when one applied.
     lossless: Option<Arc<Lossless>>,
     truncated: bool,
+    /// Its tokens before it was truncated (its lossless form's), when it was.
+    untruncated: Option<usize>,
     compacted: bool,
 }
 
@@ -652,10 +820,11 @@ impl Work<'_> {
             Kind::User => ContentKind::UserText,
             _ => return,
         };
-        let tokens = self.counts[i];
-        if tokens <= cap {
+        if self.counts[i] <= cap {
             return;
         }
+        // Cut again (squeezed under a smaller cap): from the whole text, as at first sight.
+        let tokens = self.slots[i].untruncated.unwrap_or(self.counts[i]);
         let Some(original) = input.adapter.text(message) else {
             return;
         };
@@ -669,6 +838,7 @@ impl Work<'_> {
         // (the last attempt keeps only the marker).
         let mut keep = cap.saturating_sub(TRUNCATION_MARKER_TOKENS);
         let mut replacement = None;
+        let mut last_got = None;
         for attempt in 0..TRUNCATION_ATTEMPTS {
             if attempt + 1 == TRUNCATION_ATTEMPTS {
                 keep = 0;
@@ -682,9 +852,15 @@ impl Work<'_> {
                 replacement = Some(new);
                 break;
             }
-            // Aim below the cap by the overshoot and a little more.
+            // Aim below the cap by the overshoot and a little more; when the last step changed
+            // nothing (the cut snaps to the same line breaks), by a few lines' worth.
             let over = got - cap;
-            keep = keep.saturating_sub(over + over / 2 + 8);
+            let mut step = over + over / 2 + 8;
+            if last_got == Some(got) {
+                step = step.max(keep / 16);
+            }
+            last_got = Some(got);
+            keep = keep.saturating_sub(step);
         }
         let Some(new) = replacement else {
             return;
@@ -692,6 +868,16 @@ impl Work<'_> {
         self.write(reference, kind, Source::MessageText(i), Action::Truncated);
         self.replace(i, new);
         self.slots[i].truncated = true;
+        self.slots[i].untruncated = Some(tokens);
+    }
+
+    /// The tool results of `range` cut to at most `cap` tokens each ([`Squeeze`]).
+    fn squeeze(&mut self, range: Range<usize>, cap: usize, readback: &markers::Readback) {
+        for i in range {
+            if matches!(self.input.items[i].kind, Kind::ToolResult(_)) {
+                self.truncate(i, cap, readback);
+            }
+        }
     }
 
     /// Stages 0 and 1 on every message: the lossless transforms (when on), then the hard cap.
@@ -825,6 +1011,17 @@ fn recent_start(units: &[Range<usize>], n: usize, keep: usize, unseen: usize) ->
         .min(unseen)
 }
 
+/// Where `input`'s recent window begins with `settings` (see [`recent_start`]); 0 when the
+/// conversation is not well formed.
+pub fn recent_window_start(input: &Input<'_>, settings: &Settings) -> usize {
+    let Ok(units) = model::units(&input.items) else {
+        return 0;
+    };
+    let n = input.items.len();
+    let unseen = unseen_start_of(&input.items, &units);
+    recent_start(&units, n, settings.keep_recent, unseen)
+}
+
 /// Plans and applies context management to one request.
 pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn Env) -> Outcome {
     let n = input.messages.len();
@@ -863,6 +1060,11 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     };
 
     work.first_sight(settings);
+    // The prior squeeze, repeated exactly while it stands.
+    let prior_squeeze = prior.squeeze.filter(|s| s.from < s.to && s.to <= n);
+    if let Some(s) = prior_squeeze {
+        work.squeeze(s.from..s.to, s.cap, &settings.readback);
+    }
 
     // 2. Compact, with the boundary moving in batches, never into what the model has not seen.
     let unseen = unseen_start_of(&input.items, &units);
@@ -871,6 +1073,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         compact_before: prior.compact_before.min(unseen),
         offload_before: prior.offload_before.min(unseen),
         kept_user: None,
+        squeeze: None,
     };
     // The first input message this request shows differently from the previous one.
     let mut first_rewritten = n;
@@ -882,7 +1085,7 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     let movable = settings
         .mode
         .offloads()
-        .then(|| movable(&input.items, &units, settings, recent_start))
+        .then(|| movable(&input.items, &units, settings, recent_start, unseen))
         .flatten();
     let (moved_end, moved_tokens) =
         movable.map_or((0, 0), |m| m.run_to(&work, &units, decision.offload_before));
@@ -891,7 +1094,13 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     // Whether the request refers to stored content as the prior decision leaves it (so the
     // proxy's tools go out with it already).
     let refers = moved_tokens > 0 || work.slots.iter().any(|s| s.compacted || s.truncated);
-    let price = Price::of(input, settings, work.total() - moved_tokens, before, refers);
+    // A run moved out is replaced by its marker (and summary): its room counts.
+    let marker_room = match movable {
+        Some(m) if moved_tokens > 0 => stand_in_room(&work, &(m.start..moved_end), settings),
+        _ => 0,
+    };
+    let left = work.total() - moved_tokens + marker_room;
+    let price = Price::of(input, settings, left, before, refers);
     if settings.mode.compacts() {
         let from = decision.compact_before;
         if let Some((moved, first)) =
@@ -915,20 +1124,38 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
             &mut decision,
         )
     });
-    report.costlier_than_direct = cut.unpaid;
     let span = cut.span;
     if let Some(span) = &span {
         if decision.offload_before != prior.offload_before.min(unseen) {
             first_rewritten = first_rewritten.min(span.start);
         }
     }
+    // What the run moved out takes away, its marker's room kept.
+    let offload_before = decision.offload_before;
+    let moved_net = |work: &Work<'_>| match (movable, &span) {
+        (Some(m), Some(_)) => {
+            let (end, freed) = m.run_to(work, &units, offload_before);
+            freed.saturating_sub(stand_in_room(work, &(m.start..end), settings))
+        }
+        _ => 0,
+    };
     if settings.mode.compacts() {
-        let left = match (movable, &span) {
-            (Some(m), Some(_)) => m.run_to(&work, &units, decision.offload_before).1,
-            _ => 0,
-        };
-        let last = compact_to_unseen(&mut work, &mut decision, left, unseen, &span, settings);
+        let moved = moved_net(&work);
+        let last = compact_to_unseen(&mut work, &mut decision, moved, unseen, &span, settings);
         first_rewritten = first_rewritten.min(last.unwrap_or(n));
+    }
+    // 4. Squeeze the round the model has not read when the request still does not fit. The
+    // prior squeeze stands until its range is moved out (`assemble`): a squeezed result is
+    // compactable at any size, as a truncated one is, so it stays squeezed under compaction.
+    let standing = prior_squeeze;
+    decision.squeeze = standing;
+    let size = work.total().saturating_sub(moved_net(&work));
+    if size > settings.budget {
+        if let Some((squeeze, recut)) = squeeze_unseen(&mut work, unseen, size, standing, settings)
+        {
+            first_rewritten = first_rewritten.min(recut.unwrap_or(n));
+            decision.squeeze = Some(squeeze);
+        }
     }
 
     // An item the adapter cannot let go of in the span to move out: the request goes as it came.
@@ -943,7 +1170,61 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     };
     report.rewrote_prefix = first_rewritten < price.answered_end;
     report.forced = price.forced;
-    assemble(work, span, decision, report, kept_end, &settings.readback)
+    // The conversation as the proxy holds it before the move.
+    let held = work.total();
+    let unchanged_prefix = input.unchanged_prefix_tokens();
+    let mut outcome = assemble(work, span, decision, report, kept_end, &settings.readback);
+    if let (Some(model), Some(_)) = (cut.forced, &outcome.moved) {
+        let seen = Seen {
+            held,
+            forwarded: outcome.report.tokens_after,
+            unchanged_prefix,
+        };
+        outcome.report.costlier_than_direct = unpaid_cut(&model, &seen, &price, settings);
+    }
+    outcome
+}
+
+/// Stage 4: the tool results the model has not read (from `unseen`), when the request
+/// (`size` tokens as it now stands) still does not fit the budget, cut to one common cap
+/// ([`squeeze_cap`]), so parallel results share what the budget leaves. A squeeze still
+/// `standing` (its results not yet moved out nor compacted) is merged: its range goes on to
+/// the unseen round, at the smaller cap. Returns the squeeze made, and the first result the
+/// model had read that it cut again.
+fn squeeze_unseen(
+    work: &mut Work<'_>,
+    unseen: usize,
+    size: usize,
+    standing: Option<Squeeze>,
+    settings: &Settings,
+) -> Option<(Squeeze, Option<usize>)> {
+    let n = work.slots.len();
+    let input = work.input;
+    let results: Vec<usize> = (unseen..n)
+        .filter(|&i| {
+            matches!(input.items[i].kind, Kind::ToolResult(_))
+                && !work.slots[i].compacted
+                && input.adapter.has_text(&input.messages[i])
+        })
+        .collect();
+    let counts: Vec<usize> = results.iter().map(|&i| work.counts[i]).collect();
+    let others = size.saturating_sub(counts.iter().sum::<usize>());
+    let cap = squeeze_cap(&counts, settings.budget.saturating_sub(others))?;
+    let (from, cap) = match standing {
+        Some(s) => (s.from, s.cap.min(cap)),
+        None => (unseen, cap),
+    };
+    let mut recut = None;
+    for i in from..n {
+        if matches!(input.items[i].kind, Kind::ToolResult(_)) && !work.slots[i].compacted {
+            let before = work.counts[i];
+            work.truncate(i, cap, &settings.readback);
+            if i < unseen && work.counts[i] != before {
+                recut.get_or_insert(i);
+            }
+        }
+    }
+    Some((Squeeze { from, to: n, cap }, recut))
 }
 
 /// The last resort while still over budget (`moved` tokens moved out of the work's total):
@@ -1050,7 +1331,8 @@ struct Price {
 }
 
 impl Price {
-    /// This request's price of a rewrite: `left` tokens as the prior decision leaves it,
+    /// This request's price of a rewrite: `left` tokens as the prior decision leaves it (the
+    /// room of its marker included),
     /// `before` as the client sent it; `refers` whether it then refers to stored content.
     fn of(
         input: &Input<'_>,
@@ -1143,14 +1425,18 @@ impl Work<'_> {
 
 /// Where a moved-out run may stand: from unit `first` (starting at `start`, after the pinned
 /// head: instructions and, with `pin_task`, everything up to the first user message) up to
-/// `limit` (before the next instruction and the recent window). The run may reach into the
-/// current turn, whole tool rounds of a long tool loop included; the latest user message then
-/// stays ([`Work::lifted`]).
+/// `limit` (before the next instruction and the recent window), and, when the budget forces
+/// a cut that no run within the window brings under it, up to `reach`: past the recent
+/// window, up to the model's last answer (never the part it has not read, nor its last
+/// answer, whose thinking the next turn needs). The run
+/// may reach into the current turn, whole tool rounds of a long tool loop included; the latest
+/// user message then stays ([`Work::lifted`]).
 #[derive(Debug, Clone, Copy)]
 struct Movable {
     first: usize,
     start: usize,
     limit: usize,
+    reach: usize,
 }
 
 fn movable(
@@ -1158,6 +1444,7 @@ fn movable(
     units: &[Range<usize>],
     settings: &Settings,
     recent_start: usize,
+    unseen: usize,
 ) -> Option<Movable> {
     let is_instruction = |i: usize| items[i].kind == Kind::Instructions;
     // With `pin_task`, a conversation whose task has not come yet (no user message: tool
@@ -1171,25 +1458,34 @@ fn movable(
     let first = units
         .iter()
         .position(|u| u.start >= pinned_end && !is_instruction(u.start))?;
-    let limit = units[first..]
+    let instruction = units[first..]
         .iter()
         .find(|u| is_instruction(u.start))
-        .map_or(items.len(), |u| u.start)
-        .min(recent_start);
+        .map_or(items.len(), |u| u.start);
+    let last_answer = items
+        .iter()
+        .rposition(|m| m.kind.is_assistant())
+        .and_then(|a| units.iter().find(|u| u.contains(&a)))
+        .map_or(unseen, |u| u.start);
     Some(Movable {
         first,
         start: units[first].start,
-        limit,
+        limit: instruction.min(recent_start),
+        reach: instruction
+            .min(last_answer)
+            .min(unseen)
+            .max(recent_start.min(instruction)),
     })
 }
 
 impl Movable {
-    /// The run of whole units moved out up to `boundary` (at most the limit): where it ends,
-    /// and the tokens it frees as they now stand (its [`Work::lifted`] message stays).
+    /// The run of whole units moved out up to `boundary` (at most the reach: a forced cut
+    /// that went past the recent window stays there): where it ends, and the tokens it frees
+    /// as they now stand (its [`Work::lifted`] message stays).
     fn run_to(&self, work: &Work<'_>, units: &[Range<usize>], boundary: usize) -> (usize, usize) {
         let mut end = self.start;
         for u in &units[self.first..] {
-            if u.end > boundary.min(self.limit) {
+            if u.end > boundary.min(self.reach) {
                 break;
             }
             end = u.end;
@@ -1227,7 +1523,7 @@ impl Work<'_> {
 /// Stage 3: chooses the run of whole units to move out and records it in `decision`. It keeps
 /// the prior boundary; it goes to a ready summary's boundary when that pays; over budget, it
 /// goes once, as deep as the [`CutModel`] finds cheapest between the shallowest cut that fits
-/// and the low watermark (and says in `unpaid` when even that costs more than going direct).
+/// and the low watermark (and gives its model in `forced`, for the warning).
 fn offload_span(
     work: &Work<'_>,
     units: &[Range<usize>],
@@ -1244,7 +1540,7 @@ fn offload_span(
     // request under the budget.
     let mut deep_enough = false;
     if let Some(ready) = ready.filter(|r| r.prefix_len > end) {
-        let (e, m) = at.run_to(work, units, ready.prefix_len);
+        let (e, m) = at.run_to(work, units, ready.prefix_len.min(at.limit));
         let freed = (m - moved).saturating_sub(ready.tokens);
         let rebilled = ready.tokens + work.rebilled(e, price.answered_end);
         let before = work.total_to(at.start);
@@ -1255,14 +1551,19 @@ fn offload_span(
     }
     // Over budget: once, at the depth the cut model prices lowest, from the shallowest cut
     // that fits the budget (its marker's room kept) down to the low watermark.
-    let mut unpaid = None;
+    let mut forced = None;
     if price.forced && !deep_enough {
         let kept_end = end;
-        let fits = |moved: usize| total - moved + settings.cut_reserve_tokens <= settings.budget;
+        let room = cut_room(work, &at, total, settings);
+        let fits = |moved: usize| total - moved + room <= settings.budget;
         // (end, moved) at every boundary that fits, and the deepest one in any case.
         let mut candidates = Vec::new();
         for u in units[at.first..].iter().skip_while(|u| u.end <= kept_end) {
-            if u.end > at.limit || total - moved <= settings.target {
+            if u.end > at.reach || total - moved <= settings.target {
+                break;
+            }
+            // Past the recent window only when no cut within it fits.
+            if u.start == at.limit && !candidates.is_empty() {
                 break;
             }
             moved = work.freed(at.start..u.end);
@@ -1285,45 +1586,90 @@ fn offload_span(
             .collect();
         let chosen = cheapest_cut(&sizes, &model);
         end = candidates[chosen].0;
-        // At a budget `b` the cut would go down to its target, or as deep as it can here.
-        let deepest = sizes[sizes.len() - 1];
-        let ratio = settings.target as f64 / settings.budget.max(1) as f64;
-        let kept_at = |b: usize| ((b as f64 * ratio) as usize).max(deepest);
-        unpaid = unpaid_cut(sizes[chosen], &model, price.raw, kept_at);
+        // A cut that moves nothing more is none: nothing is paid for it.
+        if end > kept_end {
+            forced = Some(model);
+        }
     }
     if end == at.start {
-        return Cut { span: None, unpaid };
+        return Cut { span: None, forced };
     }
     decision.offload_before = end;
     Cut {
         span: Some(at.start..end),
-        unpaid,
+        forced,
     }
 }
 
-/// What stage 3 chose: the run moved out, and whether its forced cut costs more than going
-/// direct.
+/// What stage 3 chose: the run moved out, and the model of its forced cut.
 #[derive(Default)]
 struct Cut {
     span: Option<Range<usize>>,
-    unpaid: Option<Unpaid>,
+    /// The cut model of a forced cut that moves something, for the warning ([`unpaid_cut`]).
+    forced: Option<CutModel>,
 }
 
-/// Whether a forced cut leaving `size` costs more per turn than sending `raw` direct, and
-/// then the smallest budget that pays (at a budget `b`, a cut leaves `kept_at(b)`).
-fn unpaid_cut(
-    size: usize,
-    model: &CutModel,
-    raw: usize,
-    kept_at: impl Fn(usize) -> usize,
-) -> Option<Unpaid> {
-    let cut = cut_cost_per_turn(size, model);
-    let direct = direct_cost_per_turn(raw, model);
+/// A forced cut's request as the engine made it, for [`unpaid_cut`].
+struct Seen {
+    /// The conversation as the proxy holds it before the move: the client's request after the
+    /// proxy's transforms and compactions.
+    held: usize,
+    /// The request forwarded after the cut.
+    forwarded: usize,
+    /// What the previous request held of the client's request, as sent.
+    unchanged_prefix: usize,
+}
+
+/// Whether the forced cut just made (its model, the request it forwards) makes this
+/// conversation cost more than going direct, by the [`Outlook`], and then the smallest budget
+/// that pays.
+fn unpaid_cut(model: &CutModel, seen: &Seen, price: &Price, settings: &Settings) -> Option<Unpaid> {
+    let growth = seen.held.saturating_sub(model.head) as f64 / price.answers.max(1) as f64;
+    // A later cut keeps what this one forwards (the same head and marker, a recent window of
+    // as many messages), or goes down to the low watermark when the budget leaves room.
+    let ratio = settings.target as f64 / settings.budget.max(1) as f64;
+    let kept_at = |b: usize| ((b as f64 * ratio) as usize).max(seen.forwarded);
+    let outlook = Outlook {
+        model: *model,
+        kept: kept_at(settings.budget),
+        growth,
+        raw: price.raw,
+        raw_prefix: seen.unchanged_prefix,
+        horizon: settings.cache_horizon_turns,
+    };
+    let cut = with_proxy_per_turn(seen.forwarded, &outlook);
+    let direct = direct_per_turn(&outlook);
+    let raw_per_managed = price.raw as f64 / seen.held.max(1) as f64;
     (cut > direct && direct > 0.0).then(|| Unpaid {
         ratio: cut / direct,
-        smallest_paying_budget: smallest_paying_budget(model, kept_at),
+        smallest_paying_budget: smallest_paying_budget(&outlook, raw_per_managed, kept_at),
     })
 }
+
+/// The room a cut keeps in the budget for what stands in for the run it moves out:
+/// `cut_reserve_tokens`, or more when the marker itself takes more than its share of it (a
+/// wire counting markers higher), counted for the longest run the cut may move (`at`) of
+/// `tokens` tokens (its reference's tokens allowed for).
+fn cut_room(work: &Work<'_>, at: &Movable, tokens: usize, settings: &Settings) -> usize {
+    let messages = at.reach.saturating_sub(at.start);
+    let marker = marker_tokens(work, messages, tokens, &settings.readback) + REFERENCE_SLACK_TOKENS;
+    settings.cut_reserve_tokens + marker.saturating_sub(super::settings::MARKER_RESERVE_TOKENS)
+}
+
+/// The room what stands in for the moved-out `span` takes: its marker, exactly as it will be
+/// sent (its reference's tokens vary with its characters), and the summary that may be placed
+/// in it (summaries on: `cut_reserve_tokens` beyond the marker's share).
+fn stand_in_room(work: &Work<'_>, span: &Range<usize>, settings: &Settings) -> usize {
+    let kept = work.lifted(span);
+    let marker = moved_out_marker(work, span.clone(), kept, &settings.readback).tokens;
+    marker
+        + settings
+            .cut_reserve_tokens
+            .saturating_sub(super::settings::MARKER_RESERVE_TOKENS)
+}
+
+/// Tokens a reference may take beyond the stand-in's where a marker names it (three times).
+const REFERENCE_SLACK_TOKENS: usize = 24;
 
 /// Tokens of the marker standing for a run of `messages` messages of `tokens` tokens (its
 /// reference stands in: every reference is as long).
@@ -1410,6 +1756,13 @@ fn assemble(
     } else {
         0..0
     };
+    // A squeeze whose results are all moved out is done with.
+    if decision
+        .squeeze
+        .is_some_and(|s| span.start <= s.from && s.to <= span.end)
+    {
+        decision.squeeze = None;
+    }
     // Moved out: the span but the message it keeps.
     let gone = |i: usize| span.contains(&i) && Some(i) != kept_user;
     let moved = (!span.is_empty()).then(|| span.clone());
@@ -1554,6 +1907,95 @@ mod tests {
         let c = counter();
         let counts: Vec<usize> = messages.iter().map(|m| c.count_message(m)).collect();
         run(&Input::new(messages, &counts, 3), s, prior, &c)
+    }
+
+    #[test]
+    fn the_squeeze_cap_is_the_largest_that_fits() {
+        // Water-filling checked by hand: 100 stays whole, the others share what is left.
+        assert_eq!(squeeze_cap(&[100, 5000, 5000], 2100), Some(1000));
+        assert_eq!(squeeze_cap(&[100, 5000, 5000], 10_100), None);
+        assert_eq!(squeeze_cap(&[100, 5000, 5000], 2101), Some(1000));
+        assert_eq!(squeeze_cap(&[100, 5000, 5000], 2102), Some(1001));
+        // Never under the floor, though the results then do not fit.
+        assert_eq!(squeeze_cap(&[5000; 8], 100), Some(SQUEEZE_FLOOR_TOKENS));
+        assert_eq!(squeeze_cap(&[], 0), None);
+    }
+
+    /// A round of parallel results the model has not read, too large for the budget together:
+    /// each is cut to one common cap (head and tail, the whole text stored), and the request
+    /// fits. Once the model has read them, the next request repeats them byte for byte.
+    #[test]
+    fn parallel_unseen_results_share_the_budget_and_stay_squeezed() {
+        let c = counter();
+        let mut messages = vec![
+            json!({"role": "system", "content": "sys"}),
+            json!({"role": "user", "content": "read the eight files"}),
+        ];
+        let calls: Vec<Value> = (0..8)
+            .map(|k| json!({"id": format!("c{k}"), "type": "function", "function": {"name": "read", "arguments": "{}"}}))
+            .collect();
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+        for k in 0..8 {
+            let text: String = (0..300)
+                .map(|l| format!("file {k} line {l}: let x{l} = {l};\n"))
+                .collect();
+            messages
+                .push(json!({"role": "tool", "tool_call_id": format!("c{k}"), "content": text}));
+        }
+        let s = settings(Mode::Auto, 8000);
+        let out = run_on(&messages, &s, Decision::default());
+        assert!(out.report.tokens_before > 2 * s.budget, "{:?}", out.report);
+        assert!(out.report.tokens_after <= s.budget, "{:?}", out.report);
+        let squeeze = out.decision.squeeze.expect("squeezed");
+        assert_eq!((squeeze.from, squeeze.to), (2, 11));
+        let sent = out.messages.clone().unwrap();
+        let sizes: Vec<usize> = sent[3..].iter().map(|m| c.count_message(m)).collect();
+        // One common cap: every result under it, none far below it.
+        assert!(sizes.iter().all(|&t| t <= squeeze.cap), "{sizes:?}");
+        assert!(sizes.iter().all(|&t| t * 2 > squeeze.cap), "{sizes:?}");
+        // Every result's whole text is stored.
+        for k in 3..11 {
+            assert!(out
+                .writes
+                .iter()
+                .any(|w| w.source == Source::MessageText(k) && w.action == Action::Truncated));
+        }
+        // The model answers: the squeezed results are repeated as they were sent.
+        let mut next = messages.clone();
+        next.push(json!({"role": "assistant", "content": "Read them."}));
+        next.push(json!({"role": "user", "content": "now fix the bug"}));
+        let again = run_on(&next, &s, out.decision);
+        let resent = again.messages.unwrap();
+        assert_eq!(&resent[..sent.len()], &sent[..]);
+        assert_eq!(again.decision.squeeze, Some(squeeze));
+        assert!(!again.report.rewrote_prefix);
+    }
+
+    /// A forced cut goes past the recent window when the older part alone cannot bring the
+    /// request under the budget; the model's last answer and what it has not read stay.
+    #[test]
+    fn a_forced_cut_reaches_into_the_recent_window() {
+        let mut messages = vec![
+            json!({"role": "system", "content": "sys"}),
+            json!({"role": "user", "content": "port the crate"}),
+        ];
+        for k in 0..6 {
+            messages.extend(tool_round(&format!("c{k}"), lines(40)));
+        }
+        let s = Settings {
+            keep_recent: 10,
+            tool_result_max_tokens: 100_000,
+            ..settings(Mode::Compress, 1200)
+        };
+        let out = run_on(&messages, &s, Decision::default());
+        assert!(out.report.tokens_before > s.budget);
+        assert!(out.report.tokens_after <= s.budget, "{:?}", out.report);
+        // The recent window began at message 4 (the last ten), and moving the one round before
+        // it does not fit: the cut went past it.
+        assert!(out.decision.offload_before > 4, "{:?}", out.decision);
+        let sent = out.messages.unwrap();
+        assert_eq!(sent.last(), messages.last());
+        assert_eq!(sent[sent.len() - 2], messages[messages.len() - 2]);
     }
 
     /// Over budget with only a few short messages to move: their marker would be larger than
@@ -1778,7 +2220,13 @@ mod tests {
         let s = settings(Mode::Auto, 1500);
         let out = run_on(&messages, &s, Decision::default());
         assert_eq!(out.report.compacted + out.report.offloaded, 0);
-        assert!(out.messages.is_none(), "{:?}", out.report);
+        // Only squeezed, to the floor: head and tail of each, the whole text stored.
+        assert_eq!(out.report.truncated, 8, "{:?}", out.report);
+        assert!(out.writes.iter().all(|w| w.action == Action::Truncated));
+        assert_eq!(
+            out.decision.squeeze.map(|s| s.cap),
+            Some(SQUEEZE_FLOOR_TOKENS)
+        );
         // Once the model has answered, they are old results like any other.
         messages.push(json!({"role": "assistant", "content": "read"}));
         messages.push(json!({"role": "user", "content": "now fix it"}));
@@ -1897,11 +2345,6 @@ mod tests {
         // A cut to 650 has 3.5 turns: the half turn weighs half.
         let by_hand = (30.0 + 437.5) + 190.0 + 200.0 + 210.0 + 0.5 * 220.0;
         assert!((cut_cost_per_turn(650, &model) - by_hand / 4.5).abs() < 1e-9);
-        // Going direct from 1200 tokens: 1100 cached, then ten turns.
-        let direct: f64 = (0..=10)
-            .map(|k| 0.1 * (1100 + 100 * k) as f64 + 125.0)
-            .sum();
-        assert!((direct_cost_per_turn(1200, &model) - direct / 11.0).abs() < 1e-9);
         // The same cut bringing 50 tokens of the proxy's tools: the 650 tokens it sends are
         // all written (the tools lead the prompt), then each turn is 50 larger.
         let tools = CutModel { tools: 50, ..model };
@@ -1936,38 +2379,78 @@ mod tests {
         assert_eq!(cheapest_cut(&sizes, &model(CachePricing::NONE)), 5);
     }
 
+    /// The outlook of a support conversation: a 3,600-token head at a budget of 5,400, the
+    /// proxy's requests growing 200 tokens a turn, the client's 300.
+    fn support_outlook(budget: usize, kept: usize) -> Outlook {
+        Outlook {
+            model: CutModel {
+                budget,
+                head: 3600,
+                growth: 300.0,
+                horizon: 3.0,
+                cache: anthropic_min(1024),
+                tools: 0,
+            },
+            kept,
+            growth: 200.0,
+            raw: 6000,
+            raw_prefix: 5700,
+            horizon: 10.0,
+        }
+    }
+
+    #[test]
+    fn both_sides_of_the_bill_are_priced_as_computed_by_hand() {
+        let outlook = Outlook {
+            horizon: 2.5,
+            ..support_outlook(5000, 4700)
+        };
+        // Through the proxy: the cut to 4,800 (head read at 10%, 1,200 written at 125%), then
+        // 5,000 (reads 4,800, writes 200), then over the budget: cut to 4,700 (head read,
+        // 1,100 written), then half a turn at 4,900 (reads 4,700, writes 200).
+        let by_hand = (360.0 + 1500.0) + (480.0 + 250.0) + (360.0 + 1375.0) + 0.5 * (470.0 + 250.0);
+        assert!((with_proxy_per_turn(4800, &outlook) - by_hand / 3.5).abs() < 1e-9);
+        // Going direct: 6,000 with 5,700 cached, then 6,300, 6,600 and half of 6,900, each
+        // reading the previous request and writing 300 tokens.
+        let by_hand = (570.0 + 375.0) + (600.0 + 375.0) + (630.0 + 375.0) + 0.5 * (660.0 + 375.0);
+        assert!((direct_per_turn(&outlook) - by_hand / 3.5).abs() < 1e-9);
+        // A cut that brings 50 tokens of the proxy's tools: nothing read on the cut (the tools
+        // lead the prompt), then every request 50 larger with the tools read from the cache.
+        let tools = Outlook {
+            model: CutModel {
+                tools: 50,
+                ..outlook.model
+            },
+            ..outlook
+        };
+        let by_hand = 4850.0 * 1.25 + (485.0 + 250.0) + (365.0 + 1375.0) + 0.5 * (475.0 + 250.0);
+        assert!((with_proxy_per_turn(4800, &tools) - by_hand / 3.5).abs() < 1e-9);
+    }
+
     #[test]
     fn the_smallest_paying_budget_pays_and_one_token_less_does_not() {
-        let model = CutModel {
-            budget: 5400,
-            head: 3600,
-            growth: 300.0,
-            horizon: 10.0,
-            cache: anthropic_min(1024),
-            tools: 0,
-        };
         // The head and the recent turns leave 5,200 tokens at the deepest: a cut every turn
         // or so, each writing 1,600 tokens again.
         let kept = |b: usize| ((b as f64 * 0.6) as usize).max(5200);
         let pays = |b: usize| {
-            let at = CutModel { budget: b, ..model };
-            cut_cost_per_turn(kept(b), &at) <= direct_cost_per_turn(b, &at)
+            let raw = (b as f64 * 1.2).round() as usize;
+            let at = Outlook {
+                raw,
+                raw_prefix: raw - 300,
+                ..support_outlook(b, kept(b))
+            };
+            kept(b) <= b && with_proxy_per_turn(kept(b), &at) <= direct_per_turn(&at)
         };
+        let outlook = support_outlook(5400, kept(5400));
         assert!(!pays(5400));
-        let b = smallest_paying_budget(&model, kept).unwrap();
+        let b = smallest_paying_budget(&outlook, 1.2, kept).unwrap();
         assert!(b > 5400 && pays(b) && !pays(b - 1), "{b}");
         // The head alone over the budget: no budget under what the cut keeps is an answer.
-        let over = CutModel {
-            budget: 5000,
-            ..model
-        };
-        assert!(smallest_paying_budget(&over, kept).unwrap() >= 5200);
+        let over = support_outlook(5000, kept(5000));
+        assert!(smallest_paying_budget(&over, 1.2, kept).unwrap() >= 5200);
         // A budget that pays is its own answer.
-        let roomy = CutModel {
-            budget: b + 1000,
-            ..model
-        };
-        assert_eq!(smallest_paying_budget(&roomy, kept), Some(b + 1000));
+        let roomy = support_outlook(b + 1000, kept(b + 1000));
+        assert_eq!(smallest_paying_budget(&roomy, 1.2, kept), Some(b + 1000));
     }
 
     /// Old results worth a batch, and a long recent tail the move would bill again.

@@ -76,9 +76,10 @@ pub struct Managed {
     pub counted: bool,
     /// The stored content the new body refers to (empty when it refers to none).
     pub refs: Vec<ContentRef>,
-    /// What the new body shows the model, on a model binding thinking to its prefix with
-    /// thinking on: to be remembered once it is forwarded.
-    pub forwarded: Option<Forwarded>,
+    /// Why the request must not be forwarded at all, when it must not: on a model binding
+    /// thinking to its prefix, the store cannot say what the conversation forwarded before,
+    /// and earlier requests may have been edited (the route answers a retryable error).
+    pub refused: Option<String>,
 }
 
 impl Managed {
@@ -90,7 +91,7 @@ impl Managed {
             fail_open: false,
             counted: false,
             refs: Vec::new(),
-            forwarded: None,
+            refused: None,
         }
     }
 
@@ -101,7 +102,7 @@ impl Managed {
             fail_open: false,
             counted: true,
             refs: Vec::new(),
-            forwarded: None,
+            refused: None,
         }
     }
 
@@ -138,42 +139,40 @@ impl ContextManager {
         }
     }
 
-    /// `identity`'s request was forwarded as `record` says (on a model binding thinking to
-    /// its prefix, with thinking on): kept in the store, under the session's state key
-    /// `forwarded-…` of the conversation ([`adapter::messages_bound::state_key`]), where the
-    /// next request of the conversation, on any replica or after a restart, finds what it must
-    /// repeat. A store error only warns.
-    pub async fn remember_forwarded(&self, identity: &Identity, record: &Forwarded) {
-        let Ok(key) = crate::store::StateKey::parse(record.state_key()) else {
-            return;
-        };
-        let Ok(bytes) = serde_json::to_vec(record) else {
-            return;
-        };
-        if let Err(e) = self
-            .store
+    /// `identity`'s request goes as `record` says (on a model binding thinking to its prefix,
+    /// with thinking on): kept in the store, under the session's state key `forwarded-…` of the
+    /// conversation ([`adapter::messages_bound::state_key`]), where the next request of the
+    /// conversation, on any replica or after a restart, finds what it must repeat. Written
+    /// before the request goes: a form the store does not hold must not go.
+    async fn remember_forwarded(
+        &self,
+        identity: &Identity,
+        record: &Forwarded,
+    ) -> Result<(), StoreError> {
+        let key = crate::store::StateKey::parse(record.state_key())?;
+        let bytes = serde_json::to_vec(record).map_err(|e| StoreError::Internal(e.to_string()))?;
+        self.store
             .put_state(&identity.tenant, &identity.session, &key, &bytes)
             .await
-        {
-            tracing::warn!(error = %e, "cannot keep what the request forwarded: the next request is judged without it");
-        }
     }
 
-    /// What `identity`'s previous request forwarded ([`ContextManager::remember_forwarded`]);
-    /// `None` when nothing is kept or the store fails (warned).
-    async fn forwarded_before(&self, identity: &Identity, body: &Value) -> Option<Forwarded> {
-        let key = crate::store::StateKey::parse(&adapter::messages_bound::state_key(body)).ok()?;
-        match self
+    /// What the conversation of `identity`'s request `body` forwarded last
+    /// ([`ContextManager::remember_forwarded`]); `None` when nothing is kept (or what is kept
+    /// does not parse: written by another version).
+    async fn forwarded_before(
+        &self,
+        identity: &Identity,
+        body: &Value,
+    ) -> Result<Option<Forwarded>, StoreError> {
+        let Ok(key) = crate::store::StateKey::parse(&adapter::messages_bound::state_key(body))
+        else {
+            return Ok(None);
+        };
+        let bytes = self
             .store
             .get_state(&identity.tenant, &identity.session, &key)
-            .await
-        {
-            Ok(bytes) => serde_json::from_slice(&bytes?).ok(),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read what the previous request forwarded");
-                None
-            }
-        }
+            .await?;
+        Ok(bytes.and_then(|b| serde_json::from_slice(&b).ok()))
     }
 
     /// Serving sessions that other processes serve too (replicas on one Redis): a session's
@@ -365,15 +364,24 @@ impl ContextManager {
     /// [`ContextManager::apply`], writing the decision into the request's bytes when
     /// `written_into` gives them (an Anthropic Messages request, whose decision is written by
     /// [`adapter::messages::write_bytes`]): untouched messages keep their bytes, and a decision
-    /// that would break a rule of the API leaves the request unmanaged.
+    /// that would break a rule of the API leaves the request unmanaged. On a model binding
+    /// thinking to its prefix, with thinking on and without `drop_block`, against what the
+    /// conversation forwarded before ([`ContextManager::apply_bound`]).
     pub async fn apply_to(
         &self,
         identity: Option<&Identity>,
         plan: Plan,
         body: &mut Value,
-        written_into: Option<(&[u8], adapter::messages::WriteRules)>,
+        written_into: Option<WrittenInto<'_>>,
         request_id: &str,
     ) -> Managed {
+        if let (Some(identity), Some(into)) = (identity, written_into) {
+            if binding(into.rules, body) {
+                return self
+                    .apply_bound(identity, plan, body, into, request_id)
+                    .await;
+            }
+        }
         let Plan {
             report,
             counted,
@@ -388,7 +396,7 @@ impl ContextManager {
                 fail_open: store_failed,
                 counted,
                 refs: Vec::new(),
-                forwarded: None,
+                refused: None,
             };
         };
         let adapter: &dyn Adapter = decided.wire.adapter();
@@ -398,11 +406,8 @@ impl ContextManager {
         // Written into the original bytes before anything is stored: a decision that cannot
         // be written stores nothing.
         let written = match (&written_into, &decided.outcome.messages) {
-            (Some((raw, rules)), Some(items)) => {
-                match self
-                    .write_messages(identity, raw, body, &messages, items, *rules)
-                    .await
-                {
+            (Some(into), Some(items)) => {
+                match adapter::messages::write_bytes(into.raw, body, &messages, items, into.rules) {
                     Ok(written) => Some(written),
                     Err(why) => {
                         tracing::info!(reason = %why, "messages request left unmanaged");
@@ -427,38 +432,175 @@ impl ContextManager {
             return Managed::unchanged(report);
         };
         adapter.write(body, new_messages);
-        let mut report = report;
-        let (bytes, forwarded) = match written {
-            Some((written, forwarded)) => {
-                if written.held_back {
-                    // What goes is not the decision: counted as it goes.
-                    if let Ok(sent) = serde_json::from_slice::<Value>(&written.body) {
-                        report.tokens_after =
-                            adapter.count(&self.counter_for("", None), &sent).total;
-                        *body = sent;
-                    }
-                    report.compacted = 0;
-                    report.offloaded = 0;
-                    report.rewrote_prefix = false;
-                    report.held_back = true;
-                }
-                (Bytes::from(written.body), forwarded)
-            }
+        let bytes = match written {
+            Some(written) => Bytes::from(written.body),
             // A `Value` always serializes (its keys are strings).
-            None => (Bytes::from(body.to_string()), None),
+            None => Bytes::from(body.to_string()),
         };
         Managed {
             body: Some(bytes),
             report,
             fail_open: false,
             counted: true,
-            refs: decided
-                .outcome
-                .writes
-                .iter()
-                .map(|w| w.reference.clone())
-                .collect(),
-            forwarded,
+            refs: refs_of(&decided),
+            refused: None,
+        }
+    }
+
+    /// [`ContextManager::apply_to`] on a model binding thinking to its prefix (thinking on,
+    /// no `drop_block`): every thinking block the client sends back was signed after what the
+    /// conversation's earlier requests forwarded, which the record in the store says
+    /// ([`adapter::messages_bound`]). So the record is read first; the decision is written
+    /// against it ([`adapter::messages_bound::write_bound`]), and a form the record does not
+    /// reproduce goes only once the new record is stored. Whatever fails after the read (the
+    /// decision cannot be written, the store does not take what it removes or the new record,
+    /// the engine planned nothing) sends the record's form, the **repeat form**, never the
+    /// client's messages where the record says otherwise. When the record cannot be read, the
+    /// request goes as the client sent it only if nothing before its last thinking block was
+    /// ever edited ([`Plan::untouched_before_thinking`]); else it is refused
+    /// ([`Managed::refused`]): those bytes the upstream would refuse.
+    async fn apply_bound(
+        &self,
+        identity: &Identity,
+        plan: Plan,
+        body: &mut Value,
+        into: WrittenInto<'_>,
+        request_id: &str,
+    ) -> Managed {
+        use adapter::messages_bound as bound;
+        let before = match self.forwarded_before(identity, body).await {
+            Ok(before) => before,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read what the conversation forwarded before");
+                return record_unreadable(&plan, into, &e.to_string());
+            }
+        };
+        let repeat = match bound::repeat(into.raw, body, before.as_ref()) {
+            Ok(repeat) => repeat,
+            Err(why) => {
+                tracing::warn!(reason = %why, "the record of what was forwarded does not fit the request");
+                return record_unreadable(&plan, into, &why.to_string());
+            }
+        };
+        let Plan {
+            report,
+            counted,
+            store_failed,
+            decided,
+            ..
+        } = plan;
+        // The repeat form, for `why` (the request's own changes held back).
+        let repeated = |body: &mut Value, why: Option<String>, fail_open: bool| -> Managed {
+            let mut managed = match &why {
+                Some(why) => Managed::skipped(&report, Skipped::Unmanaged(why.clone()), fail_open),
+                None => Managed {
+                    fail_open,
+                    counted,
+                    ..Managed::unchanged(report.clone())
+                },
+            };
+            let Some(sent) = &repeat else {
+                return managed;
+            };
+            if let Ok(shown) = serde_json::from_slice::<Value>(sent) {
+                managed.report.tokens_after = Wire::Messages
+                    .adapter()
+                    .count(&self.counter_for("", None), &shown)
+                    .total;
+                *body = shown;
+            }
+            managed.body = Some(Bytes::from(sent.clone()));
+            managed
+        };
+        let Some(mut decided) = decided else {
+            return repeated(body, None, store_failed);
+        };
+        let adapter: &dyn Adapter = decided.wire.adapter();
+        let Some(messages) = adapter.payloads(body) else {
+            return repeated(body, None, false);
+        };
+        let Some(items) = &decided.outcome.messages else {
+            // The engine changes nothing; what changed before goes again.
+            let committed = self
+                .writer
+                .commit(adapter, identity, &messages, &decided, request_id)
+                .await;
+            return match committed {
+                Ok(()) => repeated(body, None, false),
+                Err((why, fail_open)) => repeated(body, Some(why.to_string()), fail_open),
+            };
+        };
+        // Written into the original bytes before anything is stored: a decision that cannot
+        // be written stores nothing.
+        let unbound = adapter::messages::WriteRules {
+            binds_thinking: false,
+            ..into.rules
+        };
+        let written = adapter::messages::write_bytes(into.raw, body, &messages, items, unbound)
+            .and_then(|decided| bound::write_bound(into.raw, body, decided, before.as_ref()));
+        let written = match written {
+            Ok(written) => written,
+            Err(why) => {
+                tracing::info!(reason = %why, "messages request left unmanaged");
+                return repeated(body, Some(why.to_string()), false);
+            }
+        };
+        // What goes, for the next request to repeat: only when the record kept does not
+        // reproduce it, and only for a request that goes (not one only counted).
+        let record = match (
+            written.changes_record && into.forwards,
+            serde_json::from_slice::<Value>(&written.written.body),
+        ) {
+            (false, _) => None,
+            (true, Ok(shown)) => match Forwarded::record(body, &shown) {
+                Some(record) => Some(record),
+                None => return repeated(body, Some(bound::RECORD_TOO_LARGE.into()), false),
+            },
+            (true, Err(_)) => {
+                return repeated(
+                    body,
+                    Some(adapter::messages::Unmanaged::Misaligned.to_string()),
+                    false,
+                )
+            }
+        };
+        let committed = self
+            .writer
+            .commit(adapter, identity, &messages, &decided, request_id)
+            .await;
+        if let Err((why, fail_open)) = committed {
+            return repeated(body, Some(why.to_string()), fail_open);
+        }
+        if let Some(record) = &record {
+            if let Err(e) = self.remember_forwarded(identity, record).await {
+                tracing::warn!(error = %e, "cannot keep what the request forwards: the form kept before goes");
+                return repeated(body, Some(bound::RECORD_UNWRITTEN.into()), true);
+            }
+        }
+        let Some(new_messages) = decided.outcome.messages.take() else {
+            return repeated(body, None, false);
+        };
+        adapter.write(body, new_messages);
+        let bound::Bound { written, .. } = written;
+        let mut report = report;
+        if written.held_back {
+            // What goes is not the decision: counted as it goes.
+            if let Ok(sent) = serde_json::from_slice::<Value>(&written.body) {
+                report.tokens_after = adapter.count(&self.counter_for("", None), &sent).total;
+                *body = sent;
+            }
+            report.compacted = 0;
+            report.offloaded = 0;
+            report.rewrote_prefix = false;
+            report.held_back = true;
+        }
+        Managed {
+            body: Some(Bytes::from(written.body)),
+            report,
+            fail_open: false,
+            counted: true,
+            refs: refs_of(&decided),
+            refused: None,
         }
     }
 
@@ -500,37 +642,6 @@ impl ContextManager {
         Some((Bytes::from(bytes), found.len()))
     }
 
-    /// Writes a Messages decision into `raw` under the API's rules
-    /// ([`adapter::messages::write_bytes`]); on a model binding thinking to its prefix, with
-    /// thinking on and without `drop_block`, against what `identity`'s previous request
-    /// forwarded, which every thinking block since was signed after
-    /// ([`adapter::messages_bound::write_bound`]): then also what this one shows, to remember.
-    async fn write_messages(
-        &self,
-        identity: &Identity,
-        raw: &[u8],
-        body: &Value,
-        payloads: &[Value],
-        items: &[Value],
-        rules: adapter::messages::WriteRules,
-    ) -> Result<(adapter::messages::Written, Option<Forwarded>), adapter::messages::Unmanaged> {
-        use adapter::messages::{thinking_on, write_bytes, Unmanaged, WriteRules};
-        if !rules.binds_thinking || rules.drop_block_allowed || !thinking_on(body) {
-            return write_bytes(raw, body, payloads, items, rules).map(|w| (w, None));
-        }
-        let unbound = WriteRules {
-            binds_thinking: false,
-            ..rules
-        };
-        let decided = write_bytes(raw, body, payloads, items, unbound)?;
-        let before = self.forwarded_before(identity, body).await;
-        let written = adapter::messages_bound::write_bound(raw, body, decided, before.as_ref())?;
-        let shown: Value =
-            serde_json::from_slice(&written.body).map_err(|_| Unmanaged::Misaligned)?;
-        let record = Forwarded::record(body, &shown);
-        Ok((written, record))
-    }
-
     /// identify, plan and apply in one call (tests and benchmarks).
     pub async fn manage(
         &self,
@@ -547,5 +658,53 @@ impl ContextManager {
         };
         let plan = self.plan(identity.as_ref(), body, mode, &route).await;
         self.apply(identity.as_ref(), plan, body, "").await
+    }
+}
+
+/// How a Messages decision is written into the request's bytes
+/// ([`ContextManager::apply_to`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WrittenInto<'a> {
+    /// The request's bytes (the body was parsed from them).
+    pub raw: &'a [u8],
+    pub rules: adapter::messages::WriteRules,
+    /// The request is forwarded, not only counted (as `count_tokens` is): on a model binding
+    /// thinking to its prefix, what it forwards is recorded, and it is refused when what the
+    /// conversation forwarded before cannot be known.
+    pub forwards: bool,
+}
+
+/// Whether a Messages request is written against what its conversation forwarded before: its
+/// model binds thinking to its prefix, thinking is on and the API cannot be asked to drop
+/// what an edit invalidates.
+fn binding(rules: adapter::messages::WriteRules, body: &Value) -> bool {
+    rules.binds_thinking && !rules.drop_block_allowed && adapter::messages::thinking_on(body)
+}
+
+/// The stored content a decision's new body refers to.
+fn refs_of(decided: &planner::Decided) -> Vec<ContentRef> {
+    decided
+        .outcome
+        .writes
+        .iter()
+        .map(|w| w.reference.clone())
+        .collect()
+}
+
+/// A binding conversation whose record cannot be read (`what` went wrong): as the client sent
+/// it when nothing before its last thinking block was ever edited, else refused (a request
+/// only counted is counted as sent).
+fn record_unreadable(plan: &Plan, into: WrittenInto<'_>, what: &str) -> Managed {
+    use adapter::messages_bound as bound;
+    if plan.untouched_before_thinking || !into.forwards {
+        return Managed::skipped(
+            &plan.report,
+            Skipped::Unmanaged(bound::UNREADABLE_UNEDITED.into()),
+            true,
+        );
+    }
+    Managed {
+        refused: Some(bound::unreadable_refusal(what)),
+        ..Managed::skipped(&plan.report, Skipped::StoreUnavailable, true)
     }
 }

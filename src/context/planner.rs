@@ -49,6 +49,9 @@ pub struct Route<'a> {
     /// exact count of it: the upstream's tokens per estimated token. It replaces the
     /// conversation's correction learned from usage.
     pub scale: Option<f64>,
+    /// The page's journal is on: the plan leaves the client's request as prefix parts
+    /// ([`Plan::client_parts`]). Off, nothing is built for it.
+    pub journal: bool,
 }
 
 /// A request's size against its budget and its model's window, as the estimate sees it before
@@ -92,12 +95,18 @@ pub struct Plan {
     pub store_failed: bool,
     /// Hidden exchanges of the proxy's tools put back into the body's messages.
     pub restored: usize,
+    /// The engine has nothing to change in the messages before the last thinking block (or
+    /// there is none): on a model binding thinking to its prefix, no earlier request of the
+    /// conversation was edited where a signature reads (Anthropic Messages; always true on
+    /// the other wires; `untouched_before_thinking` in this file).
+    pub untouched_before_thinking: bool,
     /// Set when the engine ran: what it needs from the session to apply.
     pub(super) decided: Option<Decided>,
     /// What a summary does for this request (see [`SummaryPlan`]).
     pub summary: SummaryPlan,
     /// The client's request as prefix parts, as counted (the page prices the request without
-    /// the proxy with them); `None` when it was not counted.
+    /// the proxy with them); `None` when it was not counted or the journal is off
+    /// ([`Route::journal`]).
     pub client_parts: Option<crate::tokens::Parts>,
 }
 
@@ -160,6 +169,7 @@ impl Plan {
             counted: false,
             store_failed: false,
             restored: 0,
+            untouched_before_thinking: true,
             decided: None,
             summary: SummaryPlan::None,
             client_parts: None,
@@ -172,6 +182,7 @@ impl Plan {
             counted: true,
             store_failed: false,
             restored: 0,
+            untouched_before_thinking: true,
             decided: None,
             summary: SummaryPlan::None,
             client_parts: None,
@@ -193,6 +204,39 @@ impl Plan {
             .as_ref()
             .is_some_and(|d| refers_to_stored_content(&d.outcome))
     }
+}
+
+/// Whether the engine has nothing to change in `messages` (payloads, counted `per_message`,
+/// `fixed` tokens outside them) before the last one holding a thinking block: true when none
+/// holds one, and on wires that do not sign thinking. On a model binding thinking to its
+/// prefix, every thinking block the client sends back was signed after an earlier request,
+/// which held at most the messages before the last such block; the engine edits only what it
+/// plans, so a prefix it has nothing to plan for now was, as far as the proxy can tell without
+/// the store, never edited. What this cannot see is a budget smaller then than now (a
+/// calibrated count that moved since, a request asking for more room for its answer).
+fn untouched_before_thinking(
+    wire: adapter::Wire,
+    messages: &[Value],
+    per_message: &[usize],
+    fixed: usize,
+    settings: &Settings,
+    env: &dyn engine::Env,
+) -> bool {
+    if wire != adapter::Wire::Messages {
+        return true;
+    }
+    let Some(last) = messages.iter().rposition(adapter::messages::has_thinking) else {
+        return true;
+    };
+    let before = &per_message[..last.min(per_message.len())];
+    engine::nothing_to_do(
+        wire.adapter(),
+        fixed + before.iter().sum::<usize>(),
+        before,
+        &messages[..before.len()],
+        settings,
+        env,
+    )
 }
 
 /// Whether the engine's new messages name stored content (see
@@ -373,15 +417,32 @@ impl Planner {
     }
 
     /// Says once per session, in a warning, that its budget forces cuts that cost more than
-    /// going direct, and which budget would pay; whether it said so now.
-    fn warn_unpaid(&self, id: &Identity, settings: &Settings, unpaid: engine::Unpaid) -> bool {
+    /// going direct, and which budget would pay; whether it said so now. The engine's budgets
+    /// are in its own units, less the room kept for the proxy's tools: `room` and `scale`
+    /// bring the one that pays back to the operator's `max_context_tokens`.
+    fn warn_unpaid(
+        &self,
+        id: &Identity,
+        settings: &Settings,
+        unpaid: engine::Unpaid,
+        room: usize,
+        scale: f64,
+    ) -> bool {
         if self.warned.contains_key(id) {
             return false;
         }
         self.warned.insert(id.clone(), ());
         let advice = match unpaid.smallest_paying_budget {
-            Some(b) => format!("a budget of at least {b} tokens would pay (context.max_context_tokens)"),
-            None => "no budget up to 64 times this one would pay: the pinned head leaves too little room".into(),
+            Some(b) => {
+                let b = ((b + room) as f64 * scale).ceil() as usize;
+                format!("a budget of at least {b} tokens would pay (context.max_context_tokens)")
+            }
+            None => format!(
+                "no budget up to 64 times this one would pay over the next {} requests: a cut \
+                 writes what it keeps again, which these cache prices pay back only over a longer \
+                 conversation",
+                settings.cache_horizon_turns
+            ),
         };
         tracing::warn!(
             session = %id.session,
@@ -641,11 +702,13 @@ impl Planner {
             .with_encoding(encoding.unwrap_or_else(|| Encoding::for_model(model)));
         let adapter = route.wire.adapter();
         let mut count = adapter.count(&counter, body);
-        *client_parts = Some(crate::tokens::Parts::of(
-            &count,
-            model,
-            matches!(route.wire, adapter::Wire::Responses),
-        ));
+        if route.journal {
+            *client_parts = Some(crate::tokens::Parts::of(
+                &count,
+                model,
+                matches!(route.wire, adapter::Wire::Responses),
+            ));
+        }
         let mut report = Report {
             tokens_before: count.total,
             tokens_after: count.total,
@@ -679,6 +742,14 @@ impl Planner {
             wire: route.wire,
         };
         let fixed = count.total - count.per_message.iter().sum::<usize>();
+        let untouched_before_thinking = untouched_before_thinking(
+            route.wire,
+            &messages,
+            &count.per_message,
+            fixed,
+            &settings,
+            &env,
+        );
         let first_look = Input::read(adapter, &messages, &count.per_message, &[], fixed);
         // A head that crowds the budget gets the proxy's tools from the first request on:
         // their room is kept free in every request of the conversation.
@@ -696,7 +767,10 @@ impl Planner {
         {
             report.kept_prefix_tokens = first_look.unchanged_prefix_tokens();
             report.head_crowds_budget = crowded;
-            return Plan::unchanged(report);
+            return Plan {
+                untouched_before_thinking,
+                ..Plan::unchanged(report)
+            };
         }
         drop(first_look);
         // Put back the proxy's own tool calls hidden from the client. Only a conversation that
@@ -709,7 +783,10 @@ impl Planner {
             report.tokens_after = count.total;
         }
         let Some(messages) = adapter.payloads(body) else {
-            return Plan::unchanged(report);
+            return Plan {
+                untouched_before_thinking,
+                ..Plan::unchanged(report)
+            };
         };
         // Counted from this very body (after any restore): the hashes are its messages'.
         debug_assert_eq!(count.message_hashes.len(), messages.len());
@@ -739,6 +816,7 @@ impl Planner {
                 fixed,
             )
         };
+        let budget_before_room = settings.budget;
         let mut outcome = decide(
             &input,
             &mut settings,
@@ -762,7 +840,8 @@ impl Planner {
             (SummaryPlan::None, None)
         };
         if let Some(unpaid) = outcome.report.costlier_than_direct {
-            outcome.report.warn_unpaid = self.warn_unpaid(identity, &settings, unpaid);
+            let room = budget_before_room.saturating_sub(settings.budget);
+            outcome.report.warn_unpaid = self.warn_unpaid(identity, &settings, unpaid, room, scale);
         }
         trace(&outcome, &settings, started);
         Plan {
@@ -770,6 +849,7 @@ impl Planner {
             counted: true,
             store_failed,
             restored,
+            untouched_before_thinking,
             decided: Some(Decided {
                 wire: route.wire,
                 prefixes,
@@ -880,7 +960,13 @@ impl Planner {
             ..settings.clone()
         };
         let candidate = engine::run(input, &forced, prior, env);
-        let Some(span) = candidate.moved else {
+        // Only a forced cut goes past the recent window: a summary made ahead stops there.
+        let recent = engine::recent_window_start(input, settings);
+        let Some(span) = candidate
+            .moved
+            .map(|m| m.start..m.end.min(recent))
+            .filter(|m| !m.is_empty())
+        else {
             return (SummaryPlan::None, None);
         };
         let previous = ready
@@ -996,4 +1082,47 @@ fn trace(outcome: &engine::Outcome, settings: &Settings, started: Instant) {
         micros = started.elapsed().as_micros() as u64,
         "context plan"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::ContextManager;
+    use crate::store::{MemoryStore, StoreConfig, SystemClock};
+    use crate::tokens::CountSettings;
+
+    /// The client's prefix parts are what the page's journal reads: built when the journal is
+    /// on, from the count the plan made anyway, and not at all when it is off.
+    #[tokio::test]
+    async fn the_client_parts_are_built_only_for_the_journal() {
+        let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
+            &StoreConfig::default(),
+            Arc::new(SystemClock),
+        ));
+        let manager = ContextManager::new(ContextConfig::default(), counter.clone(), store);
+        let body = serde_json::json!({"model": "gpt-4o", "messages": [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "Check every service."}]});
+        let tenant = Tenant::from_api_key(Some("sk-a"));
+        let identity = manager.identify(tenant, None, &body);
+        let plan = |journal: bool| {
+            let mut body = body.clone();
+            let manager = &manager;
+            let identity = identity.clone();
+            async move {
+                let route = Route {
+                    journal,
+                    ..Route::default()
+                };
+                manager
+                    .plan(identity.as_ref(), &mut body, Mode::Auto, &route)
+                    .await
+                    .client_parts
+            }
+        };
+        assert_eq!(plan(false).await, None);
+        let expected = crate::tokens::Parts::of(&counter.count_request(&body), "gpt-4o", false);
+        assert_eq!(plan(true).await, Some(expected));
+    }
 }

@@ -104,16 +104,7 @@ pub async fn finish(
     .await?;
     exact::refuse_overflow(&ctx).await?;
     reserve(&mut ctx)?;
-    // Kept while the request is on its way: the next request of the conversation may come to
-    // another replica, and only after this one's answer.
-    let forwarded = forwarded_record(&ctx);
-    let remember = async {
-        if let Some((identity, record)) = &forwarded {
-            state.context.remember_forwarded(identity, record).await;
-        }
-    };
-    let ((), answer) = tokio::join!(remember, forward(&mut ctx));
-    let answer = answer?;
+    let answer = forward(&mut ctx).await?;
     vet_key(&state, &ctx, answer.status).await;
     let answer = tool_loop(&state, &mut ctx, answer).await?;
     Ok(respond::respond(state, ctx, answer))
@@ -301,6 +292,7 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
         reserved_tokens: ctx.offer_tokens,
         wire: ctx.format.wire,
         scale: None,
+        journal: state.ui.is_some(),
     };
     // Near the budget, the upstream's exact count decides (when the format and the upstream
     // ask for it).
@@ -318,9 +310,7 @@ async fn plan(state: &Shared, ctx: &mut ChatCtx) {
             &route,
         )
         .await;
-    if state.ui.is_some() {
-        ctx.client_parts = plan.client_parts.take();
-    }
+    ctx.client_parts = plan.client_parts.take();
     if plan.restored > 0 {
         ctx.restored = plan.restored;
         ctx.body_changed = true;
@@ -441,10 +431,17 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
             ctx.identity.as_ref(),
             plan,
             &mut ctx.request.body,
-            rules.map(|rules| (&ctx.request.raw[..], rules)),
+            rules.map(|rules| crate::context::WrittenInto {
+                raw: &ctx.request.raw[..],
+                rules,
+                forwards: ctx.format.remembers_forwarded,
+            }),
             request_id,
         )
         .await;
+    if let Some(why) = ctx.managed.refused.take() {
+        return Err(ProxyError::BoundRecordUnavailable(why));
+    }
     if let Some((wire, names, client_had_tools)) = offered {
         let unchanged = ctx.managed.body.is_none() && !ctx.managed.fail_open;
         if rules.is_some() {
@@ -500,32 +497,6 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     }
     ctx.timings.planned = Some(Instant::now());
     Ok(())
-}
-
-/// After `apply`, on a format whose model binds thinking to what it follows, with thinking on
-/// and without `drop_block`: what the request shows the model, for the next request of the
-/// conversation to repeat (`ContextManager::remember_forwarded`).
-fn forwarded_record(
-    ctx: &ChatCtx,
-) -> Option<(crate::context::Identity, crate::context::Forwarded)> {
-    let identity = ctx
-        .identity
-        .as_ref()
-        .filter(|_| ctx.format.remembers_forwarded)?;
-    let rules = (ctx.format.write_rules)(&ctx.headers, &ctx.request.body)?;
-    if !rules.binds_thinking
-        || rules.drop_block_allowed
-        || !crate::context::adapter::messages::thinking_on(&ctx.request.body)
-    {
-        return None;
-    }
-    let record = match (&ctx.managed.forwarded, &ctx.managed.body) {
-        (Some(record), _) => record.clone(),
-        // Forwarded as the client sent it (after any hidden round was put back).
-        (None, None) => crate::context::Forwarded::record(&ctx.request.body, &ctx.request.body)?,
-        (None, Some(_)) => return None,
-    };
-    Some((identity.clone(), record))
 }
 
 /// After `apply`: reserves the request's estimated tokens (the prompt as forwarded, and the
