@@ -550,27 +550,23 @@ async fn the_context_routes_see_and_erase_the_lines_that_wait() {
     h.client = no_client();
     h.mock.push(Reply::text("ok"));
     send_chat(&h, "sk-alice", "s-del", &conversation()).await;
-    let admin = |method: reqwest::Method| {
-        h.client
-            .request(method, h.url("/v1/context/sessions/s-del?tenant=alice"))
-            .header("authorization", "Bearer admin-secret")
-    };
+    let path = "/v1/context/sessions/s-del?tenant=alice";
     let deadline = Instant::now() + WAIT;
     loop {
-        let detail: Value = admin(reqwest::Method::GET)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let (_, detail) = h.get_json(path, "admin-secret").await;
         if detail.to_string().contains("\"event\":\"request\"") {
             break;
         }
         assert!(Instant::now() < deadline, "no request line: {detail}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let resp = admin(reqwest::Method::DELETE).send().await.unwrap();
+    let resp = h
+        .client
+        .delete(h.url(path))
+        .header("authorization", "Bearer admin-secret")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let (status, _, body) = get(&h, "/ui/session?s=s-del", Some("sk-alice")).await;
     assert_eq!(status, 404, "{body}");
@@ -839,28 +835,14 @@ async fn the_chart_shows_the_replay_reports_numbers_per_turn() {
     );
 
     // The page's session, as its chart reads it (the context routes write what waits first).
-    let auth = "Bearer sk-replay";
-    let list: Value = h
-        .client
-        .get(h.url("/v1/context/sessions"))
-        .header("authorization", auth)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, list) = h.get_json("/v1/context/sessions", "sk-replay").await;
     let id = list["data"][0]["id"].as_str().unwrap().to_string();
-    let detail: Value = h
-        .client
-        .get(h.url(&format!("/v1/context/sessions/{id}?limit=1000")))
-        .header("authorization", auth)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, detail) = h
+        .get_json(
+            &format!("/v1/context/sessions/{id}?limit=1000"),
+            "sk-replay",
+        )
+        .await;
     let deepseek = context_proxy::pricing::PRESETS
         .iter()
         .find(|(name, _)| *name == "deepseek")

@@ -76,6 +76,20 @@ impl Harness {
         series(&self.metrics_text().await, name).unwrap_or(0.0)
     }
 
+    /// GETs `path` of the proxy with `Authorization: Bearer <key>` (a proxy key, a client key or
+    /// the admin token): the status and the body as JSON (`Null` when it is not JSON).
+    pub async fn get_json(&self, path: &str, key: &str) -> (u16, serde_json::Value) {
+        let resp = self
+            .client
+            .get(self.url(path))
+            .header("authorization", format!("Bearer {key}"))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
     /// POSTs `body` (sent as-is) to the proxy's chat-completions route.
     pub async fn chat_raw(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
         self.client
