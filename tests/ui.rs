@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{key, Harness, WAIT};
+use common::{key, messages_read_body, Harness, WAIT};
 use context_proxy::app::config::Config;
 use context_proxy::mock::{MockConfig, Reply};
 use context_proxy::store::ContentRef;
@@ -579,20 +579,7 @@ async fn the_context_routes_see_and_erase_the_lines_that_wait() {
 async fn a_messages_request_is_shown_block_by_block() {
     let h = started().await;
     let ref_a = ContentRef::of(&file_a()).as_str().to_string();
-    let body = json!({
-        "model": "claude-sonnet-4-5",
-        "max_tokens": 1024,
-        "system": "You are a coding agent.",
-        "messages": [
-            {"role": "user", "content": "Read the file."},
-            {"role": "assistant", "content": [
-                {"type": "tool_use", "id": "toolu_a", "name": "read_file", "input": {"path": "a.rs"}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_a", "content": file_a()}]},
-            {"role": "assistant", "content": "Read."},
-            {"role": "user", "content": "What is on line 7?"}
-        ]
-    });
+    let body = messages_read_body(file_a());
     let post = |path: &'static str| {
         h.client
             .post(h.url(path))

@@ -107,6 +107,26 @@ impl Harness {
     }
 }
 
+/// An Anthropic Messages request of a coding agent that has read one file: the system prompt
+/// apart, the call a `tool_use` block (`toolu_a`, `read_file`), `result` in its `tool_result`
+/// block, the model's short answer and the next question.
+pub fn messages_read_body(result: String) -> serde_json::Value {
+    serde_json::json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "system": "You are a coding agent.",
+        "messages": [
+            {"role": "user", "content": "Read the file."},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_a", "name": "read_file", "input": {"path": "a.rs"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_a", "content": result}]},
+            {"role": "assistant", "content": "Read."},
+            {"role": "user", "content": "What is on line 7?"}
+        ]
+    })
+}
+
 /// Asserts `body` is an OpenAI error with all four keys and returns its `error` object.
 /// The value of one series in a `/metrics` text, named whole with its labels as the
 /// exposition writes them (`context_proxy_calls_total{kind="reload"}`); `None` when absent.
