@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{sse_data, Harness, WAIT};
+use common::{sample, sse_data, Harness, WAIT};
 use context_proxy::app::config::Config;
 use context_proxy::mock::{Gate, MockConfig, Reply};
 use context_proxy::store::ContentRef;
@@ -788,28 +788,16 @@ async fn relentless(stream: bool, text: Option<&str>) -> (Harness, reqwest::Resp
 
 /// The `context_proxy_chat_upstream_calls` histogram's sum and count.
 async fn upstream_calls_metric(h: &Harness) -> (f64, u64) {
-    let text = h
-        .client
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let value = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
-            .to_string()
-    };
+    let text = h.metrics_text().await;
     (
-        value("context_proxy_chat_upstream_calls_sum{route=\"chat\"}")
-            .parse()
-            .unwrap(),
-        value("context_proxy_chat_upstream_calls_count{route=\"chat\"}")
-            .parse()
-            .unwrap(),
+        sample(
+            &text,
+            "context_proxy_chat_upstream_calls_sum{route=\"chat\"}",
+        ),
+        sample(
+            &text,
+            "context_proxy_chat_upstream_calls_count{route=\"chat\"}",
+        ) as u64,
     )
 }
 
