@@ -520,7 +520,7 @@ async fn summaries_cost(
     );
     let bodies: Vec<Value> = summarizer.received().iter().map(|r| r.json()).collect();
     let output = h.metric("context_proxy_summary_tokens_out_total").await as usize;
-    let calls = SummarizerCalls::price(&counter, &bodies, Some(output), model);
+    let calls = SummarizerCalls::price(&counter, &bodies, Some(output), &[model.to_string()]);
     (calls.calls, calls.cost)
 }
 
