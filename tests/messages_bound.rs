@@ -584,3 +584,104 @@ async fn an_overflow_retry_is_what_the_next_request_repeats() {
     assert_eq!(&now[..before.len()], &before[..], "{next:?}");
     all_accepted(&mock);
 }
+
+/// The messages `body` holds.
+fn messages(body: &Value) -> &Vec<Value> {
+    body["messages"].as_array().unwrap()
+}
+
+/// Rewinds in an edited conversation: a client retries from an earlier point inside a tool
+/// loop (a prefix of what the record covers); then, as Claude Code's Esc Esc, goes back to
+/// its second prompt and says something else, goes on along that branch (its results
+/// truncated too), then comes back to the first branch and goes on there. Each request sends
+/// the record's form of the messages it kept (the proxy's truncations repeated), every one is
+/// accepted by the strict mock (before, the retry's earlier results went whole: "bound to a
+/// different conversation"), and the branch left is found again.
+#[tokio::test]
+async fn a_rewind_then_a_new_branch_then_a_rewind_back_are_all_accepted() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let memory = StoreConfig {
+        backend: Backend::Memory,
+        ..StoreConfig::default()
+    };
+    let server = proxy(&mock, memory, 60_000).await;
+    let rounds = 3;
+    let read = |name: &str| Reply::tool_calls(vec![("Read".into(), json!({"file_path": name}))]);
+    // Branch A: the first prompt's rounds, its answer, the second prompt's rounds.
+    script(&mock, rounds);
+    let mut session = Session::new();
+    let mut turns = Vec::new();
+    let mut before_second_prompt = None;
+    for k in 0..2 * rounds + 1 {
+        if k == rounds + 1 {
+            before_second_prompt = Some(session.body.clone());
+        }
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    let branch_a = session.body.clone();
+    let a_sent = forwarded(&mock);
+    let a_last = a_sent.last().unwrap().clone();
+    // A retry from the second prompt's second result: fewer messages than the record covers.
+    let mut retried = branch_a.clone();
+    let upto = 4 * rounds - 1;
+    retried["messages"].as_array_mut().unwrap().truncate(upto);
+    session.body = retried;
+    mock.push(read("/repo/src/again.rs"));
+    turns.push(session.send(server.addr(), 30, "Thanks.").await);
+    let retry = forwarded(&mock).last().unwrap().clone();
+    assert_eq!(
+        bound_hashes(&retry)[..],
+        bound_hashes(&a_last)[..upto],
+        "the retry repeats the record's form of what it kept"
+    );
+    assert_ne!(retry["messages"][4], branch_a["messages"][4]);
+    // Rewound to the second prompt, which now says something else.
+    let mut rewound = before_second_prompt.unwrap();
+    let last = rewound["messages"]
+        .as_array_mut()
+        .unwrap()
+        .last_mut()
+        .unwrap();
+    last["content"][0]["text"] = json!("Now the docs.");
+    session.body = rewound;
+    for r in 0..rounds {
+        mock.push(read(&format!("/repo/docs/d{r}.md")));
+    }
+    mock.push(Reply::text("The docs are fine."));
+    let first_b = a_sent.len() + 1;
+    for k in 0..=rounds {
+        turns.push(session.send(server.addr(), 10 + k, "Thanks.").await);
+    }
+    // The rewind's request: the second prompt's branch point in the form A forwarded.
+    let sent = forwarded(&mock);
+    let kept = rounds + 2;
+    assert_eq!(
+        bound_hashes(&sent[first_b])[..kept],
+        bound_hashes(&a_sent[rounds + 1])[..kept],
+        "the rewind repeats the truncations before it"
+    );
+    assert!(
+        messages(&sent[first_b]).len() < messages(&a_last).len(),
+        "{}",
+        sent[first_b]
+    );
+    // Back to branch A, which goes on.
+    session.body = branch_a;
+    mock.push(Reply::text("The tests pass."));
+    let back = session.send(server.addr(), 20, "Thanks.").await;
+    let sent = forwarded(&mock);
+    let back_sent = sent.last().unwrap();
+    let before = bound_hashes(&a_last);
+    assert_eq!(
+        bound_hashes(back_sent)[..before.len()],
+        before[..],
+        "{back:?}: branch A's form"
+    );
+    turns.push(back);
+    all_accepted(&mock);
+    let truncated = turns
+        .iter()
+        .filter(|t| t.actions.contains("truncated"))
+        .count();
+    assert!(truncated >= 2 * rounds, "{turns:#?}");
+}
