@@ -493,7 +493,8 @@ async fn a_store_that_takes_no_writes_holds_the_changes_back() {
 
 /// The engine plans nothing for a request (it asks for less room for its answer, so the
 /// result truncated when it arrived now fits), but the model's latest thinking was signed
-/// after the truncated form: the record's form goes again, not the client's bytes.
+/// after the truncated form: the record's form goes again, not the client's bytes, and
+/// `x-context-actions` says `repeated`.
 #[tokio::test]
 async fn when_nothing_is_planned_the_recorded_form_goes() {
     let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
@@ -523,6 +524,8 @@ async fn when_nothing_is_planned_the_recorded_form_goes() {
     let sent = forwarded(&mock);
     let (before, now) = (bound_hashes(&sent[1]), bound_hashes(&sent[2]));
     assert_eq!(&now[..before.len()], &before[..], "{turn:?}");
+    // Not the client's bytes, and no change of its own: said so.
+    assert_eq!(turn.actions, "repeated");
     all_accepted(&mock);
 }
 

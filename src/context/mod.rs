@@ -510,6 +510,7 @@ impl ContextManager {
             let Some(sent) = &repeat else {
                 return managed;
             };
+            managed.report.repeated = true;
             if let Ok(shown) = serde_json::from_slice::<Value>(sent) {
                 managed.report.tokens_after = Wire::Messages
                     .adapter()
