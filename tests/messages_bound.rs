@@ -115,23 +115,7 @@ impl Session {
     /// Posts the session's request to `addr` as it stands: the status, `x-context-actions`
     /// and the answer's JSON.
     async fn post(&self, addr: std::net::SocketAddr) -> (u16, String, Value) {
-        let resp = reqwest::Client::new()
-            .post(format!("http://{addr}/v1/messages?beta=true"))
-            .header("x-api-key", "sk-ant-test")
-            .header("anthropic-version", "2023-06-01")
-            .header("anthropic-beta", BETAS)
-            .header("x-claude-code-session-id", "bound-1")
-            .json(&self.body)
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let actions = resp
-            .headers()
-            .get("x-context-actions")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
-        (status, actions, resp.json().await.unwrap())
+        common::post_messages(addr, &self.body, BETAS, "bound-1").await
     }
 
     /// Sends the session's request to `addr`; the answer goes back into the conversation (a
