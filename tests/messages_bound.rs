@@ -395,6 +395,108 @@ async fn a_store_gone_mid_session_refuses_an_edited_conversation() {
     all_accepted(&mock);
 }
 
+/// A relay in front of a Redis that can stop passing on what clients send (`hold`) and go on
+/// again (`release`): a store that does not answer, for as long as a test says.
+struct Gate {
+    addr: std::net::SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Gate {
+    async fn start(redis: &str) -> Gate {
+        let target = redis.trim_start_matches("redis://").to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (open, watch) = tokio::sync::watch::channel(true);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&target).await.unwrap();
+                let (mut from_client, to_client) = client.into_split();
+                let (from_server, mut to_server) = server.into_split();
+                let mut gate = watch.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match from_client.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if gate.wait_for(|open| *open).await.is_err()
+                            || to_server.write_all(&buf[..n]).await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let (mut from_server, mut to_client) = (from_server, to_client);
+                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                });
+            }
+        });
+        Gate { addr, open }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    fn hold(&self) {
+        self.open.send_replace(false);
+    }
+
+    fn release(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+/// The store stops answering mid-session (what clients send to Redis held back) in an edited
+/// conversation: the record's read times out (`store.op_timeout_ms`), which is handled as a
+/// failed read: a retryable 503 saying why and what to do, nothing forwarded. Once the store
+/// answers again the session goes on, every request accepted.
+#[tokio::test]
+async fn a_record_read_that_times_out_refuses_an_edited_conversation() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let (redis, _) = private_redis().await;
+    let gate = Gate::start(&redis.url()).await;
+    let store = StoreConfig {
+        backend: Backend::Redis,
+        redis_url: gate.url(),
+        ..StoreConfig::default()
+    };
+    let server = proxy_with(&mock, store, |c| {
+        edit_config(c, 60_000);
+        c.store.op_timeout_ms = 3_000;
+    })
+    .await;
+    script(&mock, 6);
+    let mut session = Session::new();
+    let mut turns = Vec::new();
+    for k in 0..3 {
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    assert!(turns[1].actions.contains("truncated"), "{turns:#?}");
+    gate.hold();
+    let (status, actions, answer) = session.post(server.addr()).await;
+    gate.release();
+    assert_eq!(status, 503, "{actions}: {answer}");
+    assert_eq!(answer["error"]["type"], "overloaded_error", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("did not finish within")
+            && message.contains("bound to a different conversation")
+            && message.contains("Retry"),
+        "{message}"
+    );
+    assert_eq!(forwarded(&mock).len(), 3, "the request was not forwarded");
+    for k in 3..6 {
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    assert_eq!(forwarded(&mock).len(), 6);
+    all_accepted(&mock);
+}
+
 /// Redis stops mid-session in a conversation the proxy never edited (its results are small):
 /// what the client sends is what every signature was made after, so it goes as it came, and
 /// `x-context-actions` says why it was not managed.
