@@ -90,6 +90,8 @@ async fn run() {
     let summarize = std::env::var_os("BENCH_NO_SUMMARY").is_none();
     let (mut requests, mut original, mut forwarded) = (0usize, 0usize, 0usize);
     let (mut hits, mut computed, mut fallbacks) = (0usize, 0usize, 0usize);
+    // Spans whose summary was not asked for: it would not pay (the marker alone).
+    let mut unpaid = 0usize;
     let (mut misses_over_budget, mut misses_priced, mut misses_other) = (0usize, 0usize, 0usize);
     let (mut pairs, mut same_prefix) = (0usize, 0usize);
     for session in &sessions {
@@ -123,6 +125,7 @@ async fn run() {
             match std::mem::take(&mut plan.summary) {
                 SummaryPlan::None => {}
                 SummaryPlan::Hit => hits += 1,
+                SummaryPlan::Unpaid { ahead } => unpaid += usize::from(!ahead),
                 SummaryPlan::Ahead(job) => {
                     summarizer.enqueue(task(job));
                 }
@@ -163,7 +166,7 @@ async fn run() {
     println!(
         "prefix misses: {misses_over_budget} cuts forced by the budget, {misses_priced} priced moves under it, {misses_other} other (a summary placed in the marker)\n"
     );
-    let with_span = hits + computed + fallbacks;
+    let with_span = hits + computed + fallbacks + unpaid;
     println!(
         "## Compression on the sample traffic ({} sessions, {requests} requests, {:.1} s)\n",
         sessions.len(),
@@ -176,7 +179,7 @@ async fn run() {
         100.0 - pct(forwarded, original)
     );
     println!(
-        "| requests with a moved-out span | {with_span}: summary ready {hits}, waited for {computed}, marker only {fallbacks} |"
+        "| requests with a moved-out span | {with_span}: summary ready {hits}, waited for {computed}, marker only {fallbacks}, not worth a summary {unpaid} |"
     );
     println!("| background hit rate | {:.1}% |", pct(hits, with_span));
     println!(

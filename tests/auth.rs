@@ -394,15 +394,9 @@ async fn without_proxy_keys_inspection_needs_the_admin_token() {
     .await;
     let resp = post(&h, "/v1/chat/completions", Some("EMPTY"), &conversation()).await;
     assert_eq!(resp.status(), 200);
-    let list = |key: &'static str| {
-        h.client
-            .get(h.url("/v1/context/sessions"))
-            .header("authorization", format!("Bearer {key}"))
-            .send()
-    };
-    assert_eq!(list("EMPTY").await.unwrap().status(), 403);
-    let resp = list("admin-keyless").await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let all: Value = resp.json().await.unwrap();
+    let (status, _) = h.get_json("/v1/context/sessions", "EMPTY").await;
+    assert_eq!(status, 403);
+    let (status, all) = h.get_json("/v1/context/sessions", "admin-keyless").await;
+    assert_eq!(status, 200);
     assert_eq!(all["data"].as_array().unwrap().len(), 1, "{all}");
 }

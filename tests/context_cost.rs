@@ -358,39 +358,42 @@ async fn a_cut_that_moves_nothing_is_not_warned() {
 /// every request. The proxy's bill, added up from what the upstream received, is lower, and the
 /// proxy says nothing. (The cut model used to price the cut's one short cycle against going
 /// direct over as many turns as the session had made, two here, and warned.)
+/// A coding session after `turns` turns, each reading two files at once (~2.4k tokens), the
+/// latest reads not yet seen by the model.
+fn fast_growing(turns: usize) -> Value {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent. Read files before you change them."}),
+        json!({"role": "user", "content": "Fix the failing tests in the parser crate."}),
+    ];
+    for i in 0..turns {
+        let ids = [format!("call_{i}_0"), format!("call_{i}_1")];
+        let calls: Vec<Value> = ids
+            .iter()
+            .map(|id| json!({"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/{id}.rs\"}}")}}))
+            .collect();
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+        for id in &ids {
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": numbered_lines(&format!("src/{id}.rs"), 160)}));
+        }
+        // The latest reads are unseen: the model answers them in the next request.
+        if i + 1 < turns {
+            messages.push(json!({"role": "assistant", "content": format!("Read turn {i}'s files; the parser is not there.")}));
+            messages.push(json!({"role": "user", "content": "Go on."}));
+        }
+    }
+    json!({"model": "gpt-5", "messages": messages,
+           "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]})
+}
+
 #[tokio::test]
 async fn a_fast_growing_session_whose_cuts_pay_is_not_warned() {
     use context_proxy_drive::replay::cost::{count_session, effective_cost};
-    let request = |turns: usize| {
-        let mut messages = vec![
-            json!({"role": "system", "content": "You are a coding agent. Read files before you change them."}),
-            json!({"role": "user", "content": "Fix the failing tests in the parser crate."}),
-        ];
-        for i in 0..turns {
-            let ids = [format!("call_{i}_0"), format!("call_{i}_1")];
-            let calls: Vec<Value> = ids
-                .iter()
-                .map(|id| json!({"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/{id}.rs\"}}")}}))
-                .collect();
-            messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
-            for id in &ids {
-                messages.push(json!({"role": "tool", "tool_call_id": id, "content": numbered_lines(&format!("src/{id}.rs"), 160)}));
-            }
-            // The latest reads are unseen: the model answers them in the next request.
-            if i + 1 < turns {
-                messages.push(json!({"role": "assistant", "content": format!("Read turn {i}'s files; the parser is not there.")}));
-                messages.push(json!({"role": "user", "content": "Go on."}));
-            }
-        }
-        json!({"model": "gpt-5", "messages": messages,
-               "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]})
-    };
     let h = Harness::start_with(MockConfig::default(), |c| {
         c.context.max_context_tokens = Some(3600);
         c.upstreams[0].cache_pricing = Some("openai-gpt5".into());
     })
     .await;
-    let sent: Vec<Value> = (1..=12).map(request).collect();
+    let sent: Vec<Value> = (1..=12).map(fast_growing).collect();
     let mut cut = 0;
     for body in &sent {
         let resp = h.chat(body).await;
@@ -471,4 +474,145 @@ async fn a_head_that_crowds_the_budget_gets_the_proxys_tools_from_the_first_requ
             assert_eq!(tools.last(), Some(&offered), "{preset}");
         }
     }
+}
+
+/// A proxy with the summarizer on (`mode = "auto"`), the summarizer a second mock in reader
+/// mode (it writes the structured summary asked for) serving `gpt-4o-mini`, the conversation's
+/// upstream priced `openai-gpt5`, under `budget`; and the summarizer mock.
+async fn summarizing(budget: usize) -> (Harness, context_proxy::mock::MockUpstream) {
+    let summarizer = context_proxy::mock::MockUpstream::start(MockConfig {
+        reader: true,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let base_url = summarizer.base_url();
+    let h = Harness::start_with(MockConfig::default(), |c| {
+        c.context.mode = context_proxy::context::Mode::Auto;
+        c.context.max_context_tokens = Some(budget);
+        c.upstreams[0].cache_pricing = Some("openai-gpt5".into());
+        c.upstreams.push(UpstreamConfig {
+            name: "summ".into(),
+            base_url,
+            models: vec!["summarizer-*".into()],
+            ..UpstreamConfig::default()
+        });
+        let s = &mut c.context.summarizer;
+        s.enabled = true;
+        s.upstream = Some("summ".into());
+        s.model = Some("gpt-4o-mini".into());
+    })
+    .await;
+    (h, summarizer)
+}
+
+/// The summarizer's calls a run made, priced as the replay prices them (its model's list
+/// prices, output included, in full-price input tokens of `model`), with their count.
+async fn summaries_cost(
+    h: &Harness,
+    summarizer: &context_proxy::mock::MockUpstream,
+    model: &str,
+) -> (usize, f64) {
+    use context_proxy_drive::replay::cost::SummarizerCalls;
+    let counter = context_proxy::tokens::Counter::new(
+        context_proxy::tokens::Encoding::O200kBase,
+        Default::default(),
+    );
+    let bodies: Vec<Value> = summarizer.received().iter().map(|r| r.json()).collect();
+    let output = h.metric("context_proxy_summary_tokens_out_total").await as usize;
+    let calls = SummarizerCalls::price(&counter, &bodies, Some(output), &[model.to_string()]);
+    (calls.calls, calls.cost)
+}
+
+/// A support conversation over a forced budget with the summarizer on: each cut saves a few
+/// percent of a request (short turns behind a long pinned policy), which a summary — the span
+/// sent to the summarizer, its answer, its tokens in every later request — would cost many
+/// times over. No summary is asked for (`x-context-summary: unpaid`, the metric): the plain
+/// marker goes, and the bill through the proxy, added up from what the upstream received, stays
+/// at or under going direct's. (It used to be summarized at every cut, and the summaries cost
+/// more than the conversation.)
+#[tokio::test]
+async fn a_support_conversation_whose_summaries_would_not_pay_gets_the_marker() {
+    use context_proxy_drive::replay::cost::{count_session, effective_cost};
+    let counter = context_proxy::tokens::Counter::new(
+        context_proxy::tokens::Encoding::O200kBase,
+        Default::default(),
+    );
+    let support = |turns: usize| {
+        let mut body = head_heavy(turns);
+        body["model"] = json!("gpt-5");
+        body
+    };
+    let head = counter.count_request(&support(0)).total;
+    let budget = head + 2000;
+    let (h, summarizer) = summarizing(budget).await;
+    let sent: Vec<Value> = (4..=80).step_by(2).map(support).collect();
+    let mut unpaid = 0;
+    for body in &sent {
+        let resp = h.chat(body).await;
+        assert_eq!(resp.status().as_u16(), 200);
+        let after: usize = header(&resp, "x-context-tokens-after").parse().unwrap();
+        assert!(after <= budget, "{after} over {budget}");
+        if header(&resp, "x-context-actions").contains("offloaded") {
+            assert_eq!(header(&resp, "x-context-summary"), "unpaid");
+            unpaid += 1;
+        }
+        resp.bytes().await.unwrap();
+    }
+    assert!(unpaid >= 5, "cut {unpaid} times");
+    assert!(h.metric("context_proxy_summary_unpaid_total").await >= unpaid as f64);
+    let (summaries, _) = summaries_cost(&h, &summarizer, "gpt-5").await;
+    assert_eq!(summaries, 0);
+    let received: Vec<Value> = h.mock.received().iter().map(|r| r.json()).collect();
+    assert!(received
+        .iter()
+        .all(|b| !b.to_string().contains("## Task overview")));
+    let gpt5 = context_proxy::pricing::Preset::parse("openai-gpt5")
+        .unwrap()
+        .for_model("gpt-5");
+    let direct = effective_cost(&count_session(&counter, &sent), &gpt5);
+    let proxy = effective_cost(&count_session(&counter, &received), &gpt5);
+    assert!(
+        proxy <= direct,
+        "{proxy} through the proxy, {direct} direct"
+    );
+}
+
+/// A coding session growing by two file reads a turn, over the same kind of budget: a cut
+/// saves most of every later request, so a summary of what it moves out pays, and is asked for
+/// and placed (`computed`); the bill with the summaries stays well under going direct's.
+#[tokio::test]
+async fn a_coding_conversation_whose_summary_pays_gets_one() {
+    use context_proxy_drive::replay::cost::{count_session, effective_cost};
+    let (h, summarizer) = summarizing(3600).await;
+    let sent: Vec<Value> = (1..=12).map(fast_growing).collect();
+    let mut computed = 0;
+    for body in &sent {
+        let resp = h.chat(body).await;
+        assert_eq!(resp.status().as_u16(), 200);
+        assert_ne!(header(&resp, "x-context-summary"), "unpaid");
+        computed += usize::from(header(&resp, "x-context-summary") == "computed");
+        resp.bytes().await.unwrap();
+    }
+    assert!(computed >= 1, "no summary computed");
+    assert_eq!(h.metric("context_proxy_summary_unpaid_total").await, 0.0);
+    let received: Vec<Value> = h.mock.received().iter().map(|r| r.json()).collect();
+    assert!(received
+        .iter()
+        .any(|b| b.to_string().contains("## Task overview")));
+    let (summaries, cost) = summaries_cost(&h, &summarizer, "gpt-5").await;
+    assert!(summaries >= computed, "{summaries} summaries");
+    let counter = context_proxy::tokens::Counter::new(
+        context_proxy::tokens::Encoding::O200kBase,
+        Default::default(),
+    );
+    let gpt5 = context_proxy::pricing::Preset::parse("openai-gpt5")
+        .unwrap()
+        .for_model("gpt-5");
+    let direct = effective_cost(&count_session(&counter, &sent), &gpt5);
+    let proxy = effective_cost(&count_session(&counter, &received), &gpt5) + cost;
+    assert!(
+        proxy < direct,
+        "{proxy} through the proxy with {cost} of summaries, {direct} direct"
+    );
 }

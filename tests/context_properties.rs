@@ -815,6 +815,13 @@ proptest! {
 /// over the budget; going direct's start at the client's request and grow by its growth; each
 /// request is billed on what it shares with the one before. Returns both totals per request.
 fn both_bills(size: usize, o: &engine::Outlook) -> (f64, f64) {
+    bills_with_marker_text(size, o, 0)
+}
+
+/// [`both_bills`] with `summary` more tokens in the marker of every request through the proxy
+/// (after the pinned head and the tools: the cut writes them, later requests read them from
+/// the cache, a later cut keeps them and writes them again).
+fn bills_with_marker_text(size: usize, o: &engine::Outlook, summary: usize) -> (f64, f64) {
     let m = &o.model;
     let c = &m.cache;
     let price = |tokens: f64, shared: f64| {
@@ -830,17 +837,19 @@ fn both_bills(size: usize, o: &engine::Outlook) -> (f64, f64) {
     let first_shared = if m.tools > 0 {
         0.0
     } else {
-        m.head.min(size) as f64
+        m.head.min(size + summary) as f64
     };
-    let mut proxy = vec![(size as f64 + t, first_shared, 1.0)];
+    let s = summary as f64;
+    let mut proxy = vec![(size as f64 + s + t, first_shared, 1.0)];
     let mut direct = vec![(o.raw as f64, o.raw_prefix.min(o.raw) as f64, 1.0)];
-    let (mut p, mut d) = (size as f64, o.raw as f64);
+    let (mut p, mut d) = (size as f64 + s, o.raw as f64);
+    let kept = o.kept as f64 + s;
     let mut k = 1.0;
     while k < o.horizon + 1.0 {
         let weight = (o.horizon - (k - 1.0)).min(1.0);
         if p + o.growth > m.budget as f64 {
-            proxy.push((o.kept as f64 + t, m.head.min(o.kept) as f64 + t, weight));
-            p = o.kept as f64;
+            proxy.push((kept + t, (m.head as f64).min(kept) + t, weight));
+            p = kept;
         } else {
             proxy.push(((p + o.growth).round() + t, p.round() + t, weight));
             p += o.growth;
@@ -946,7 +955,100 @@ proptest! {
             };
             kept(b) <= b && engine::with_proxy_per_turn(kept(b), &at) <= engine::direct_per_turn(&at)
         };
-        if let Some(b) = engine::smallest_paying_budget(&o, raw_per_managed, kept) {
+        if let Some(b) = engine::smallest_paying_budget(&o, raw_per_managed, kept, None) {
+            prop_assert!(pays(b), "{} does not pay", b);
+            prop_assert!(b == o.model.budget.max(1) || !pays(b - 1), "{} pays too", b - 1);
+        } else {
+            prop_assert!(!pays(o.model.budget.max(1) * 64));
+        }
+    }
+}
+
+/// A summarizer call: its input, its output, each priced in the request's model's full-price
+/// input tokens (a cheaper model, the same, or a dearer one).
+fn summary_call() -> impl Strategy<Value = engine::SummaryCall> {
+    (0usize..30_000, 0usize..2000, 0.02f64..2.0, 1.0f64..8.0).prop_map(
+        |(input, output, input_price, output_ratio)| engine::SummaryCall {
+            input,
+            output,
+            input_price,
+            output_price: input_price * output_ratio,
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+    /// A summary is asked for exactly when the bill through the proxy with it — every request
+    /// carrying the summary in its marker, added up one request at a time, plus the
+    /// summarizer's call at its model's input and output prices — stays at or under going
+    /// direct's over the same requests.
+    #[test]
+    fn a_summary_is_bought_only_when_the_bill_with_it_stays_under_direct(
+        (size, o) in outlook(), call in summary_call(),
+    ) {
+        let (proxy, direct) = bills_with_marker_text(size, &o, call.output);
+        let n = 1.0 + o.horizon;
+        let call_cost = call.input as f64 * call.input_price + call.output as f64 * call.output_price;
+        let with = proxy + call_cost / n;
+        let tolerance = 1e-9 * with.max(direct).max(1.0);
+        let priced = engine::with_summary_per_turn(size, &o, &call);
+        prop_assert!((priced - with).abs() < tolerance, "with the summary {} against {} by request", priced, with);
+        let pays = engine::summary_pays(size, &o, &call);
+        if with < direct - tolerance {
+            prop_assert!(pays, "{} with it, {} direct: not asked", with, direct);
+        } else if with > direct + tolerance {
+            prop_assert!(!pays, "{} with it, {} direct: asked", with, direct);
+        }
+        // Whatever a summary costs, it never pays where the cut alone does not.
+        if !pays {
+            return Ok(());
+        }
+        prop_assert!(engine::with_proxy_per_turn(size, &o) <= engine::direct_per_turn(&o) + tolerance);
+    }
+
+    /// Without caching (the `none` preset) every token sent is billed in full: a summary pays
+    /// exactly when the tokens the proxy saves over the requests, the summary's own tokens in
+    /// each of them counted, cover the summarizer's call; with a proxy that saves nothing, never.
+    #[test]
+    fn without_caching_a_summary_pays_from_the_tokens_saved((size, o) in outlook(), call in summary_call()) {
+        let o = engine::Outlook { model: engine::CutModel { cache: CachePricing::NONE, ..o.model }, ..o };
+        let (with_tokens, direct_tokens) = bills_with_marker_text(size, &o, call.output);
+        let saved = direct_tokens - with_tokens;
+        let n = 1.0 + o.horizon;
+        let pays = engine::summary_pays(size, &o, &call);
+        let tolerance = 1e-9 * direct_tokens.max(with_tokens).max(1.0);
+        if saved > call.cost() / n + tolerance {
+            prop_assert!(pays, "saves {} a request, the call costs {}: not asked", saved, call.cost() / n);
+        } else if saved < call.cost() / n - tolerance {
+            prop_assert!(!pays, "saves {} a request, the call costs {}: asked", saved, call.cost() / n);
+        }
+        if saved <= 0.0 && call.cost() > 0.0 {
+            prop_assert!(!pays);
+        }
+    }
+
+    /// The budget the warning names with a summary in the marker pays by the same comparison
+    /// as the bill with the summary above, and one token less does not.
+    #[test]
+    fn the_named_budget_with_a_summary_pays_and_one_less_does_not((_, o) in outlook(), call in summary_call(),
+                                                                  ratio in 0.3f64..0.9, raw_per_managed in 1.0f64..4.0) {
+        let steady = o.kept;
+        let kept = |b: usize| ((b as f64 * ratio) as usize).max(steady);
+        let new = o.raw - o.raw_prefix;
+        let pays = |b: usize| {
+            let raw = ((b as f64 * raw_per_managed).round() as usize).max(b);
+            let at = engine::Outlook {
+                model: engine::CutModel { budget: b, ..o.model },
+                kept: kept(b),
+                raw,
+                raw_prefix: raw.saturating_sub(new),
+                ..o
+            };
+            kept(b) <= b && engine::summary_pays(kept(b), &at, &call)
+        };
+        if let Some(b) = engine::smallest_paying_budget(&o, raw_per_managed, kept, Some(&call)) {
             prop_assert!(pays(b), "{} does not pay", b);
             prop_assert!(b == o.model.budget.max(1) || !pays(b - 1), "{} pays too", b - 1);
         } else {

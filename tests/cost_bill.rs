@@ -206,19 +206,10 @@ async fn replay(h: &Harness, lines: &[Value]) -> context_proxy_drive::replay::re
 
 /// The request lines of `session`'s journal, as the context API shows them to its key.
 async fn journal_calls(h: &Harness, session: &str) -> Vec<Value> {
-    let url = h.url(&format!("/v1/context/sessions/{session}"));
+    let path = format!("/v1/context/sessions/{session}");
     let deadline = std::time::Instant::now() + common::WAIT;
     loop {
-        let detail: Value = h
-            .client
-            .get(&url)
-            .header("authorization", "Bearer sk-test-client")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap_or(Value::Null);
+        let (_, detail) = h.get_json(&path, "sk-test-client").await;
         let mut lines = Vec::new();
         let mut stack = vec![&detail];
         while let Some(v) = stack.pop() {

@@ -56,12 +56,6 @@ async fn call(h: &Harness, method: reqwest::Method, path: &str, key: &str) -> re
         .unwrap()
 }
 
-async fn get_json(h: &Harness, path: &str, key: &str) -> (u16, Value) {
-    let resp = call(h, reqwest::Method::GET, path, key).await;
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
 #[tokio::test]
 async fn sessions_are_inspected_read_and_erased_per_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -78,17 +72,17 @@ async fn sessions_are_inspected_read_and_erased_per_key() {
     assert_eq!(resp.status(), 200);
 
     // Alice sees her session; Bob sees none.
-    let (status, list) = get_json(&h, "/v1/context/sessions", "sk-alice").await;
+    let (status, list) = h.get_json("/v1/context/sessions", "sk-alice").await;
     assert_eq!(status, 200);
     assert_eq!(
         list["data"],
         json!([{"id": "s1", "object": "context.session"}])
     );
-    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-bob").await;
+    let (_, list) = h.get_json("/v1/context/sessions", "sk-bob").await;
     assert_eq!(list["data"], json!([]));
 
     // The session's statistics and what was stored.
-    let (status, detail) = get_json(&h, "/v1/context/sessions/s1", "sk-alice").await;
+    let (status, detail) = h.get_json("/v1/context/sessions/s1", "sk-alice").await;
     assert_eq!(status, 200, "{detail}");
     assert_eq!(detail["decisions"], 1);
     assert_eq!(detail["stored_refs"], 1);
@@ -98,7 +92,7 @@ async fn sessions_are_inspected_read_and_erased_per_key() {
     assert!(stored["bytes"].as_u64().unwrap() > 10_000);
     assert!(stored["stored_at"].is_string());
     let reference = stored["ref"].as_str().unwrap().to_string();
-    let (status, _) = get_json(&h, "/v1/context/sessions/s1", "sk-bob").await;
+    let (status, _) = h.get_json("/v1/context/sessions/s1", "sk-bob").await;
     assert_eq!(status, 404);
 
     // Content goes back to its own tenant only.
@@ -134,7 +128,7 @@ async fn sessions_are_inspected_read_and_erased_per_key() {
 
     // The admin token sees every tenant, and names the tenant to read.
     let alice = key_tenant("alice");
-    let (status, all) = get_json(&h, "/v1/context/sessions", "admin-secret").await;
+    let (status, all) = h.get_json("/v1/context/sessions", "admin-secret").await;
     assert_eq!(status, 200);
     assert_eq!(
         all["data"],
@@ -144,19 +138,22 @@ async fn sessions_are_inspected_read_and_erased_per_key() {
     let resp = call(&h, reqwest::Method::GET, &path, "admin-secret").await;
     assert_eq!(resp.status(), 200);
     // A proxy key's name stands for its tenant; without a tenant the admin is told how to name one.
-    let (status, detail) =
-        get_json(&h, "/v1/context/sessions/s1?tenant=alice", "admin-secret").await;
+    let (status, detail) = h
+        .get_json("/v1/context/sessions/s1?tenant=alice", "admin-secret")
+        .await;
     assert_eq!(status, 200, "{detail}");
     assert_eq!(detail["key"], "alice");
     assert_eq!(detail["tenant"], alice.as_str());
-    let (status, err) = get_json(&h, "/v1/context/sessions/s1", "admin-secret").await;
+    let (status, err) = h.get_json("/v1/context/sessions/s1", "admin-secret").await;
     assert_eq!(status, 400);
     let message = err["error"]["message"].as_str().unwrap();
     assert!(
         message.contains("?tenant=") && message.contains("key name"),
         "{message}"
     );
-    let (status, err) = get_json(&h, "/v1/context/sessions/s1?tenant=carol", "admin-secret").await;
+    let (status, err) = h
+        .get_json("/v1/context/sessions/s1?tenant=carol", "admin-secret")
+        .await;
     assert_eq!(status, 400);
     assert!(
         err["error"]["message"]
@@ -195,7 +192,7 @@ async fn sessions_are_inspected_read_and_erased_per_key() {
     assert_eq!(resp.status(), 200);
     let erased: Value = resp.json().await.unwrap();
     assert_eq!(erased["deleted"], true);
-    let (status, _) = get_json(&h, "/v1/context/sessions/s1", "sk-alice").await;
+    let (status, _) = h.get_json("/v1/context/sessions/s1", "sk-alice").await;
     assert_eq!(status, 404);
     let resp = call(
         &h,
@@ -300,18 +297,20 @@ async fn a_session_is_found_by_the_name_the_client_gave() {
         .unwrap();
     assert_eq!(resp.status(), 200);
 
-    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-alice").await;
+    let (_, list) = h.get_json("/v1/context/sessions", "sk-alice").await;
     assert_eq!(
         list["data"],
         json!([{"id": name, "object": "context.session"}])
     );
     let path = "/v1/context/sessions/Refactor%20Auth%2F2%20%C3%A9t%C3%A9";
-    let (status, detail) = get_json(&h, path, "sk-alice").await;
+    let (status, detail) = h.get_json(path, "sk-alice").await;
     assert_eq!(status, 200, "{detail}");
     assert_eq!(detail["id"], name);
     assert_eq!(detail["stored_refs"], 1);
     // Another spelling is another session.
-    let (status, _) = get_json(&h, "/v1/context/sessions/refactor%20auth%2F2", "sk-alice").await;
+    let (status, _) = h
+        .get_json("/v1/context/sessions/refactor%20auth%2F2", "sk-alice")
+        .await;
     assert_eq!(status, 404);
     h.proxy.shutdown().await;
 
@@ -344,7 +343,7 @@ async fn a_session_is_found_by_the_name_the_client_gave() {
     let h = Harness::start_with(MockConfig::default(), setup(dir.path())).await;
     let resp = call(&h, reqwest::Method::DELETE, path, "sk-alice").await;
     assert_eq!(resp.status(), 200);
-    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-alice").await;
+    let (_, list) = h.get_json("/v1/context/sessions", "sk-alice").await;
     assert_eq!(list["data"], json!([]));
 }
 
@@ -404,12 +403,12 @@ async fn on_a_redis_cluster_the_admin_token_lists_every_tenant() {
         "both tenants are on one node: pick other key names"
     );
 
-    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-alice").await;
+    let (_, list) = h.get_json("/v1/context/sessions", "sk-alice").await;
     assert_eq!(
         list["data"],
         json!([{"id": "a1", "object": "context.session"}])
     );
-    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-bob").await;
+    let (_, list) = h.get_json("/v1/context/sessions", "sk-bob").await;
     assert_eq!(
         list["data"],
         json!([
@@ -417,7 +416,7 @@ async fn on_a_redis_cluster_the_admin_token_lists_every_tenant() {
             {"id": "b2", "object": "context.session"}
         ])
     );
-    let (status, all) = get_json(&h, "/v1/context/sessions", "admin-secret").await;
+    let (status, all) = h.get_json("/v1/context/sessions", "admin-secret").await;
     assert_eq!(status, 200, "{all}");
     let mut listed: Vec<(String, String)> = all["data"]
         .as_array()
@@ -451,12 +450,12 @@ async fn on_a_redis_cluster_the_admin_token_lists_every_tenant() {
     )
     .await;
     assert_eq!(resp.status(), 404);
-    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-bob").await;
+    let (_, list) = h.get_json("/v1/context/sessions", "sk-bob").await;
     assert_eq!(
         list["data"],
         json!([{"id": "b2", "object": "context.session"}])
     );
-    let (_, all) = get_json(&h, "/v1/context/sessions", "admin-secret").await;
+    let (_, all) = h.get_json("/v1/context/sessions", "admin-secret").await;
     assert_eq!(all["data"].as_array().unwrap().len(), 2, "{all}");
     // Nothing of b1 is left on Bob's node but its tombstone (the erasure's time, which a
     // journal line of before it is refused against): its journal, state and content are gone.
@@ -516,15 +515,17 @@ async fn a_responses_session_is_inspected_read_and_erased() {
         .to_string();
     assert!(actions.contains("compacted"), "{actions}");
 
-    let (status, list) = get_json(&h, "/v1/context/sessions", "sk-alice").await;
+    let (status, list) = h.get_json("/v1/context/sessions", "sk-alice").await;
     assert_eq!(status, 200);
     assert_eq!(
         list["data"],
         json!([{"id": "019a-codex-thread", "object": "context.session"}])
     );
-    let (_, list) = get_json(&h, "/v1/context/sessions", "sk-bob").await;
+    let (_, list) = h.get_json("/v1/context/sessions", "sk-bob").await;
     assert_eq!(list["data"], json!([]));
-    let (status, detail) = get_json(&h, "/v1/context/sessions/019a-codex-thread", "sk-alice").await;
+    let (status, detail) = h
+        .get_json("/v1/context/sessions/019a-codex-thread", "sk-alice")
+        .await;
     assert_eq!(status, 200, "{detail}");
     assert_eq!(detail["decisions"], 1);
     assert_eq!(detail["stored_refs"], 1);
@@ -588,7 +589,9 @@ async fn a_responses_session_is_inspected_read_and_erased() {
     )
     .await;
     assert_eq!(resp.status(), 200);
-    let (status, _) = get_json(&h, "/v1/context/sessions/019a-codex-thread", "sk-alice").await;
+    let (status, _) = h
+        .get_json("/v1/context/sessions/019a-codex-thread", "sk-alice")
+        .await;
     assert_eq!(status, 404);
     let resp = call(
         &h,

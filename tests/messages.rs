@@ -3,7 +3,8 @@
 //! breakpoints, thinking signatures), with the latest assistant message byte for byte;
 //! `count_tokens` answers the size of what the proxy forwards; a request with nothing to do goes
 //! out byte-identical; an edit that would break a bound thinking block leaves the request
-//! unmanaged, with the reason; the proxy's own errors are in Anthropic's shape.
+//! unmanaged, with the reason; the proxy's own errors are in Anthropic's shape, and so is the
+//! end of a stream the upstream cut short before `message_stop`.
 
 mod common;
 
@@ -198,4 +199,38 @@ async fn the_proxys_own_errors_are_in_anthropics_shape() {
     assert!(!error["error"]["message"].as_str().unwrap().is_empty());
     assert!(error["request_id"].is_string());
     assert!(h.mock.received().is_empty());
+}
+
+/// An upstream that ends its stream, cleanly, before `message_stop`: the client's stream ends
+/// with Anthropic's `error` event after what the upstream sent, so no SDK takes the half answer
+/// for a whole one.
+#[tokio::test]
+async fn a_stream_ended_before_message_stop_ends_with_an_error_event() {
+    let h = Harness::start().await;
+    let partial = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",",
+        "\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5\",",
+        "\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,",
+        "\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,",
+        "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,",
+        "\"delta\":{\"type\":\"text_delta\",\"text\":\"Hel\"}}\n\n",
+    );
+    let event_stream = vec![("content-type".to_string(), "text/event-stream".to_string())];
+    h.mock.push(Reply::raw(
+        200,
+        event_stream,
+        partial.as_bytes().to_vec().into(),
+    ));
+    let body = serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 50, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let resp = post(&h, "/v1/messages", body.to_string().as_bytes()).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let rest = text.strip_prefix(partial).expect(&text);
+    let data = rest.strip_prefix("event: error\ndata: ").expect(rest);
+    let error: Value = serde_json::from_str(data.trim_end()).unwrap();
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "api_error");
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{key, Harness, WAIT};
+use common::{key, messages_read_body, Harness, WAIT};
 use context_proxy::app::config::Config;
 use context_proxy::mock::{MockConfig, Reply};
 use context_proxy::store::ContentRef;
@@ -550,27 +550,23 @@ async fn the_context_routes_see_and_erase_the_lines_that_wait() {
     h.client = no_client();
     h.mock.push(Reply::text("ok"));
     send_chat(&h, "sk-alice", "s-del", &conversation()).await;
-    let admin = |method: reqwest::Method| {
-        h.client
-            .request(method, h.url("/v1/context/sessions/s-del?tenant=alice"))
-            .header("authorization", "Bearer admin-secret")
-    };
+    let path = "/v1/context/sessions/s-del?tenant=alice";
     let deadline = Instant::now() + WAIT;
     loop {
-        let detail: Value = admin(reqwest::Method::GET)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let (_, detail) = h.get_json(path, "admin-secret").await;
         if detail.to_string().contains("\"event\":\"request\"") {
             break;
         }
         assert!(Instant::now() < deadline, "no request line: {detail}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let resp = admin(reqwest::Method::DELETE).send().await.unwrap();
+    let resp = h
+        .client
+        .delete(h.url(path))
+        .header("authorization", "Bearer admin-secret")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let (status, _, body) = get(&h, "/ui/session?s=s-del", Some("sk-alice")).await;
     assert_eq!(status, 404, "{body}");
@@ -583,20 +579,7 @@ async fn the_context_routes_see_and_erase_the_lines_that_wait() {
 async fn a_messages_request_is_shown_block_by_block() {
     let h = started().await;
     let ref_a = ContentRef::of(&file_a()).as_str().to_string();
-    let body = json!({
-        "model": "claude-sonnet-4-5",
-        "max_tokens": 1024,
-        "system": "You are a coding agent.",
-        "messages": [
-            {"role": "user", "content": "Read the file."},
-            {"role": "assistant", "content": [
-                {"type": "tool_use", "id": "toolu_a", "name": "read_file", "input": {"path": "a.rs"}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_a", "content": file_a()}]},
-            {"role": "assistant", "content": "Read."},
-            {"role": "user", "content": "What is on line 7?"}
-        ]
-    });
+    let body = messages_read_body(file_a());
     let post = |path: &'static str| {
         h.client
             .post(h.url(path))
@@ -839,28 +822,14 @@ async fn the_chart_shows_the_replay_reports_numbers_per_turn() {
     );
 
     // The page's session, as its chart reads it (the context routes write what waits first).
-    let auth = "Bearer sk-replay";
-    let list: Value = h
-        .client
-        .get(h.url("/v1/context/sessions"))
-        .header("authorization", auth)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, list) = h.get_json("/v1/context/sessions", "sk-replay").await;
     let id = list["data"][0]["id"].as_str().unwrap().to_string();
-    let detail: Value = h
-        .client
-        .get(h.url(&format!("/v1/context/sessions/{id}?limit=1000")))
-        .header("authorization", auth)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, detail) = h
+        .get_json(
+            &format!("/v1/context/sessions/{id}?limit=1000"),
+            "sk-replay",
+        )
+        .await;
     let deepseek = context_proxy::pricing::PRESETS
         .iter()
         .find(|(name, _)| *name == "deepseek")

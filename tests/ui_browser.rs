@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{key, Harness, WAIT};
+use common::{key, messages_read_body, Harness, WAIT};
 use context_proxy::app::config::Config;
 use context_proxy::auth::key_tenant;
 use context_proxy::mock::{MockConfig, Reply};
@@ -65,25 +65,6 @@ fn responses_body() -> Value {
             {"type": "function_call_output", "call_id": "call_a", "output": file_a()},
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Read."}]},
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is on line 7?"}]}
-        ]
-    })
-}
-
-/// [`messages`] as an Anthropic Messages request: the system prompt apart, the call a
-/// `tool_use` block, its result a `tool_result` block.
-fn messages_body() -> Value {
-    json!({
-        "model": "claude-sonnet-4-5",
-        "max_tokens": 1024,
-        "system": "You are a coding agent.",
-        "messages": [
-            {"role": "user", "content": "Read the file."},
-            {"role": "assistant", "content": [
-                {"type": "tool_use", "id": "toolu_a", "name": "read_file", "input": {"path": "a.rs"}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_a", "content": file_a()}]},
-            {"role": "assistant", "content": "Read."},
-            {"role": "user", "content": "What is on line 7?"}
         ]
     })
 }
@@ -263,7 +244,7 @@ async fn the_page_in_a_real_browser() {
         .header("x-api-key", "sk-alice")
         .header("anthropic-version", "2023-06-01")
         .header("x-context-session", "messages-ui")
-        .json(&messages_body())
+        .json(&messages_read_body(file_a()))
         .send()
         .await
         .unwrap();

@@ -219,6 +219,9 @@ pub struct Report {
     /// The first such cut of its session: the manager warned about it just now (set by the
     /// planner, counted by the metrics).
     pub warn_unpaid: bool,
+    /// A request whose run is moved out (a forced cut now, or a boundary standing), priced
+    /// for what follows: whether a summary of the run pays ([`summary_pays`]).
+    pub priced: Option<Priced>,
     /// The marker of the moved-out run is part of `kept_prefix_tokens` (the boundary did not
     /// move): a summary placed into it later counts there too.
     pub marker_kept: bool,
@@ -672,12 +675,14 @@ fn each_turn(horizon: f64, mut turn: impl FnMut(f64)) {
 /// going direct (by the [`Outlook`]): at a budget `b` the conversation is cut when the request
 /// the proxy forwards reaches `b` (going direct it is then `b` scaled as the client's request
 /// is to the proxy's, `raw_per_managed`, with this turn's new tokens unchanged), down to
-/// `kept(b)` tokens, and later cuts keep as much (a budget under that is never met). `None`
-/// when no budget up to 64 times the model's pays.
+/// `kept(b)` tokens, and later cuts keep as much (a budget under that is never met); with a
+/// `summary`, its marker holds one ([`with_summary_per_turn`]). `None` when no budget up to 64
+/// times the model's pays.
 pub fn smallest_paying_budget(
     outlook: &Outlook,
     raw_per_managed: f64,
     kept: impl Fn(usize) -> usize,
+    summary: Option<&SummaryCall>,
 ) -> Option<usize> {
     let new = outlook.raw.saturating_sub(outlook.raw_prefix);
     // A budget under what its cut keeps cannot be met at all.
@@ -693,7 +698,11 @@ pub fn smallest_paying_budget(
             raw_prefix: raw.saturating_sub(new),
             ..*outlook
         };
-        kept(b) <= b && with_proxy_per_turn(kept(b), &at) <= direct_per_turn(&at)
+        let with = match summary {
+            Some(call) => with_summary_per_turn(kept(b), &at, call),
+            None => with_proxy_per_turn(kept(b), &at),
+        };
+        kept(b) <= b && with <= direct_per_turn(&at)
     };
     let budget = outlook.model.budget.max(1);
     let (mut low, mut high) = (budget, budget);
@@ -714,6 +723,154 @@ pub fn smallest_paying_budget(
         }
     }
     Some(high)
+}
+
+/// A summary's own call to the summarizer, priced in full-price input tokens of the request's
+/// model: what [`summary_pays`] weighs besides the tokens the summary adds to the requests it
+/// rides in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SummaryCall {
+    /// The summarizer's input: its instructions, the previous summary it merges and the span
+    /// as it reads it (compacted), billed in full (a summarizer call shares no cached prefix
+    /// with the conversation's).
+    pub input: usize,
+    /// The summary's expected tokens: written by the summarizer (billed at its output price),
+    /// then carried in the marker of every later request.
+    pub output: usize,
+    /// One input token and one output token of the summarizer model, in full-price input
+    /// tokens of the request's model (`ModelPrice::relative_cost`: a model missing from the
+    /// price table is priced as the request's own, and one whose prices nobody knows with its
+    /// output at `UNKNOWN_OUTPUT_RATIO` times its input).
+    pub input_price: f64,
+    pub output_price: f64,
+}
+
+impl SummaryCall {
+    /// The call's cost: its input and its output, each at the summarizer model's price.
+    pub fn cost(&self) -> f64 {
+        self.input as f64 * self.input_price + self.output as f64 * self.output_price
+    }
+}
+
+/// Expected cost per request through the proxy from a cut leaving `size` tokens whose marker
+/// holds a summary (see [`summary_pays`]): [`with_proxy_per_turn`] with every request the
+/// summary's `output` tokens larger (the cut's, the later ones', those later cuts keep: the
+/// summary stays in the marker), plus the summarizer call spread over the same `1 + horizon`
+/// requests.
+pub fn with_summary_per_turn(size: usize, outlook: &Outlook, call: &SummaryCall) -> f64 {
+    let with = Outlook {
+        kept: outlook.kept + call.output,
+        ..*outlook
+    };
+    with_proxy_per_turn(size + call.output, &with) + call.cost() / (1.0 + outlook.horizon.max(0.0))
+}
+
+/// Whether summarizing the span a cut moves out pays: the conversation's expected bill with
+/// the summary stays at or under going direct's over the same requests ([`Outlook`]).
+///
+/// A summary buys the model a readable account of what was moved out, not tokens: the plain
+/// marker already names every original, readable through `context_read`. So it is bought
+/// only with what the cut saves, and the rule is the issue's: the proxy, its own calls
+/// included, must not cost more than going direct. Derivation, over the outlook's `1 + H`
+/// requests (`H` = `horizon`), in full-price input tokens of the request's model:
+///
+/// - **the summarizer call**, once: `input × input_price + output × output_price`
+///   ([`SummaryCall::cost`]; uncached: it shares no prefix with the conversation);
+/// - **the summary in the marker**: `output` more tokens in every request from the one that
+///   places it. The request that places it writes them at the full rate (`1 + premium`), and
+///   rewrites everything after the marker with them: at the cut that is the cut's own rewrite,
+///   already in the outlook's first request; placed in a marker that stood before (a summary
+///   made later, or ahead of the cut) it is that request's rewrite, priced the same way, the
+///   request as forwarded taken as the outlook's first. Every later request reads them from
+///   the cache at `cached_read_rate`; a later cut keeps the marker and its summary, so it
+///   writes them again, and, the requests being larger, the budget forces it sooner. All of
+///   it is [`with_proxy_per_turn`] with `size + output` and `kept + output`.
+///
+/// Summed: `cost_with = (1 + H)·with_proxy_per_turn(size + output) + call.cost()`, and the
+/// summary pays when `cost_with ≤ (1 + H)·direct_per_turn` (both per request here:
+/// [`with_summary_per_turn`] ≤ [`direct_per_turn`]). Otherwise the span goes behind the
+/// plain marker.
+///
+/// Without caching (the `none` preset) both sides pay every token they send: a summary pays
+/// when the tokens the cuts save over the horizon cover the summarizer call and the summary's
+/// tokens in every request. With the summarizer's prices unknown, its call is priced as the
+/// request's own model (`SummaryCall`'s prices): never free.
+pub fn summary_pays(size: usize, outlook: &Outlook, call: &SummaryCall) -> bool {
+    with_summary_per_turn(size, outlook, call) <= direct_per_turn(outlook)
+}
+
+/// A request whose run is moved out (a forced cut now, or a boundary standing), priced for
+/// what follows: the warning that a budget costs more than going direct, and whether a
+/// summary of the run pays ([`summary_pays`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Priced {
+    /// A forced cut made now (else a boundary standing): the warning is about such a cut.
+    pub cut: bool,
+    /// The request as forwarded (the marker without a summary): the outlook's first.
+    pub size: usize,
+    /// The model's answers so far: the requests the conversation's growth is averaged over.
+    pub answers: usize,
+    pub outlook: Outlook,
+    /// The client's request over the conversation as the proxy holds it before the move: a
+    /// budget's client request is the budget scaled so ([`smallest_paying_budget`]).
+    pub raw_per_managed: f64,
+    /// The low watermark's share of the budget (`target / budget`).
+    pub target_ratio: f64,
+    /// What a later cut keeps at least: the request as forwarded, less a squeezed round the
+    /// next cut moves out.
+    pub steady: usize,
+}
+
+impl Priced {
+    /// The same conversation priced for a cut leaving `size` tokens of the `held` tokens the
+    /// proxy holds, at a budget of `budget` (low watermark `target`): a summary made ahead of
+    /// the cut it will be placed with is priced so, from a candidate cut made at another budget.
+    pub fn at(&self, budget: usize, target: usize, held: usize, size: usize) -> Priced {
+        let model = CutModel {
+            budget,
+            ..self.outlook.model
+        };
+        let steady = size;
+        Priced {
+            cut: false,
+            size,
+            outlook: Outlook {
+                model,
+                kept: target.max(steady),
+                growth: held.saturating_sub(model.head) as f64 / self.answers.max(1) as f64,
+                ..self.outlook
+            },
+            target_ratio: target as f64 / budget.max(1) as f64,
+            steady,
+            ..*self
+        }
+    }
+
+    /// Tokens a later cut keeps at a budget of `b`: the low watermark, or the steady request
+    /// when that is more.
+    pub fn kept_at(&self, b: usize) -> usize {
+        ((b as f64 * self.target_ratio) as usize).max(self.steady)
+    }
+
+    /// Whether this conversation costs more than going direct from here, by the [`Outlook`]
+    /// (its marker holding a summary made by `call`, when one is), and then the smallest
+    /// budget that pays.
+    pub fn unpaid(&self, summary: Option<&SummaryCall>) -> Option<Unpaid> {
+        let with = match summary {
+            Some(call) => with_summary_per_turn(self.size, &self.outlook, call),
+            None => with_proxy_per_turn(self.size, &self.outlook),
+        };
+        let direct = direct_per_turn(&self.outlook);
+        (with > direct && direct > 0.0).then(|| Unpaid {
+            ratio: with / direct,
+            smallest_paying_budget: smallest_paying_budget(
+                &self.outlook,
+                self.raw_per_managed,
+                |b| self.kept_at(b),
+                summary,
+            ),
+        })
+    }
 }
 
 /// Whether a lossless transform applies to some tool result (asked of `env`, which callers
@@ -1181,16 +1338,40 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     // The conversation as the proxy holds it before the move.
     let held = work.total();
     let unchanged_prefix = input.unchanged_prefix_tokens();
+    let head = movable.map(|m| work.total_to(m.start));
+    let squeezed = squeezed_tokens(&work, decision.squeeze);
     let mut outcome = assemble(work, span, decision, report, kept_end, &settings.readback);
-    if let (Some(model), Some(_)) = (cut.forced, &outcome.moved) {
+    if let (Some(head), Some(_)) = (head, &outcome.moved) {
         let seen = Seen {
             held,
             forwarded: outcome.report.tokens_after,
             unchanged_prefix,
+            squeezed,
         };
-        outcome.report.costlier_than_direct = unpaid_cut(&model, &seen, &price, settings);
+        let model = cut
+            .forced
+            .unwrap_or_else(|| price.cut_model(head, settings));
+        let priced = Priced {
+            cut: cut.forced.is_some(),
+            ..priced(&model, &seen, &price, settings)
+        };
+        if priced.cut {
+            outcome.report.costlier_than_direct = priced.unpaid(None);
+        }
+        outcome.report.priced = Some(priced);
     }
     outcome
+}
+
+/// Tokens the results of a standing squeeze take as forwarded (0: none stands after this
+/// request): the next cut moves them out.
+fn squeezed_tokens(work: &Work<'_>, squeeze: Option<Squeeze>) -> usize {
+    squeeze.map_or(0, |s| {
+        (s.from..s.to.min(work.counts.len()))
+            .filter(|&i| matches!(work.input.items[i].kind, Kind::ToolResult(_)))
+            .map(|i| work.counts[i])
+            .sum()
+    })
 }
 
 /// Stage 4: the tool results the model has not read (from `unseen`), when the request
@@ -1617,41 +1798,46 @@ struct Cut {
     forced: Option<CutModel>,
 }
 
-/// A forced cut's request as the engine made it, for [`unpaid_cut`].
+/// A request whose run is moved out as the engine made it, for [`priced`].
 struct Seen {
     /// The conversation as the proxy holds it before the move: the client's request after the
     /// proxy's transforms and compactions.
     held: usize,
-    /// The request forwarded after the cut.
+    /// The request forwarded.
     forwarded: usize,
     /// What the previous request held of the client's request, as sent.
     unchanged_prefix: usize,
+    /// Tokens of the results of a round squeezed to fit, which the next cut moves out.
+    squeezed: usize,
 }
 
-/// Whether the forced cut just made (its model, the request it forwards) makes this
-/// conversation cost more than going direct, by the [`Outlook`], and then the smallest budget
-/// that pays.
-fn unpaid_cut(model: &CutModel, seen: &Seen, price: &Price, settings: &Settings) -> Option<Unpaid> {
+/// The [`Outlook`] of a request whose run is moved out (the cut's model, or for a boundary
+/// standing the model a cut now would have), from the request it forwards.
+fn priced(model: &CutModel, seen: &Seen, price: &Price, settings: &Settings) -> Priced {
     let growth = seen.held.saturating_sub(model.head) as f64 / price.answers.max(1) as f64;
     // A later cut keeps what this one forwards (the same head and marker, a recent window of
-    // as many messages), or goes down to the low watermark when the budget leaves room.
-    let ratio = settings.target as f64 / settings.budget.max(1) as f64;
-    let kept_at = |b: usize| ((b as f64 * ratio) as usize).max(seen.forwarded);
-    let outlook = Outlook {
-        model: *model,
-        kept: kept_at(settings.budget),
-        growth,
-        raw: price.raw,
-        raw_prefix: seen.unchanged_prefix,
-        horizon: settings.cache_horizon_turns,
-    };
-    let cut = with_proxy_per_turn(seen.forwarded, &outlook);
-    let direct = direct_per_turn(&outlook);
-    let raw_per_managed = price.raw as f64 / seen.held.max(1) as f64;
-    (cut > direct && direct > 0.0).then(|| Unpaid {
-        ratio: cut / direct,
-        smallest_paying_budget: smallest_paying_budget(&outlook, raw_per_managed, kept_at),
-    })
+    // as many messages), or goes down to the low watermark when the budget leaves room. A
+    // round squeezed to fit is not kept: the model has read it by the next request, whose cut
+    // moves it out (and the squeeze with it).
+    let target_ratio = settings.target as f64 / settings.budget.max(1) as f64;
+    let steady = seen.forwarded.saturating_sub(seen.squeezed);
+    let kept = ((settings.budget as f64 * target_ratio) as usize).max(steady);
+    Priced {
+        cut: false,
+        size: seen.forwarded,
+        answers: price.answers,
+        outlook: Outlook {
+            model: *model,
+            kept,
+            growth,
+            raw: price.raw,
+            raw_prefix: seen.unchanged_prefix,
+            horizon: settings.cache_horizon_turns,
+        },
+        raw_per_managed: price.raw as f64 / seen.held.max(1) as f64,
+        target_ratio,
+        steady,
+    }
 }
 
 /// The room a cut keeps in the budget for what stands in for the run it moves out:
@@ -1977,6 +2163,47 @@ mod tests {
         assert_eq!(&resent[..sent.len()], &sent[..]);
         assert_eq!(again.decision.squeeze, Some(squeeze));
         assert!(!again.report.rewrote_prefix);
+    }
+
+    /// A forced cut that leaves a squeezed round is priced as the cuts that follow it go: the
+    /// next one moves the round out (the model has read it), so later cuts keep what is left
+    /// of the request without it, not the squeezed request that fills the budget.
+    #[test]
+    fn a_squeezed_round_is_not_kept_by_the_later_cuts() {
+        let mut messages = vec![
+            json!({"role": "system", "content": "sys"}),
+            json!({"role": "user", "content": "port the crate"}),
+        ];
+        for k in 0..12 {
+            messages.extend(tool_round(&format!("r{k}"), lines(30)));
+            messages.push(json!({"role": "assistant", "content": format!("round {k} done")}));
+            messages.push(json!({"role": "user", "content": "go on"}));
+        }
+        let calls: Vec<Value> = (0..6)
+            .map(|k| json!({"id": format!("c{k}"), "type": "function", "function": {"name": "read", "arguments": "{}"}}))
+            .collect();
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+        for k in 0..6 {
+            messages.push(
+                json!({"role": "tool", "tool_call_id": format!("c{k}"), "content": lines(150 + k)}),
+            );
+        }
+        let s = Settings {
+            cache: crate::pricing::Preset::parse("openai-gpt5")
+                .unwrap()
+                .for_model("gpt-5"),
+            ..settings(Mode::Auto, 6000)
+        };
+        let out = run_on(&messages, &s, Decision::default());
+        assert!(out.decision.squeeze.is_some(), "{:?}", out.decision);
+        let priced = out.report.priced.expect("a forced cut");
+        assert!(priced.cut);
+        assert!(priced.steady < priced.size, "{priced:?}");
+        assert!(
+            out.report.costlier_than_direct.is_none(),
+            "{:?}",
+            out.report
+        );
     }
 
     /// A forced cut goes past the recent window when the older part alone cannot bring the
@@ -2451,14 +2678,17 @@ mod tests {
         };
         let outlook = support_outlook(5400, kept(5400));
         assert!(!pays(5400));
-        let b = smallest_paying_budget(&outlook, 1.2, kept).unwrap();
+        let b = smallest_paying_budget(&outlook, 1.2, kept, None).unwrap();
         assert!(b > 5400 && pays(b) && !pays(b - 1), "{b}");
         // The head alone over the budget: no budget under what the cut keeps is an answer.
         let over = support_outlook(5000, kept(5000));
-        assert!(smallest_paying_budget(&over, 1.2, kept).unwrap() >= 5200);
+        assert!(smallest_paying_budget(&over, 1.2, kept, None).unwrap() >= 5200);
         // A budget that pays is its own answer.
         let roomy = support_outlook(b + 1000, kept(b + 1000));
-        assert_eq!(smallest_paying_budget(&roomy, 1.2, kept), Some(b + 1000));
+        assert_eq!(
+            smallest_paying_budget(&roomy, 1.2, kept, None),
+            Some(b + 1000)
+        );
     }
 
     /// Old results worth a batch, and a long recent tail the move would bill again.

@@ -18,6 +18,7 @@ use super::estimate::{self, Calibration};
 use super::session::{Decisions, Identity, Prefixes};
 use super::settings::{self, ContextConfig, Mode, RequestLimits, Settings};
 use super::{caches, limits, markers, summary, summary_store, transforms};
+use crate::pricing::ModelPrice;
 use crate::store::{ContentRef, Store, Tenant};
 use crate::tokens::{Counter, Encoding};
 
@@ -124,6 +125,9 @@ pub enum SummaryPlan {
     /// Under the hard budget but over the soft watermark: the next span is worth summarizing
     /// in the background.
     Ahead(SummaryJob),
+    /// A summary was worth asking for (`ahead`: ahead of time), but would cost more than going
+    /// direct saves ([`engine::summary_pays`]): not asked for; the plain marker stands.
+    Unpaid { ahead: bool },
 }
 
 /// One summary to compute: the previous summary and the newly covered span.
@@ -817,6 +821,17 @@ impl Planner {
             )
         };
         let budget_before_room = settings.budget;
+        // The room a summary takes in the marker is kept only for a summary that will be
+        // there: one ready, or one that pays. Without one ready, the request is planned
+        // without that room first (a marker alone); when a summary of what it moves out pays,
+        // again with the room kept, and the summary is asked for if it still pays then.
+        let with_room = settings.clone();
+        let lean = summarize
+            && ready.is_empty()
+            && settings.cut_reserve_tokens > settings::MARKER_RESERVE_TOKENS;
+        if lean {
+            settings.cut_reserve_tokens = settings::MARKER_RESERVE_TOKENS;
+        }
         let mut outcome = decide(
             &input,
             &mut settings,
@@ -826,7 +841,8 @@ impl Planner {
             crowded,
         );
         let (summary, marker) = if summarize && outcome.report.skipped.is_none() {
-            self.plan_summary(
+            let model = body.get("model").and_then(Value::as_str).unwrap_or("");
+            let mut planned = self.plan_summary(
                 &input,
                 &settings,
                 &mut outcome,
@@ -835,7 +851,35 @@ impl Planner {
                 &prefixes,
                 &counter,
                 &env,
-            )
+                model,
+            );
+            if lean && matches!(planned.0, SummaryPlan::Missing(_)) {
+                let mut roomy = with_room;
+                let mut again = decide(
+                    &input,
+                    &mut roomy,
+                    prior,
+                    &env,
+                    route.reserved_tokens,
+                    crowded,
+                );
+                let replanned = self.plan_summary(
+                    &input, &roomy, &mut again, prior, &ready, &prefixes, &counter, &env, model,
+                );
+                if matches!(replanned.0, SummaryPlan::Missing(_)) {
+                    (settings, outcome, planned) = (roomy, again, replanned);
+                } else {
+                    planned = (SummaryPlan::Unpaid { ahead: false }, planned.1, None);
+                }
+            }
+            let (plan, marker, held) = planned;
+            // The warning prices the summary the marker holds or is to hold with the cut.
+            if let (Some(call), Some(priced)) = (held, outcome.report.priced) {
+                if priced.cut {
+                    outcome.report.costlier_than_direct = priced.unpaid(Some(&call));
+                }
+            }
+            (plan, marker)
         } else {
             (SummaryPlan::None, None)
         };
@@ -878,9 +922,34 @@ impl Planner {
             && tokens as f64 > cfg.soft_ratio * settings.budget as f64
     }
 
+    /// What the summarizer's call for `job` costs, priced by the price table in full-price
+    /// input tokens of the request's `model`: its prompt and the span as counted, and a summary
+    /// expected as long as the summarizer may write (`max_summary_tokens`), and never longer
+    /// than what it reads. The bound: a summary that pays at it pays at any shorter length.
+    fn summary_call(
+        &self,
+        job: &SummaryJob,
+        model: &str,
+        counter: &Counter,
+    ) -> engine::SummaryCall {
+        let cfg = &self.config.summarizer;
+        let count = |t: &str| counter.count_text(t);
+        let input = count(&summary::system_prompt(cfg.instructions.as_deref()))
+            + count(&summary::user_prompt(job.previous.as_deref(), &job.span));
+        let by = cfg.model.as_deref().unwrap_or(model);
+        engine::SummaryCall {
+            input,
+            output: cfg.max_summary_tokens.min(input),
+            input_price: ModelPrice::relative_cost(by, model, 1, 0),
+            output_price: ModelPrice::relative_cost(by, model, 0, 1),
+        }
+    }
+
     /// After the engine ran: places the summary of the moved-out span when it is ready (else
     /// the previous one, with the marker naming every original), or says which summary is
-    /// worth computing.
+    /// worth computing: one that pays ([`engine::summary_pays`]), else none
+    /// ([`SummaryPlan::Unpaid`]). Also returns the summary the marker holds or is to hold with
+    /// this request's cut, as the warning prices it (a ready one at no cost: it was paid).
     #[allow(clippy::too_many_arguments)]
     fn plan_summary(
         &self,
@@ -892,7 +961,8 @@ impl Planner {
         prefixes: &Prefixes,
         counter: &Counter,
         env: &CachedEnv<'_>,
-    ) -> (SummaryPlan, Option<MarkerSlot>) {
+        model: &str,
+    ) -> (SummaryPlan, Option<MarkerSlot>, Option<engine::SummaryCall>) {
         let cfg = &self.config.summarizer;
         let job =
             |from: usize, end: usize, previous: Option<&summary_store::Recorded>, blocking| {
@@ -919,14 +989,14 @@ impl Planner {
             };
         if let Some(moved) = outcome.moved.clone() {
             let Some(messages) = outcome.messages.as_mut() else {
-                return (SummaryPlan::None, None);
+                return (SummaryPlan::None, None, None);
             };
             let Some(marker) = messages
                 .get(moved.start)
                 .and_then(|m| env.adapter.text(m))
                 .map(|t| t.into_owned())
             else {
-                return (SummaryPlan::None, None);
+                return (SummaryPlan::None, None, None);
             };
             let slot = MarkerSlot {
                 index: moved.start,
@@ -939,21 +1009,35 @@ impl Planner {
                 .iter()
                 .find(|r| r.prefix_len < moved.end && r.prefix_len > moved.start);
             let placed = exact.or(previous);
+            // A ready summary was paid for: the marker holds its tokens, at no further cost.
+            let held = placed.map(|r| engine::SummaryCall {
+                input: 0,
+                output: counter.count_text(&r.summary).min(cfg.max_summary_tokens),
+                input_price: 0.0,
+                output_price: 0.0,
+            });
             if let Some(r) = placed {
                 place_into(outcome, &slot, &r.summary, cfg.max_summary_tokens, counter);
             }
             if exact.is_some() {
-                return (SummaryPlan::Hit, Some(slot));
+                return (SummaryPlan::Hit, Some(slot), held);
             }
             let from = previous.map_or(moved.start, |p| p.prefix_len);
             let blocking = moved.end > prior.offload_before;
-            let plan = job(from, moved.end, previous, blocking)
-                .map_or(SummaryPlan::None, SummaryPlan::Missing);
-            return (plan, Some(slot));
+            let Some(job) = job(from, moved.end, previous, blocking) else {
+                return (SummaryPlan::None, Some(slot), held);
+            };
+            let call = self.summary_call(&job, model, counter);
+            if let Some(p) = outcome.report.priced {
+                if !engine::summary_pays(p.size, &p.outlook, &call) {
+                    return (SummaryPlan::Unpaid { ahead: false }, Some(slot), held);
+                }
+            }
+            return (SummaryPlan::Missing(job), Some(slot), Some(call));
         }
         // Nothing moved out: is the next span worth summarizing ahead of time?
         if (outcome.report.tokens_after as f64) <= cfg.soft_ratio * settings.budget as f64 {
-            return (SummaryPlan::None, None);
+            return (SummaryPlan::None, None, None);
         }
         let forced = Settings {
             budget: 1,
@@ -967,7 +1051,7 @@ impl Planner {
             .map(|m| m.start..m.end.min(recent))
             .filter(|m| !m.is_empty())
         else {
-            return (SummaryPlan::None, None);
+            return (SummaryPlan::None, None, None);
         };
         let previous = ready
             .iter()
@@ -975,12 +1059,36 @@ impl Planner {
         let from = previous.map_or(span.start, |p| p.prefix_len);
         let freed: usize = input.counts[from..span.end].iter().sum();
         if freed < cfg.min_freed_tokens {
-            return (SummaryPlan::None, None);
+            return (SummaryPlan::None, None, None);
         }
-        (
-            job(from, span.end, previous, false).map_or(SummaryPlan::None, SummaryPlan::Ahead),
-            None,
-        )
+        let Some(job) = job(from, span.end, previous, false) else {
+            return (SummaryPlan::None, None, None);
+        };
+        // Priced as if the cut it is made for came now, to the end of the span: this request
+        // less the span as it is sent (its latest user message stays), and a marker.
+        if let Some(p) = candidate.report.priced {
+            let kept_user = candidate.decision.kept_user;
+            let now = |i: usize| {
+                outcome
+                    .messages
+                    .as_ref()
+                    .and_then(|m| m.get(i))
+                    .map_or(input.counts[i], |m| env.count_message(m))
+            };
+            let moved: usize = span
+                .clone()
+                .filter(|&i| Some(i) != kept_user)
+                .map(now)
+                .sum();
+            let held = outcome.report.tokens_after;
+            let size = held.saturating_sub(moved) + settings::MARKER_RESERVE_TOKENS;
+            let at = p.at(settings.budget, settings.target, held, size);
+            let call = self.summary_call(&job, model, counter);
+            if !engine::summary_pays(at.size, &at.outlook, &call) {
+                return (SummaryPlan::Unpaid { ahead: true }, None, None);
+            }
+        }
+        (SummaryPlan::Ahead(job), None, None)
     }
 
     /// Puts a summary computed while the request waited into the plan's marker message.
@@ -1124,5 +1232,60 @@ mod tests {
         assert_eq!(plan(false).await, None);
         let expected = crate::tokens::Parts::of(&counter.count_request(&body), "gpt-4o", false);
         assert_eq!(plan(true).await, Some(expected));
+    }
+
+    /// A summary's call is priced by the price table in the request's model's full-price input
+    /// tokens: a cheaper summarizer model at its own prices; one the table does not know as the
+    /// request's model; when neither is known, its input at 1 and its output at 4 (never free).
+    /// Its output is expected as long as `max_summary_tokens`, never longer than its input.
+    #[tokio::test]
+    async fn a_summary_call_is_priced_by_the_summarizer_models_prices() {
+        let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
+        let planner = |model: Option<&str>| {
+            let mut config = ContextConfig::default();
+            config.summarizer.model = model.map(str::to_string);
+            let store: Arc<dyn Store> = Arc::new(MemoryStore::new(
+                &StoreConfig::default(),
+                Arc::new(SystemClock),
+            ));
+            Planner::new(config, counter.clone(), store)
+        };
+        let job = |span: &str| SummaryJob {
+            prefix_len: 3,
+            prefix_hash: String::new(),
+            previous: None,
+            span: span.to_string(),
+            blocking: true,
+            encoding: Encoding::O200kBase,
+        };
+        let long = "word ".repeat(4_000);
+        let priced = |summarizer: Option<&str>, model: &str| {
+            let call = planner(summarizer).summary_call(&job(&long), model, &counter);
+            (call.input_price, call.output_price)
+        };
+        let close = |(a, b): (f64, f64), (x, y): (f64, f64)| {
+            assert!(
+                (a - x).abs() < 1e-9 && (b - y).abs() < 1e-9,
+                "{a}, {b} against {x}, {y}"
+            );
+        };
+        close(
+            priced(Some("gpt-4o-mini"), "gpt-4o"),
+            (0.15 / 2.5, 0.60 / 2.5),
+        );
+        close(priced(None, "gpt-4o"), (1.0, 4.0));
+        close(priced(None, "gpt-5"), (1.0, 8.0));
+        close(priced(Some("my-local-model"), "gpt-5"), (1.0, 8.0));
+        close(priced(Some("my-local-model"), "another-one"), (1.0, 4.0));
+
+        let call = planner(None).summary_call(&job(&long), "gpt-4o", &counter);
+        let prompt = summary::system_prompt(None) + &summary::user_prompt(None, &long);
+        assert!(call.input >= 4_000 && call.input <= counter.count_text(&prompt) + 8);
+        assert_eq!(
+            call.output,
+            ContextConfig::default().summarizer.max_summary_tokens
+        );
+        let short = planner(None).summary_call(&job("ok"), "gpt-4o", &counter);
+        assert_eq!(short.output, short.input);
     }
 }

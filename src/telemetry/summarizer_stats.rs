@@ -23,6 +23,9 @@ pub struct Stats {
     pub computed: AtomicU64,
     /// Requests whose moved-out span went without its summary (the marker stands).
     pub fallbacks: AtomicU64,
+    /// Summaries not asked for, ahead of time or for a moved-out span, because they would
+    /// cost more than going direct saves (the plain marker stands).
+    pub unpaid: AtomicU64,
     pub background_started: AtomicU64,
     pub background_completed: AtomicU64,
     pub background_failed: AtomicU64,
@@ -43,7 +46,7 @@ impl Stats {
     }
 
     /// Every counter: its name (after `context_proxy_summary_`), help text and value.
-    pub fn entries(&self) -> [(&'static str, &'static str, &AtomicU64); 15] {
+    pub fn entries(&self) -> [(&'static str, &'static str, &AtomicU64); 16] {
         [
             ("calls", "Summarizer model calls.", &self.calls),
             (
@@ -95,6 +98,11 @@ impl Stats {
                 "fallbacks",
                 "Requests whose moved-out span went without its summary.",
                 &self.fallbacks,
+            ),
+            (
+                "unpaid",
+                "Summaries not asked for: they would cost more than going direct saves.",
+                &self.unpaid,
             ),
             (
                 "background_started",

@@ -19,7 +19,8 @@ pub struct UpstreamConfig {
     pub base_url: String,
     /// Name of an environment variable holding this upstream's API key. When set, the proxy
     /// sends `Authorization: Bearer <key>` instead of the client's header (`x-api-key: <key>`
-    /// when the client sent its key in `x-api-key`, as Anthropic clients do).
+    /// when the client sent its key in `x-api-key`, as Anthropic clients do, and on Anthropic's
+    /// own API (`*.anthropic.com`) for every request naming an `anthropic-version`).
     pub api_key_env: Option<String>,
     /// Model name patterns (`*` and `?` wildcards) routed to this upstream.
     pub models: Vec<String>,

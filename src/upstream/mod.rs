@@ -58,6 +58,9 @@ pub struct Upstream {
     base_path: String,
     /// The key replacing the client's, when the config gives this upstream one.
     authorization: Option<OwnKey>,
+    /// Whether this is Anthropic's own API (`*.anthropic.com`), which takes an API key only in
+    /// `x-api-key` on its Messages routes.
+    anthropic_api: bool,
     patterns: Vec<String>,
     read_timeout: Duration,
     client: reqwest::Client,
@@ -145,12 +148,17 @@ impl Upstreams {
                     upstream: cfg.name.clone(),
                     url: cfg.base_url.clone(),
                 })?;
+            let anthropic_api = base.host_str().is_some_and(|host| {
+                let host = host.trim_end_matches('.').to_ascii_lowercase();
+                host == "anthropic.com" || host.ends_with(".anthropic.com")
+            });
             list.push(Arc::new(Upstream {
                 name: cfg.name.clone(),
                 label: Arc::from(cfg.name.as_str()),
                 base_path: base.path().trim_end_matches('/').to_string(),
                 base,
                 authorization,
+                anthropic_api,
                 patterns: cfg.models.clone(),
                 read_timeout: cfg.read_timeout(),
                 client,
@@ -273,8 +281,12 @@ impl Upstream {
         }
         if let Some(key) = &self.authorization {
             // An Anthropic client sends its key in `x-api-key`: the upstream's own goes there
-            // too (Anthropic's API wants it there), and the client's never goes upstream.
-            if headers.remove(X_API_KEY).is_some() {
+            // too (Anthropic's API wants it there), and the client's never goes upstream. On
+            // Anthropic's own API a Messages request (it names its `anthropic-version`) takes
+            // an API key only there, whichever header the client used for its proxy key (a
+            // bearer there is an OAuth token: Claude Code's `ANTHROPIC_AUTH_TOKEN` sends one).
+            let anthropic_request = self.anthropic_api && headers.contains_key("anthropic-version");
+            if headers.remove(X_API_KEY).is_some() || anthropic_request {
                 headers.remove(header::AUTHORIZATION);
                 headers.insert(X_API_KEY, key.bare.clone());
             } else {
@@ -533,6 +545,43 @@ mod tests {
         assert_eq!(anthropic["x-api-key"], "sk-up");
         assert!(!anthropic.contains_key("authorization"));
         assert_eq!(anthropic["anthropic-version"], "2023-06-01");
+    }
+
+    /// Anthropic's API takes an API key only in `x-api-key` (a bearer token there is an OAuth
+    /// token): a Messages request from a client that sent its proxy key as a bearer (Claude
+    /// Code with `ANTHROPIC_AUTH_TOKEN`) still gets the upstream's key in `x-api-key`. Another
+    /// host, and a request that is not Anthropic's, keep the client's header.
+    #[test]
+    fn anthropics_api_gets_its_key_in_x_api_key_whatever_the_client_used() {
+        let sent = |base_url: &str, pairs: &[(&'static str, &'static str)]| {
+            let mut c = cfg("x", &[], true);
+            c.base_url = base_url.into();
+            c.api_key_env = Some("KEY".into());
+            let ups = Upstreams::new(&[c], |_| Some("sk-up".into())).unwrap();
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, HeaderValue::from_static(v));
+            }
+            ups.route(None)
+                .request(Method::POST, "/messages", None, h, &[], Bytes::new())
+                .headers
+        };
+        let bearer_messages = [
+            ("authorization", "Bearer proxy-key"),
+            ("anthropic-version", "2023-06-01"),
+        ];
+        let anthropic = sent("https://api.anthropic.com/v1", &bearer_messages);
+        assert_eq!(anthropic["x-api-key"], "sk-up");
+        assert!(!anthropic.contains_key("authorization"));
+        let gateway = sent("https://gateway.example/v1", &bearer_messages);
+        assert_eq!(gateway["authorization"], "Bearer sk-up");
+        assert!(!gateway.contains_key("x-api-key"));
+        // Anthropic's OpenAI-compatible endpoints take the key as a bearer.
+        let chat = sent(
+            "https://api.anthropic.com/v1",
+            &[("authorization", "Bearer proxy-key")],
+        );
+        assert_eq!(chat["authorization"], "Bearer sk-up");
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! sees an incomplete body rather than a truncated one passed off as whole. A Responses API
 //! stream is relayed event by event through a [`TerminalGuard`]: it always ends with exactly
 //! one terminal event (an upstream `error` event, a break or an early end become
-//! `response.failed`).
+//! `response.failed`); an Anthropic Messages stream the upstream ends before its `message_stop`
+//! ends with Anthropic's `error` event.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -110,10 +111,10 @@ fn content_length(headers: &http::HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// A Responses event stream the [`TerminalGuard`] may rewrite or end has no declared length
-/// (the client would stop reading at it); it goes chunked.
+/// A Responses or Anthropic event stream the proxy may end with an event of its own has no
+/// declared length (the client would stop reading at it); it goes chunked.
 fn guard_length(headers: &mut http::HeaderMap, is_event_stream: bool, errors: &StreamErrors) {
-    if is_event_stream && matches!(errors, StreamErrors::Responses) {
+    if is_event_stream && !matches!(errors, StreamErrors::OpenAi) {
         headers.remove(header::CONTENT_LENGTH);
     }
 }
@@ -218,6 +219,19 @@ fn relay_body(
         })
         .boxed_unsync();
     }
+    if is_event_stream {
+        if let StreamErrors::Anthropic { request_id } = &errors {
+            return StreamBody::new(Ended {
+                chunks: observed,
+                request_id: request_id.clone(),
+                at_event_boundary: true,
+                seen_end: false,
+                tail: b"\n".to_vec(),
+                done: false,
+            })
+            .boxed_unsync();
+        }
+    }
     let frames = observed.map(move |item| match item {
         Ok(bytes) => {
             if !bytes.is_empty() {
@@ -271,6 +285,91 @@ where
             };
             if !bytes.is_empty() {
                 return Poll::Ready(Some(Ok(Frame::data(bytes))));
+            }
+        }
+    }
+}
+
+/// An Anthropic event stream, relayed chunk by chunk: one the upstream ends before its
+/// `message_stop` (or an `error` event) ends with Anthropic's error event, as one that breaks
+/// off between two events does; one that breaks off inside an event is aborted.
+struct Ended<S> {
+    chunks: S,
+    request_id: String,
+    at_event_boundary: bool,
+    /// Whether a `message_stop` or `error` event went by (the stream's last event).
+    seen_end: bool,
+    /// The last bytes seen, so that an event name split across two chunks is still found.
+    tail: Vec<u8>,
+    done: bool,
+}
+
+/// The starts of the events that end an Anthropic stream, at the start of a line (a JSON
+/// string, where a text could name them, holds no raw newline).
+const ANTHROPIC_ENDS: [&[u8]; 4] = [
+    b"\nevent: message_stop",
+    b"\nevent: error",
+    b"\ndata: {\"type\":\"message_stop\"",
+    b"\ndata: {\"type\":\"error\"",
+];
+
+impl<S> Ended<S> {
+    fn saw(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.at_event_boundary = ends_event(bytes);
+        let mut window = std::mem::take(&mut self.tail);
+        window.extend_from_slice(bytes);
+        self.seen_end |= ANTHROPIC_ENDS
+            .iter()
+            .any(|end| window.windows(end.len()).any(|w| w == *end));
+        let keep = window.len().saturating_sub(32);
+        self.tail = window.split_off(keep);
+    }
+}
+
+impl<S> Stream for Ended<S>
+where
+    S: Stream<Item = Result<Bytes, BodyError>> + Unpin,
+{
+    type Item = Result<Frame<Bytes>, BoxError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match std::task::ready!(this.chunks.poll_next_unpin(cx)) {
+            Some(Ok(bytes)) => {
+                this.saw(&bytes);
+                Poll::Ready(Some(Ok(Frame::data(bytes))))
+            }
+            Some(Err(err)) => {
+                tracing::warn!(error = %err, "upstream body ended early");
+                this.done = true;
+                if this.at_event_boundary {
+                    let errors = StreamErrors::Anthropic {
+                        request_id: this.request_id.clone(),
+                    };
+                    Poll::Ready(Some(Ok(Frame::data(error_event(&err, &errors)))))
+                } else {
+                    Poll::Ready(Some(Err(BoxError::from(err))))
+                }
+            }
+            None => {
+                this.done = true;
+                if this.seen_end {
+                    return Poll::Ready(None);
+                }
+                tracing::warn!("upstream stream ended before message_stop");
+                let message = "the upstream's stream ended before message_stop; retry";
+                if this.at_event_boundary {
+                    let event = anthropic::error_event(502, message, &this.request_id);
+                    Poll::Ready(Some(Ok(Frame::data(event))))
+                } else {
+                    Poll::Ready(Some(Err(BoxError::from(message))))
+                }
             }
         }
     }
@@ -372,6 +471,58 @@ mod tests {
         assert_eq!(event["error"]["type"], "api_error");
         assert_eq!(event["request_id"], "req_1");
         assert!(event.get("code").is_none());
+    }
+
+    /// An Anthropic stream the upstream ends cleanly before its `message_stop` ends with
+    /// Anthropic's error event, as a break does (the SDKs would take the half answer for a
+    /// whole one); one that ends with `message_stop` or the upstream's own `error` event, even
+    /// split across chunks, is left as it came.
+    #[tokio::test]
+    async fn an_anthropic_stream_ended_before_message_stop_gets_an_error_event() {
+        let errors = || StreamErrors::Anthropic {
+            request_id: "req_1".into(),
+        };
+        let start = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n";
+        // A text that names the event is no end.
+        let delta = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"event: message_stop\"}}\n\n";
+        let chunks = |parts: Vec<String>| {
+            futures_util::stream::iter(parts.into_iter().map(|p| Ok(Bytes::from(p))))
+        };
+        let (bytes, aborted) = collect(relay_body(
+            chunks(vec![start.into(), delta.into()]),
+            true,
+            None,
+            (),
+            errors(),
+        ))
+        .await;
+        assert!(!aborted);
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(text.starts_with(&format!("{start}{delta}")), "{text}");
+        let last = text.trim_end().rsplit("\n\n").next().unwrap();
+        let data = last.strip_prefix("event: error\ndata: ").expect(last);
+        let event: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(event["error"]["type"], "api_error");
+        assert!(
+            event["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("message_stop"),
+            "{event}"
+        );
+        for end in [
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+            "data: {\"type\":\"message_stop\"}\n\n",
+        ] {
+            let whole = format!("{start}{delta}{end}");
+            let cut = start.len() + delta.len() + 9;
+            let parts = vec![whole[..cut].to_string(), whole[cut..].to_string()];
+            let (bytes, aborted) =
+                collect(relay_body(chunks(parts), true, None, (), errors())).await;
+            assert!(!aborted);
+            assert_eq!(String::from_utf8(bytes).unwrap(), whole);
+        }
     }
 
     #[tokio::test]

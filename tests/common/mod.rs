@@ -76,6 +76,20 @@ impl Harness {
         series(&self.metrics_text().await, name).unwrap_or(0.0)
     }
 
+    /// GETs `path` of the proxy with `Authorization: Bearer <key>` (a proxy key, a client key or
+    /// the admin token): the status and the body as JSON (`Null` when it is not JSON).
+    pub async fn get_json(&self, path: &str, key: &str) -> (u16, serde_json::Value) {
+        let resp = self
+            .client
+            .get(self.url(path))
+            .header("authorization", format!("Bearer {key}"))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
     /// POSTs `body` (sent as-is) to the proxy's chat-completions route.
     pub async fn chat_raw(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
         self.client
@@ -91,6 +105,26 @@ impl Harness {
     pub async fn chat(&self, body: &serde_json::Value) -> reqwest::Response {
         self.chat_raw(body.to_string()).await
     }
+}
+
+/// An Anthropic Messages request of a coding agent that has read one file: the system prompt
+/// apart, the call a `tool_use` block (`toolu_a`, `read_file`), `result` in its `tool_result`
+/// block, the model's short answer and the next question.
+pub fn messages_read_body(result: String) -> serde_json::Value {
+    serde_json::json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "system": "You are a coding agent.",
+        "messages": [
+            {"role": "user", "content": "Read the file."},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_a", "name": "read_file", "input": {"path": "a.rs"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_a", "content": result}]},
+            {"role": "assistant", "content": "Read."},
+            {"role": "user", "content": "What is on line 7?"}
+        ]
+    })
 }
 
 /// Asserts `body` is an OpenAI error with all four keys and returns its `error` object.

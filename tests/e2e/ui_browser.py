@@ -92,6 +92,12 @@ def main():
         # Costs in dollars, with and without the proxy, as the replay's report prices them.
         assert row.locator("td.cost-without").inner_text() == cfg["cost_without"], row.inner_text()
         assert row.locator("td.cost-with").inner_text() == cfg["cost_with"], row.inner_text()
+        # In a narrow window (1024 px) nothing runs off the page: the list scrolls in its box.
+        page.set_viewport_size({"width": 1024, "height": 900})
+        widths = page.evaluate(
+            "() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert widths[0] <= widths[1], f"the page is wider than the window: {widths}"
+        page.set_viewport_size({"width": 1400, "height": 900})
 
         # The filters: by model, then by time (the older session is of another model, last
         # active three hours ago; the 500-turn one hours ago too).

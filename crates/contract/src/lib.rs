@@ -36,7 +36,8 @@ pub const RELOAD_HEADER: &str = "x-context-reload";
 /// over its calls (JSON answers the proxy read whole for its tools; a stream's headers, and a
 /// relayed answer's, leave before its usage).
 pub const UPSTREAM_CACHED_HEADER: &str = "x-context-upstream-cached-tokens";
-/// Response header: what a summary did for this request (`hit`, `computed`, `fallback`).
+/// Response header: what a summary did for this request (`hit`, `computed`, `fallback`, or
+/// `unpaid`: not asked for, it would cost more than going direct saves).
 pub const SUMMARY_HEADER: &str = "x-context-summary";
 /// Response header: the upstream calls made for a managed request by kind
 /// (`forwarded=1,reload=2,retry=0,summarizer=1`): the request, rounds of the proxy's own

@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 use super::ctx::Ctx;
 use super::script::{Completion, Gate, Reply};
 use super::sse::{self, StreamPlan};
-use super::usage::prompt_tokens;
+use super::usage::{prompt_prefixes, TOKENS_PER_REPLY};
 use super::wire::{self, Answer, AnswerMeta};
 use crate::body::{full, MockBody};
 use context_proxy_tokens::Encoding;
@@ -43,7 +43,8 @@ pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
         Ok(request) => request,
         Err(error) => return json_response(StatusCode::BAD_REQUEST, &error),
     };
-    let prompt_tokens = prompt_tokens(&request.body, Encoding::for_model(&request.model));
+    let prefixes = prompt_prefixes(&request.body, Encoding::for_model(&request.model));
+    let prompt_tokens = prefixes.last().map_or(0, |(_, tokens)| *tokens) + TOKENS_PER_REPLY;
     let delay = latency(ctx, prompt_tokens);
     if let Some(limit) = ctx
         .config
@@ -67,7 +68,18 @@ pub(crate) async fn handle(ctx: &Ctx, body: &[u8]) -> Response<MockBody> {
     if !ctx.life.sleep(delay).await {
         return shutting_down();
     }
-    respond(ctx, reply, &request, prompt_tokens).await
+    let prompt = Prompt {
+        tokens: prompt_tokens,
+        cached: ctx.state.cache_prefixes(&prefixes),
+    };
+    respond(ctx, reply, &request, prompt).await
+}
+
+/// A prompt's tokens, and those of them its cache read (the prefix seen before).
+#[derive(Debug, Clone, Copy)]
+struct Prompt {
+    tokens: usize,
+    cached: usize,
 }
 
 /// Fixed latency plus the per-prompt-token latency.
@@ -84,14 +96,14 @@ async fn respond(
     ctx: &Ctx,
     reply: Reply,
     request: &ChatRequest,
-    prompt_tokens: usize,
+    prompt: Prompt,
 ) -> Response<MockBody> {
     answer_reply(
         ctx,
         reply,
         request.stream,
-        |completion| answer(ctx, completion, request, prompt_tokens).to_json(),
-        |completion, hold| stream(ctx, completion, request, prompt_tokens, hold),
+        |completion| answer(ctx, completion, request, prompt).to_json(),
+        |completion, hold| stream(ctx, completion, request, prompt, hold),
     )
     .await
 }
@@ -145,12 +157,7 @@ pub(crate) fn unwrap_hold(mut reply: Reply) -> (Reply, Option<(usize, Gate)>) {
     (reply, hold)
 }
 
-fn answer(
-    ctx: &Ctx,
-    completion: &Completion,
-    request: &ChatRequest,
-    prompt_tokens: usize,
-) -> Answer {
+fn answer(ctx: &Ctx, completion: &Completion, request: &ChatRequest, prompt: Prompt) -> Answer {
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_secs());
@@ -161,7 +168,8 @@ fn answer(
             serial: ctx.state.next_serial(),
             model: &request.model,
             created,
-            prompt_tokens,
+            prompt_tokens: prompt.tokens,
+            cached_tokens: prompt.cached,
         },
     )
 }
@@ -170,10 +178,10 @@ fn stream(
     ctx: &Ctx,
     completion: &Completion,
     request: &ChatRequest,
-    prompt_tokens: usize,
+    prompt: Prompt,
     hold: Option<(usize, Gate)>,
 ) -> Response<MockBody> {
-    let answer = answer(ctx, completion, request, prompt_tokens);
+    let answer = answer(ctx, completion, request, prompt);
     sse_response(
         ctx,
         answer.to_events(request.include_usage),

@@ -7,6 +7,7 @@
 //! is real-BPE-based, so the proxy's own counts can be checked against it.
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use context_proxy_tokens::Encoding;
 
@@ -14,6 +15,45 @@ use context_proxy_tokens::Encoding;
 pub const TOKENS_PER_MESSAGE: usize = 3;
 /// Tokens that prime the assistant's reply.
 pub const TOKENS_PER_REPLY: usize = 3;
+
+/// A chat-completions request's prefixes, in order, as (hash of the prefix, tokens up to its
+/// end): the tools first, then each message. What OpenAI's prompt cache matches on (the mock's
+/// model of it: `State::cache_prefixes`). The last one's tokens and [`TOKENS_PER_REPLY`] are
+/// [`prompt_tokens`].
+pub fn prompt_prefixes(request: &Value, encoding: Encoding) -> Vec<([u8; 32], usize)> {
+    let mut hasher = Sha256::new();
+    let mut total = 0;
+    let mut out = Vec::new();
+    let mut push = |text: &str, tokens: usize| {
+        hasher.update(text.as_bytes());
+        hasher.update([0]);
+        total += tokens;
+        out.push((hasher.clone().finalize().into(), total));
+    };
+    let tools = &request["tools"];
+    push(&tools.to_string(), tools_tokens(tools, encoding));
+    for message in request["messages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        push(
+            &message.to_string(),
+            TOKENS_PER_MESSAGE + message_tokens(message, encoding),
+        );
+    }
+    out
+}
+
+fn tools_tokens(tools: &Value, encoding: Encoding) -> usize {
+    tools
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|tool| encoding.count(&tool.to_string()))
+        .sum()
+}
 
 /// Prompt tokens of a chat-completions request body.
 pub fn prompt_tokens(request: &Value, encoding: Encoding) -> usize {
@@ -23,13 +63,7 @@ pub fn prompt_tokens(request: &Value, encoding: Encoding) -> usize {
         .iter()
         .map(|message| TOKENS_PER_MESSAGE + message_tokens(message, encoding))
         .sum();
-    let in_tools: usize = request["tools"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-        .map(|tool| encoding.count(&tool.to_string()))
-        .sum();
+    let in_tools = tools_tokens(&request["tools"], encoding);
     in_messages + in_tools + TOKENS_PER_REPLY
 }
 

@@ -34,6 +34,9 @@ pub struct Answer {
     pub tool_calls: Vec<AnsweredCall>,
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,
+    /// Of `prompt_tokens`, those the prompt cache read (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     /// Stream the content in exactly this many chunks instead of word by word.
     pub content_chunks: Option<usize>,
@@ -59,6 +62,8 @@ pub struct AnswerMeta<'a> {
     /// Unix seconds.
     pub created: u64,
     pub prompt_tokens: usize,
+    /// Of `prompt_tokens`, those the prompt cache read.
+    pub cached_tokens: usize,
 }
 
 impl Answer {
@@ -98,6 +103,7 @@ impl Answer {
             },
             tool_calls,
             prompt_tokens: meta.prompt_tokens,
+            cached_tokens: meta.cached_tokens.min(meta.prompt_tokens),
             completion_tokens,
             content_chunks: completion.content_chunks,
         }
@@ -206,7 +212,7 @@ impl Answer {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens, "audio_tokens": 0},
             "completion_tokens_details": {
                 "reasoning_tokens": 0,
                 "audio_tokens": 0,
@@ -343,6 +349,7 @@ mod tests {
             model: "gpt-4o",
             created: 1_700_000_000,
             prompt_tokens: 10,
+            cached_tokens: 0,
         }
     }
 

@@ -214,6 +214,49 @@ async fn json_text_reply_has_openais_shape_and_real_token_counts() {
     );
 }
 
+/// OpenAI's prompt cache, as the mock plays it: the longest prefix of tools and messages seen
+/// before, 0 under 1024 tokens, then in steps of 128; in JSON and in the stream's usage chunk.
+#[tokio::test]
+async fn the_prefix_seen_before_is_reported_as_cached_tokens() {
+    let mock = start().await;
+    let c = client();
+    let enc = Encoding::for_model("gpt-4o");
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(150);
+    let system_tokens = enc.count(&long) + 3;
+    assert!(system_tokens > 1024 + 128);
+    let body = |user: &str, stream: bool| {
+        let mut body = chat_body("gpt-4o", user, stream);
+        body["messages"][0]["content"] = json!(long);
+        body
+    };
+    let cached = |usage: &Value| {
+        usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let first = json_of(post_chat(&c, &mock, &body("one", false)).await).await;
+    assert_eq!(cached(&first["usage"]), 0, "nothing seen before");
+    // Another question after the same system message: its prefix is cached, in steps of 128.
+    let second = json_of(post_chat(&c, &mock, &body("two", false)).await).await;
+    let expected = 1024 + (system_tokens - 1024) / 128 * 128;
+    assert_eq!(cached(&second["usage"]), expected as u64);
+    assert!(cached(&second["usage"]) < second["usage"]["prompt_tokens"].as_u64().unwrap());
+    // The same in a stream's usage chunk.
+    let mut streamed = body("three", true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let text = post_chat(&c, &mock, &streamed).await.text().await.unwrap();
+    let usage = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|chunk| chunk.get("usage").filter(|u| !u.is_null()).cloned())
+        .unwrap();
+    assert_eq!(cached(&usage), expected as u64);
+    // A different head: nothing cached.
+    let other = json_of(post_chat(&c, &mock, &chat_body("gpt-4o", "one", false)).await).await;
+    assert_eq!(cached(&other["usage"]), 0);
+}
+
 #[tokio::test]
 async fn json_tool_calls_reply() {
     let mock = start().await;

@@ -201,8 +201,13 @@ pub struct ModelPrice {
 /// List prices by model name prefix (the longest matching prefix wins; a vendor prefix such as
 /// `openai/` is ignored). Public price pages, 2025: OpenAI (gpt-4o, 4o-mini, 4.1 family, gpt-5
 /// family, o3, o4-mini), Anthropic (Claude Opus 4, Sonnet 4, Haiku 4.5 and 3.5), DeepSeek
-/// (V3.2, cache miss), Google (Gemini 2.5 Pro up to 200k and Flash).
-pub const MODEL_PRICES: [(&str, ModelPrice); 19] = [
+/// (V3.2, cache miss), Google (Gemini 2.5 Pro up to 200k and Flash). 2026, the models Claude
+/// Code and Codex CLI run by default and their siblings: Anthropic's model pages
+/// (platform.claude.com/docs/en/models/…: Fable 5 and 5.1, Opus 5, Opus 5.5, Sonnet 5 and 5.5),
+/// OpenAI's gpt-6.2-sol page (developers.openai.com/api/docs/models/gpt-6.2-sol; GPT-6 Sol and
+/// 6.1 Sol at the same list price, as LiteLLM's GPT-6.1 Sol note says). Short-context prices:
+/// gpt-6 Sol above 272k input tokens costs more.
+pub const MODEL_PRICES: [(&str, ModelPrice); 26] = [
     ("gpt-4o", ModelPrice::new(2.50, 10.00)),
     ("gpt-4o-mini", ModelPrice::new(0.15, 0.60)),
     ("gpt-4.1", ModelPrice::new(2.00, 8.00)),
@@ -217,6 +222,13 @@ pub const MODEL_PRICES: [(&str, ModelPrice); 19] = [
     ("claude-sonnet-4", ModelPrice::new(3.00, 15.00)),
     ("claude-3-5-haiku", ModelPrice::new(0.80, 4.00)),
     ("claude-haiku-4-5", ModelPrice::new(1.00, 5.00)),
+    ("claude-fable-5", ModelPrice::new(10.00, 50.00)),
+    ("claude-opus-5", ModelPrice::new(5.00, 25.00)),
+    ("claude-opus-5-5", ModelPrice::new(4.00, 20.00)),
+    ("claude-sonnet-5", ModelPrice::new(2.00, 10.00)),
+    ("gpt-6-sol", ModelPrice::new(2.00, 10.00)),
+    ("gpt-6.1-sol", ModelPrice::new(2.00, 10.00)),
+    ("gpt-6.2-sol", ModelPrice::new(2.00, 10.00)),
     ("deepseek-chat", ModelPrice::new(0.28, 0.42)),
     ("deepseek-reasoner", ModelPrice::new(0.28, 0.42)),
     ("gemini-2.5-pro", ModelPrice::new(1.25, 10.00)),
@@ -390,6 +402,24 @@ mod tests {
         assert_eq!(CachePricing::NONE.call_cost(2000, 1500), 2000.0);
         assert!((p.rebill_rate() - 1.15).abs() < 1e-12);
         assert_eq!(CachePricing::NONE.rebill_rate(), 0.0);
+    }
+
+    /// The models Claude Code (2.1.332: `claude-opus-5-5`) and Codex CLI (0.171:
+    /// `gpt-6.2-sol`) run by default are priced, so the page shows their sessions in dollars.
+    #[test]
+    fn the_default_models_of_claude_code_and_codex_are_priced() {
+        let of = |m: &str| {
+            let p = ModelPrice::of(m).unwrap_or_else(|| panic!("{m} has no list price"));
+            (p.input_per_mtok, p.output_per_mtok)
+        };
+        assert_eq!(of("claude-opus-5-5"), (4.0, 20.0));
+        assert_eq!(of("claude-opus-5"), (5.0, 25.0));
+        assert_eq!(of("claude-fable-5-1"), (10.0, 50.0));
+        assert_eq!(of("claude-sonnet-5-5"), (2.0, 10.0));
+        assert_eq!(of("gpt-6.2-sol"), (2.0, 10.0));
+        assert_eq!(of("openai/gpt-6.1-sol"), (2.0, 10.0));
+        // Older names keep their prices.
+        assert_eq!(of("claude-opus-4-1"), (15.0, 75.0));
     }
 
     #[test]

@@ -64,7 +64,8 @@ pub struct ChatCtx {
     pub reserved_tokens: u64,
     /// The request's `model`, kept for the record phase (the tool loop takes the body).
     pub model: Option<String>,
-    /// What a summary did for this request (`x-context-summary`: hit, computed, fallback).
+    /// What a summary did for this request (`x-context-summary`: hit, computed, fallback,
+    /// unpaid).
     pub summary: Option<&'static str>,
     /// A smaller budget for a second plan, after the upstream said the context is too long.
     pub budget_override: Option<usize>,

@@ -2,7 +2,8 @@
 //! plan (`hit`); a span worth summarizing ahead of time is queued in the background; a span
 //! moved out just now, over the hard budget, without its summary waits for it at most the
 //! summarizer's timeout (`computed`), else the marker stands (`fallback`), and a later request
-//! finds the summary made in the background.
+//! finds the summary made in the background. A summary that would cost more than going direct
+//! saves is not asked for (`unpaid`): the marker stands.
 
 use tokio::time::Instant;
 
@@ -46,6 +47,13 @@ pub async fn settle(state: &Shared, ctx: &mut ChatCtx) {
         }
         SummaryPlan::Ahead(job) => {
             summarizer.enqueue(task(job));
+            return;
+        }
+        SummaryPlan::Unpaid { ahead } => {
+            Stats::add(&stats.unpaid);
+            if !ahead {
+                ctx.summary = Some("unpaid");
+            }
             return;
         }
         SummaryPlan::Missing(job) => job,

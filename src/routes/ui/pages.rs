@@ -170,7 +170,7 @@ pub fn session_list(
             @if rows.is_empty() {
                 p.empty { "No sessions." }
             } @else {
-                table.sessions {
+                div.wide { table.sessions {
                     thead { tr {
                         th { "Session" }
                         @if viewer.admin { th { "Tenant" } }
@@ -191,7 +191,7 @@ pub fn session_list(
                             tr.session {
                                 td.nowrap { a href=(format!("/ui/session?{}", r.query)) { (r.session) } }
                                 @if viewer.admin { td { (r.tenant.as_deref().unwrap_or("")) } }
-                                td { (r.totals.model.as_deref().unwrap_or("–")) }
+                                td.nowrap { (r.totals.model.as_deref().unwrap_or("–")) }
                                 td.num.turns { (r.totals.turns) }
                                 td.num.sent { (num(r.totals.tokens_before)) }
                                 td.num.forwarded { (num(r.totals.tokens_after)) }
@@ -205,7 +205,7 @@ pub fn session_list(
                             }
                         }
                     }
-                }
+                } }
                 @if let Some(more) = more { p { a href=(more) { "Older sessions →" } } }
             }
         },

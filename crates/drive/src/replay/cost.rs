@@ -233,21 +233,28 @@ pub struct SummarizerCalls {
     pub input_tokens: usize,
     /// Completion tokens, as the proxy counted them (`/metrics`); `None` when unknown.
     pub output_tokens: Option<usize>,
-    /// Their cost in full-price input tokens of the conversations' model: each call at the
+    /// Their cost in full-price input tokens of the conversations' models: each call at the
     /// summarizer model's list prices ([`ModelPrice`]), output included; a model missing from
-    /// the table is priced as the conversations' model, its output at 4× its input.
+    /// the table is priced as the conversation's model, its output at 4× its input.
     pub cost: f64,
 }
 
 impl SummarizerCalls {
-    /// The calls `bodies` (summarizer requests), with `output_tokens` in all, in units of
-    /// `unit_model`'s full input price.
+    /// The calls `bodies` (summarizer requests), with `output_tokens` in all, each in units of
+    /// the full input price of the conversation it summarizes, as the forwarded calls are
+    /// counted (a token of a conversation is a full-price input token of its own model): a
+    /// call whose model is one of the conversations' `models` was made by the request's own
+    /// model (the summarizer's default) and is priced in its units; any other model (one the
+    /// config names) in units of the traffic's model, `models[0]`. (Priced in the first
+    /// session's units alone, a summary of a gpt-4o conversation in a traffic led by a
+    /// gpt-4o-mini one cost 16.7 times its tokens.)
     pub fn price(
         counter: &Counter,
         bodies: &[Value],
         output_tokens: Option<usize>,
-        unit_model: &str,
+        models: &[String],
     ) -> SummarizerCalls {
+        let traffic = models.first().map_or("", String::as_str);
         let inputs: Vec<usize> = bodies.iter().map(|b| count(counter, b).total).collect();
         let input_tokens: usize = inputs.iter().sum();
         // Output shared out over the calls by their input (the proxy counts it in all).
@@ -262,7 +269,12 @@ impl SummarizerCalls {
                 } else {
                     0.0
                 };
-                ModelPrice::relative_cost(model, unit_model, input, share.round() as usize)
+                let unit = if models.iter().any(|m| m == model) {
+                    model
+                } else {
+                    traffic
+                };
+                ModelPrice::relative_cost(model, unit, input, share.round() as usize)
             })
             .sum();
         SummarizerCalls {
@@ -383,6 +395,36 @@ mod tests {
         assert_eq!(
             effective_cost(&calls, &strict),
             t.iter().sum::<usize>() as f64
+        );
+    }
+
+    /// A summary is priced in units of its own conversation's model when the summarizer is
+    /// that model (the default), as the forwarded calls are counted; a summary by a model no
+    /// conversation uses, in units of the traffic's (the first session's) model.
+    #[test]
+    fn a_summary_is_priced_in_its_conversations_units() {
+        let c = counter();
+        let body = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "word ".repeat(1_000)}]});
+        let models = ["gpt-4o-mini".to_string(), "gpt-4o".to_string()];
+        let input = |b: &Value| count(&c, b).total;
+        let (mini, big, nano) = (body("gpt-4o-mini"), body("gpt-4o"), body("gpt-4.1-nano"));
+        // No output: each in its own units is its input tokens.
+        let own = SummarizerCalls::price(&c, &[mini.clone(), big.clone()], Some(0), &models);
+        assert!(
+            (own.cost - (input(&mini) + input(&big)) as f64).abs() < 1e-6,
+            "{own:?}"
+        );
+        // With output, at the model's own output/input ratio (4 for both).
+        let out = SummarizerCalls::price(&c, std::slice::from_ref(&big), Some(100), &models);
+        assert!(
+            (out.cost - (input(&big) + 400) as f64).abs() < 1e-6,
+            "{out:?}"
+        );
+        // Another model: in units of the traffic's, gpt-4o-mini ($0.10 against $0.15).
+        let other = SummarizerCalls::price(&c, std::slice::from_ref(&nano), Some(0), &models);
+        assert!(
+            (other.cost - input(&nano) as f64 * 0.10 / 0.15).abs() < 1e-6,
+            "{other:?}"
         );
     }
 }

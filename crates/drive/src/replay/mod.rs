@@ -432,11 +432,16 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
                 (Some(before), Some(after)) => Some(after.saturating_sub(before)),
                 _ => None,
             };
-            // Costs are in full-price input tokens of the traffic's model (its first
-            // session's, when sessions differ).
-            let model = sessions.iter().find_map(|s| s.model()).unwrap_or_default();
+            // Costs are in full-price input tokens of each conversation's model; a summary
+            // by another model in those of the traffic's (its first session's).
+            let mut models: Vec<String> = Vec::new();
+            for m in sessions.iter().filter_map(|s| s.model()) {
+                if !models.contains(&m) {
+                    models.push(m);
+                }
+            }
             let summarizer =
-                SummarizerCalls::price(&counter, &received.unattributed, output, &model);
+                SummarizerCalls::price(&counter, &received.unattributed, output, &models);
             let side = Side::measure(&counter, &bodies, &providers, &headline);
             Some(side.with_summarizer(&summarizer))
         }

@@ -900,7 +900,8 @@ mod tests {
         // by input (100 and 300), at $0.15 and $0.60 per 1M against gpt-4o's $2.50 input.
         let summary = |n: usize| json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "word ".repeat(n)}]});
         let (s1, s2) = (summary(1_000), summary(3_000));
-        let summarizer = SummarizerCalls::price(&c, &[s1.clone(), s2.clone()], Some(400), "gpt-4o");
+        let summarizer =
+            SummarizerCalls::price(&c, &[s1.clone(), s2.clone()], Some(400), &["gpt-4o".into()]);
         let (i1, i2) = (c.count_request(&s1).total, c.count_request(&s2).total);
         let out1 = (400.0 * i1 as f64 / (i1 + i2) as f64).round();
         let out2 = (400.0 * i2 as f64 / (i1 + i2) as f64).round();
