@@ -10,6 +10,10 @@
 //! - with the turn's results over the compaction threshold, compacted at the next turn
 //!   boundary (the thinking after the edit removed), then repeated inside the tool loop.
 //!
+//! As Claude Code does, the client marks only its newest block and sends a prompt that no
+//! longer carries the mark as a string (it went as a text block with the mark): the same
+//! message to a signature.
+//!
 //! Each request is accepted, the proxy saves tokens, and each forwarded request begins with
 //! the messages the previous one forwarded (as a signature reads them).
 
@@ -137,11 +141,17 @@ impl Session {
         assert_eq!(status, 200, "request {t}: {actions}: {answer}");
         let content = answer["content"].clone();
         let messages = self.body["messages"].as_array_mut().unwrap();
-        // Claude Code marks only its newest block.
+        // Claude Code marks only its newest block, and sends a prompt that no longer carries
+        // the mark as a string.
         for m in messages.iter_mut() {
+            let user = m["role"] == "user";
             if let Some(blocks) = m["content"].as_array_mut() {
-                for b in blocks {
+                for b in blocks.iter_mut() {
                     b.as_object_mut().unwrap().remove("cache_control");
+                }
+                if user && blocks.len() == 1 && blocks[0]["type"] == "text" {
+                    let text = blocks[0]["text"].clone();
+                    m["content"] = text;
                 }
             }
         }

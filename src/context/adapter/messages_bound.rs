@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::messages::{bound_hashes, Messages, Unmanaged, Written};
+use super::messages::{bound_hashes, bound_hashes_as_sent, Messages, Unmanaged, Written};
 use super::Adapter;
 use crate::tokens::field;
 
@@ -84,8 +84,9 @@ pub struct Forwarded {
     /// The digest of those messages as a signature reads them ([`bound_hashes`]), hex.
     client: String,
     /// Those messages' [`bound_hashes`], one by one: a client that rewound is matched by the
-    /// longest prefix of its messages this record covers. Empty in a record written before
-    /// rewinds were matched (only a client continuing all of it matches).
+    /// longest prefix of its messages this record covers. Empty in a record an earlier
+    /// version wrote, whose digest is of [`bound_hashes_as_sent`] (only a client continuing
+    /// all of it matches).
     #[serde(default)]
     hashes: Vec<u64>,
     /// The forwarded messages, in order.
@@ -144,7 +145,9 @@ impl Records {
             if branches.len() >= MAX_BRANCHES || old.key != branches[0].key {
                 break;
             }
-            if old.continued_by(&branches[0].hashes) {
+            // An earlier version's record is not kept beside a new one: it cannot tell
+            // whether the new one continues it.
+            if old.hashes.is_empty() || old.continued_by(&branches[0].hashes, None) {
                 continue;
             }
             size += old.weight();
@@ -160,10 +163,13 @@ impl Records {
     /// client messages all begin the client's, the one covering most (a later request of the
     /// same branch); else (the client rewound into a branch) the one sharing the longest
     /// prefix with the client's, the newest on a tie.
-    fn choose(&self, client_hashes: &[u64]) -> Option<Chosen<'_>> {
+    /// `as_sent`: the client's [`bound_hashes_as_sent`], when a record of an earlier version
+    /// is kept.
+    fn choose(&self, client_hashes: &[u64], as_sent: Option<&[u64]>) -> Option<Chosen<'_>> {
         let mut whole: Option<&Forwarded> = None;
         for record in &self.branches {
-            if record.continued_by(client_hashes) && whole.is_none_or(|w| record.covers > w.covers)
+            if record.continued_by(client_hashes, as_sent)
+                && whole.is_none_or(|w| record.covers > w.covers)
             {
                 whole = Some(record);
             }
@@ -267,10 +273,16 @@ impl Forwarded {
         &self.key
     }
 
-    /// Whether the client's messages (their [`bound_hashes`]) still begin with the ones this
-    /// record stood for.
-    fn continued_by(&self, client_hashes: &[u64]) -> bool {
-        self.covers <= client_hashes.len() && digest(&client_hashes[..self.covers]) == self.client
+    /// Whether the client's messages (their [`bound_hashes`]; `as_sent`, their
+    /// [`bound_hashes_as_sent`], for a record of an earlier version) still begin with the ones
+    /// this record stood for.
+    fn continued_by(&self, client_hashes: &[u64], as_sent: Option<&[u64]>) -> bool {
+        let hashes = match (self.hashes.is_empty(), as_sent) {
+            (false, _) => client_hashes,
+            (true, Some(as_sent)) => as_sent,
+            (true, None) => return false,
+        };
+        self.covers <= hashes.len() && digest(&hashes[..self.covers]) == self.client
     }
 
     /// How many of the client's first messages are the record's (0 for a record without its
@@ -401,7 +413,12 @@ fn repeat_of<'a>(
     before: Option<&'a Records>,
 ) -> Result<Repeat<'a>, Unmanaged> {
     let mut parts: Vec<(Part<'a>, u64, bool)> = Vec::new();
-    let (covers, recorded) = match before.and_then(|r| r.choose(client_hashes)) {
+    // Only a record of an earlier version reads the messages as they were sent.
+    let as_sent = before
+        .is_some_and(|r| r.branches.iter().any(|b| b.hashes.is_empty()))
+        .then(|| bound_hashes_as_sent(&serde_json::json!({ "messages": client })));
+    let (covers, recorded) = match before.and_then(|r| r.choose(client_hashes, as_sent.as_deref()))
+    {
         Some(chosen) => chosen.record.prefix(chosen.matched)?,
         None => (0, Vec::new()),
     };
@@ -877,7 +894,11 @@ mod tests {
         let client = conversation("the whole file");
         let sent = conversation("the whole…");
         let mut record = Forwarded::record(&client, &sent).unwrap();
+        // What an earlier version wrote: no hashes, the digest of the messages as sent (the
+        // prompt, a string, read otherwise now).
         record.hashes.clear();
+        record.client = digest(&bound_hashes_as_sent(&client));
+        assert_ne!(record.client, digest(&bound_hashes(&client)));
         let mut old = serde_json::to_value(&record).unwrap();
         old.as_object_mut().unwrap().remove("hashes");
         let parsed = Records::parse(old.to_string().as_bytes()).unwrap();
