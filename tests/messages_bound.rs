@@ -784,3 +784,51 @@ async fn a_rewind_then_a_new_branch_then_a_rewind_back_are_all_accepted() {
         .count();
     assert!(truncated >= 2 * rounds, "{turns:#?}");
 }
+
+/// `x-context-mode: off` on one request of an edited conversation: the client's bytes would be
+/// refused (its thinking was signed after the proxy's truncations), so the form forwarded
+/// before goes, nothing new changed (the request's new result whole), and
+/// `x-context-actions: off,repeated` says so; the strict mock accepts it.
+#[tokio::test]
+async fn mode_off_on_an_edited_conversation_repeats_the_recorded_form() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let memory = StoreConfig {
+        backend: Backend::Memory,
+        ..StoreConfig::default()
+    };
+    let server = proxy(&mock, memory, 60_000).await;
+    script(&mock, 6);
+    let mut session = Session::new();
+    let mut turns = Vec::new();
+    for k in 0..3 {
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    assert!(turns[1].actions.contains("truncated"), "{turns:#?}");
+    let resp = reqwest::Client::new()
+        .post(format!("http://{}/v1/messages?beta=true", server.addr()))
+        .header("x-api-key", "sk-ant-test")
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", BETAS)
+        .header("x-claude-code-session-id", "bound-1")
+        .header("x-context-mode", "off")
+        .json(&session.body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let actions = resp.headers()["x-context-actions"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!((status, actions.as_str()), (200, "off,repeated"));
+    let sent = forwarded(&mock);
+    let (before, now) = (bound_hashes(&sent[2]), bound_hashes(&sent[3]));
+    assert_eq!(now[..before.len()], before[..], "the recorded form");
+    let last = messages(&sent[3]).last().unwrap();
+    assert_eq!(
+        last["content"][0]["content"],
+        file(2),
+        "nothing new changed"
+    );
+    all_accepted(&mock);
+}

@@ -620,6 +620,46 @@ impl ContextManager {
         }
     }
 
+    /// A Messages request in mode off, its bytes `raw` (`body` parsed from them), written
+    /// under `rules`: on a model binding thinking to its prefix, with thinking on and without
+    /// `drop_block`, the form its conversation forwarded before ([`adapter::messages_bound::
+    /// repeat`]) with nothing new changed, where it differs from the client's messages (the
+    /// client's bytes would be refused where the proxy edited before); otherwise, or when the
+    /// record cannot be read, nothing (the request goes as it came).
+    pub async fn repeat_recorded(
+        &self,
+        identity: &Identity,
+        raw: &[u8],
+        body: &Value,
+        rules: adapter::messages::WriteRules,
+    ) -> Managed {
+        if !binding(rules, body) {
+            return Managed::off();
+        }
+        let before = match self.forwarded_before(identity, body).await {
+            Ok(before) => before,
+            Err(e) => {
+                tracing::warn!(error = %e, "mode off: cannot read what the conversation forwarded before; sent as it came");
+                return Managed::off();
+            }
+        };
+        match adapter::messages_bound::repeat(raw, body, before.as_ref()) {
+            Ok(Some(bytes)) => Managed {
+                body: Some(Bytes::from(bytes)),
+                report: Report {
+                    repeated: true,
+                    ..Report::default()
+                },
+                ..Managed::off()
+            },
+            Ok(None) => Managed::off(),
+            Err(why) => {
+                tracing::warn!(reason = %why, "mode off: the record of what was forwarded does not fit the request; sent as it came");
+                Managed::off()
+            }
+        }
+    }
+
     /// Puts the upstream transcript of the proxy's hidden tool rounds back into an Anthropic
     /// Messages request ([`crate::proxy_tools::hidden_rounds`]), in its bytes `raw` (`body`
     /// parsed from them): the new bytes and how many messages were restored, or `None` when
