@@ -11,13 +11,16 @@
 //! | `openai-gpt4o` | 50% | — | 1024 | 300 s | GPT-4o $2.50 vs $1.25 cached per 1M; 4o-mini $0.15 vs $0.075; o1, o3-mini the same half |
 //! | `openai-gpt4.1` | 25% | — | 1024 | 300 s | GPT-4.1 $2.00 vs $0.50 cached; o3 $2.00 vs $0.50; o4-mini $1.10 vs $0.275 |
 //! | `openai-gpt5` | 10% | — | 1024 | 300 s | GPT-5 $1.25 vs $0.125 cached; mini and nano the same tenth |
-//! | `anthropic` | 10% | +25% | 1024 | 300 s | cache read 0.1× base input, 5-minute cache write 1.25×; 1024-token minimum (Sonnet, Opus) |
+//! | (`openai`, GPT-5.6+ and GPT-6) | 10% | +25% | 1024 | 1800 s | 2026: "for GPT-5.6 models and later model families, cache writes cost 1.25× the uncached input token rate" (OpenAI's prompt-caching guide); GPT-6 Sol $2 vs $0.20 cached, writes $2.50, 30-minute retention |
+//! | (`openai`, GPT-6.1 and later GPT-6) | 5% | +25% | 1024 | 1800 s | GPT-6.2 Sol $2.00 vs $0.10 cached, writes $2.50 (its model page); GPT-6.1 Sol the same |
+//! | `anthropic` | 10% | +25% | 1024 | 300 s | cache read 0.1× base input, 5-minute cache write 1.25×; 1024-token minimum (Sonnet, Opus); for Claude Opus 5.5 the proxy reads at 5% ($0.20 vs $4, its model page) |
 //! | `deepseek` | 10% | — | 64 | 3600 s | V3.2: cache hit $0.028 vs miss $0.28 per 1M; cached in 64-token units, kept "hours to days" |
 //! | `google` | 25% | — | 1024 | 3600 s | Gemini 2.5 implicit caching: 75% off cached input, 1024-token minimum (Flash); 1 h default lifetime of explicit caches |
 //! | `none` | 100% | — | 0 | 0 s | self-hosted or no caching: every token billed in full |
 //!
 //! `openai` is not one preset: it stands for the row of the request's model family
-//! ([`Preset::OpenAi`]). OpenAI keeps cached prefixes for 5 to 10 minutes of inactivity (up to
+//! ([`Preset::OpenAi`]; the two rows in parentheses are only reached so); `anthropic` follows
+//! the model for Opus 5.5's reads. The replay report prices each named row as written. OpenAI keeps cached prefixes for 5 to 10 minutes of inactivity (up to
 //! an hour off-peak): 300 s is the safe side. Anthropic caches only up to the `cache_control`
 //! breakpoints a client sets: the figures assume a breakpoint at the end of every request (the
 //! best case for going direct).
@@ -105,6 +108,19 @@ const OPENAI_GPT5: CachePricing = CachePricing {
     cached_read_rate: 0.1,
     ..OPENAI_GPT4O
 };
+/// GPT-5.6 and later families (GPT-6 Sol, Astra, Luna): a tenth for cached reads, and cache
+/// writes billed at 1.25× the uncached rate, kept 30 minutes.
+const OPENAI_GPT6: CachePricing = CachePricing {
+    cached_read_rate: 0.1,
+    cache_write_premium: 0.25,
+    min_cacheable_prefix: 1024,
+    cache_ttl_secs: 1800,
+};
+/// GPT-6.1 and 6.2 Sol: cached reads at a twentieth.
+const OPENAI_GPT61: CachePricing = CachePricing {
+    cached_read_rate: 0.05,
+    ..OPENAI_GPT6
+};
 const ANTHROPIC: CachePricing = CachePricing {
     cached_read_rate: 0.1,
     cache_write_premium: 0.25,
@@ -182,6 +198,7 @@ impl Preset {
     pub fn for_model(self, model: &str) -> CachePricing {
         match self {
             Preset::OpenAi => openai_for_model(model),
+            Preset::Fixed("anthropic", p) => anthropic_for_model(model, p),
             Preset::Fixed(_, p) => p,
         }
     }
@@ -321,12 +338,24 @@ impl Default for CacheTerms {
     }
 }
 
-/// OpenAI's cached-input discount for `model`'s family (see the module table): GPT-5 a tenth;
-/// GPT-4.1, o3 and o4-mini a quarter; everything else (GPT-4o, 4o-mini, o1, o3-mini) half.
+/// OpenAI's cached-input terms for `model`'s family (see the module table): GPT-6.1 and later
+/// GPT-6 models a twentieth, GPT-6 and GPT-5.6 and later a tenth, both with cache writes at
+/// 1.25× kept 30 minutes; GPT-5 a tenth; GPT-4.1, o3 and o4-mini a quarter; everything else
+/// (GPT-4o, 4o-mini, o1, o3-mini) half.
 pub fn openai_for_model(model: &str) -> CachePricing {
     // An OpenAI-compatible gateway may prefix the vendor (`openai/gpt-5`).
     let m = model.rsplit('/').next().unwrap_or(model);
-    if m.starts_with("gpt-5") {
+    // The minor version after `prefix` (`gpt-5.6-terra` → 6), when there is one.
+    let minor = |prefix: &str| -> Option<u32> {
+        let rest = m.strip_prefix(prefix)?;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    if minor("gpt-6.").is_some_and(|n| n >= 1) {
+        OPENAI_GPT61
+    } else if m.starts_with("gpt-6") || minor("gpt-5.").is_some_and(|n| n >= 6) {
+        OPENAI_GPT6
+    } else if m.starts_with("gpt-5") {
         OPENAI_GPT5
     } else if m.starts_with("gpt-4.1")
         || (m.starts_with("o3") && !m.starts_with("o3-mini"))
@@ -335,6 +364,20 @@ pub fn openai_for_model(model: &str) -> CachePricing {
         OPENAI_GPT41
     } else {
         OPENAI_GPT4O
+    }
+}
+
+/// Anthropic's terms for `model`: `base` (the `anthropic` row), but Claude Opus 5.5's cache
+/// reads, which cost a twentieth of its input price ($0.20 against $4 per 1M).
+fn anthropic_for_model(model: &str, base: CachePricing) -> CachePricing {
+    let m = model.rsplit('/').next().unwrap_or(model);
+    if m.starts_with("claude-opus-5-5") {
+        CachePricing {
+            cached_read_rate: 0.05,
+            ..base
+        }
+    } else {
+        base
     }
 }
 
@@ -358,6 +401,34 @@ mod tests {
         assert_eq!(openai.for_model("o4-mini").cached_read_rate, 0.25);
         assert_eq!(openai.for_model("o3-mini").cached_read_rate, 0.5);
         assert_eq!(openai.for_model("openai/gpt-5-mini").cached_read_rate, 0.1);
+        // GPT-5.6 and later families bill cache writes (1.25×) and keep them 30 minutes.
+        let gpt6 = openai.for_model("gpt-6.2-sol");
+        assert_eq!(
+            (gpt6.cached_read_rate, gpt6.cache_write_premium),
+            (0.05, 0.25)
+        );
+        assert_eq!(gpt6.cache_ttl_secs, 1800);
+        assert_eq!(
+            openai.for_model("openai/gpt-6.1-sol").cached_read_rate,
+            0.05
+        );
+        assert_eq!(openai.for_model("gpt-6-sol").cached_read_rate, 0.1);
+        assert_eq!(openai.for_model("gpt-6-luna").cache_write_premium, 0.25);
+        assert_eq!(openai.for_model("gpt-5.6-terra").cache_write_premium, 0.25);
+        assert_eq!(openai.for_model("gpt-5.10").cache_write_premium, 0.25);
+        assert_eq!(openai.for_model("gpt-5.2").cache_write_premium, 0.0);
+        assert_eq!(openai.for_model("gpt-5.2").cached_read_rate, 0.1);
+        // Anthropic's row, but Opus 5.5's reads.
+        let anthropic = Preset::parse("anthropic").unwrap();
+        assert_eq!(
+            anthropic.for_model("claude-opus-5-5").cached_read_rate,
+            0.05
+        );
+        assert_eq!(
+            anthropic.for_model("claude-opus-5-5").cache_write_premium,
+            0.25
+        );
+        assert_eq!(anthropic.for_model("claude-sonnet-5-5"), ANTHROPIC);
         assert!(Preset::parse("azure").is_none());
         for (name, _) in PRESETS {
             assert!(PRESET_NAMES.contains(name), "{name}");
