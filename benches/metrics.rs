@@ -31,6 +31,7 @@ fn one_request(m: &Metrics, upstream: &UpstreamName, usage: &Usage, model: &str)
         compacted: 2,
         offloaded: 0,
         reloaded: 0,
+        repeated: false,
         upstream_calls: 1,
         usage: Some(usage),
         store_error: None,

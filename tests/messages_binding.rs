@@ -45,24 +45,8 @@ async fn live_session(h: &Harness, betas: &str, turns: usize) -> Vec<(u16, Strin
     h.mock.push(Reply::text("They add numbers."));
     let mut seen = Vec::new();
     for t in 0..=turns {
-        let resp = h
-            .client
-            .post(h.url("/v1/messages?beta=true"))
-            .header("x-api-key", "sk-ant-test")
-            .header("anthropic-version", "2023-06-01")
-            .header("anthropic-beta", betas)
-            .header("x-claude-code-session-id", "binding-1")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let actions = resp
-            .headers()
-            .get("x-context-actions")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
-        let answer: Value = resp.json().await.unwrap();
+        let (status, actions, answer) =
+            common::post_messages(h.proxy.addr(), &body, betas, "binding-1").await;
         seen.push((status, actions.clone()));
         assert_eq!(status, 200, "turn {t}: {actions}: {answer}");
         if t == turns {

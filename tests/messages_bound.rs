@@ -10,6 +10,10 @@
 //! - with the turn's results over the compaction threshold, compacted at the next turn
 //!   boundary (the thinking after the edit removed), then repeated inside the tool loop.
 //!
+//! As Claude Code does, the client marks only its newest block and sends a prompt that no
+//! longer carries the mark as a string (it went as a text block with the mark): the same
+//! message to a signature.
+//!
 //! Each request is accepted, the proxy saves tokens, and each forwarded request begins with
 //! the messages the previous one forwarded (as a signature reads them).
 
@@ -115,23 +119,7 @@ impl Session {
     /// Posts the session's request to `addr` as it stands: the status, `x-context-actions`
     /// and the answer's JSON.
     async fn post(&self, addr: std::net::SocketAddr) -> (u16, String, Value) {
-        let resp = reqwest::Client::new()
-            .post(format!("http://{addr}/v1/messages?beta=true"))
-            .header("x-api-key", "sk-ant-test")
-            .header("anthropic-version", "2023-06-01")
-            .header("anthropic-beta", BETAS)
-            .header("x-claude-code-session-id", "bound-1")
-            .json(&self.body)
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let actions = resp
-            .headers()
-            .get("x-context-actions")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
-        (status, actions, resp.json().await.unwrap())
+        common::post_messages(addr, &self.body, BETAS, "bound-1").await
     }
 
     /// Sends the session's request to `addr`; the answer goes back into the conversation (a
@@ -153,11 +141,17 @@ impl Session {
         assert_eq!(status, 200, "request {t}: {actions}: {answer}");
         let content = answer["content"].clone();
         let messages = self.body["messages"].as_array_mut().unwrap();
-        // Claude Code marks only its newest block.
+        // Claude Code marks only its newest block, and sends a prompt that no longer carries
+        // the mark as a string.
         for m in messages.iter_mut() {
+            let user = m["role"] == "user";
             if let Some(blocks) = m["content"].as_array_mut() {
-                for b in blocks {
+                for b in blocks.iter_mut() {
                     b.as_object_mut().unwrap().remove("cache_control");
+                }
+                if user && blocks.len() == 1 && blocks[0]["type"] == "text" {
+                    let text = blocks[0]["text"].clone();
+                    m["content"] = text;
                 }
             }
         }
@@ -411,6 +405,108 @@ async fn a_store_gone_mid_session_refuses_an_edited_conversation() {
     all_accepted(&mock);
 }
 
+/// A relay in front of a Redis that can stop passing on what clients send (`hold`) and go on
+/// again (`release`): a store that does not answer, for as long as a test says.
+struct Gate {
+    addr: std::net::SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Gate {
+    async fn start(redis: &str) -> Gate {
+        let target = redis.trim_start_matches("redis://").to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (open, watch) = tokio::sync::watch::channel(true);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&target).await.unwrap();
+                let (mut from_client, to_client) = client.into_split();
+                let (from_server, mut to_server) = server.into_split();
+                let mut gate = watch.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match from_client.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if gate.wait_for(|open| *open).await.is_err()
+                            || to_server.write_all(&buf[..n]).await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let (mut from_server, mut to_client) = (from_server, to_client);
+                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                });
+            }
+        });
+        Gate { addr, open }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    fn hold(&self) {
+        self.open.send_replace(false);
+    }
+
+    fn release(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+/// The store stops answering mid-session (what clients send to Redis held back) in an edited
+/// conversation: the record's read times out (`store.op_timeout_ms`), which is handled as a
+/// failed read: a retryable 503 saying why and what to do, nothing forwarded. Once the store
+/// answers again the session goes on, every request accepted.
+#[tokio::test]
+async fn a_record_read_that_times_out_refuses_an_edited_conversation() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let (redis, _) = private_redis().await;
+    let gate = Gate::start(&redis.url()).await;
+    let store = StoreConfig {
+        backend: Backend::Redis,
+        redis_url: gate.url(),
+        ..StoreConfig::default()
+    };
+    let server = proxy_with(&mock, store, |c| {
+        edit_config(c, 60_000);
+        c.store.op_timeout_ms = 3_000;
+    })
+    .await;
+    script(&mock, 6);
+    let mut session = Session::new();
+    let mut turns = Vec::new();
+    for k in 0..3 {
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    assert!(turns[1].actions.contains("truncated"), "{turns:#?}");
+    gate.hold();
+    let (status, actions, answer) = session.post(server.addr()).await;
+    gate.release();
+    assert_eq!(status, 503, "{actions}: {answer}");
+    assert_eq!(answer["error"]["type"], "overloaded_error", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("did not finish within")
+            && message.contains("bound to a different conversation")
+            && message.contains("Retry"),
+        "{message}"
+    );
+    assert_eq!(forwarded(&mock).len(), 3, "the request was not forwarded");
+    for k in 3..6 {
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    assert_eq!(forwarded(&mock).len(), 6);
+    all_accepted(&mock);
+}
+
 /// Redis stops mid-session in a conversation the proxy never edited (its results are small):
 /// what the client sends is what every signature was made after, so it goes as it came, and
 /// `x-context-actions` says why it was not managed.
@@ -493,7 +589,8 @@ async fn a_store_that_takes_no_writes_holds_the_changes_back() {
 
 /// The engine plans nothing for a request (it asks for less room for its answer, so the
 /// result truncated when it arrived now fits), but the model's latest thinking was signed
-/// after the truncated form: the record's form goes again, not the client's bytes.
+/// after the truncated form: the record's form goes again, not the client's bytes, and
+/// `x-context-actions` says `repeated`.
 #[tokio::test]
 async fn when_nothing_is_planned_the_recorded_form_goes() {
     let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
@@ -523,6 +620,8 @@ async fn when_nothing_is_planned_the_recorded_form_goes() {
     let sent = forwarded(&mock);
     let (before, now) = (bound_hashes(&sent[1]), bound_hashes(&sent[2]));
     assert_eq!(&now[..before.len()], &before[..], "{turn:?}");
+    // Not the client's bytes, and no change of its own: said so.
+    assert_eq!(turn.actions, "repeated");
     all_accepted(&mock);
 }
 
@@ -582,5 +681,154 @@ async fn an_overflow_retry_is_what_the_next_request_repeats() {
     assert_eq!(sent.len(), rounds + 4, "{next:?}");
     let (before, now) = (bound_hashes(retried), bound_hashes(&sent[rounds + 3]));
     assert_eq!(&now[..before.len()], &before[..], "{next:?}");
+    all_accepted(&mock);
+}
+
+/// The messages `body` holds.
+fn messages(body: &Value) -> &Vec<Value> {
+    body["messages"].as_array().unwrap()
+}
+
+/// Rewinds in an edited conversation: a client retries from an earlier point inside a tool
+/// loop (a prefix of what the record covers); then, as Claude Code's Esc Esc, goes back to
+/// its second prompt and says something else, goes on along that branch (its results
+/// truncated too), then comes back to the first branch and goes on there. Each request sends
+/// the record's form of the messages it kept (the proxy's truncations repeated), every one is
+/// accepted by the strict mock (before, the retry's earlier results went whole: "bound to a
+/// different conversation"), and the branch left is found again.
+#[tokio::test]
+async fn a_rewind_then_a_new_branch_then_a_rewind_back_are_all_accepted() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let memory = StoreConfig {
+        backend: Backend::Memory,
+        ..StoreConfig::default()
+    };
+    let server = proxy(&mock, memory, 60_000).await;
+    let rounds = 3;
+    let read = |name: &str| Reply::tool_calls(vec![("Read".into(), json!({"file_path": name}))]);
+    // Branch A: the first prompt's rounds, its answer, the second prompt's rounds.
+    script(&mock, rounds);
+    let mut session = Session::new();
+    let mut turns = Vec::new();
+    let mut before_second_prompt = None;
+    for k in 0..2 * rounds + 1 {
+        if k == rounds + 1 {
+            before_second_prompt = Some(session.body.clone());
+        }
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    let branch_a = session.body.clone();
+    let a_sent = forwarded(&mock);
+    let a_last = a_sent.last().unwrap().clone();
+    // A retry from the second prompt's second result: fewer messages than the record covers.
+    let mut retried = branch_a.clone();
+    let upto = 4 * rounds - 1;
+    retried["messages"].as_array_mut().unwrap().truncate(upto);
+    session.body = retried;
+    mock.push(read("/repo/src/again.rs"));
+    turns.push(session.send(server.addr(), 30, "Thanks.").await);
+    let retry = forwarded(&mock).last().unwrap().clone();
+    assert_eq!(
+        bound_hashes(&retry)[..],
+        bound_hashes(&a_last)[..upto],
+        "the retry repeats the record's form of what it kept"
+    );
+    assert_ne!(retry["messages"][4], branch_a["messages"][4]);
+    // Rewound to the second prompt, which now says something else.
+    let mut rewound = before_second_prompt.unwrap();
+    let last = rewound["messages"]
+        .as_array_mut()
+        .unwrap()
+        .last_mut()
+        .unwrap();
+    last["content"][0]["text"] = json!("Now the docs.");
+    session.body = rewound;
+    for r in 0..rounds {
+        mock.push(read(&format!("/repo/docs/d{r}.md")));
+    }
+    mock.push(Reply::text("The docs are fine."));
+    let first_b = a_sent.len() + 1;
+    for k in 0..=rounds {
+        turns.push(session.send(server.addr(), 10 + k, "Thanks.").await);
+    }
+    // The rewind's request: the second prompt's branch point in the form A forwarded.
+    let sent = forwarded(&mock);
+    let kept = rounds + 2;
+    assert_eq!(
+        bound_hashes(&sent[first_b])[..kept],
+        bound_hashes(&a_sent[rounds + 1])[..kept],
+        "the rewind repeats the truncations before it"
+    );
+    assert!(
+        messages(&sent[first_b]).len() < messages(&a_last).len(),
+        "{}",
+        sent[first_b]
+    );
+    // Back to branch A, which goes on.
+    session.body = branch_a;
+    mock.push(Reply::text("The tests pass."));
+    let back = session.send(server.addr(), 20, "Thanks.").await;
+    let sent = forwarded(&mock);
+    let back_sent = sent.last().unwrap();
+    let before = bound_hashes(&a_last);
+    assert_eq!(
+        bound_hashes(back_sent)[..before.len()],
+        before[..],
+        "{back:?}: branch A's form"
+    );
+    turns.push(back);
+    all_accepted(&mock);
+    let truncated = turns
+        .iter()
+        .filter(|t| t.actions.contains("truncated"))
+        .count();
+    assert!(truncated >= 2 * rounds, "{turns:#?}");
+}
+
+/// `x-context-mode: off` on one request of an edited conversation: the client's bytes would be
+/// refused (its thinking was signed after the proxy's truncations), so the form forwarded
+/// before goes, nothing new changed (the request's new result whole), and
+/// `x-context-actions: off,repeated` says so; the strict mock accepts it.
+#[tokio::test]
+async fn mode_off_on_an_edited_conversation_repeats_the_recorded_form() {
+    let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
+    let memory = StoreConfig {
+        backend: Backend::Memory,
+        ..StoreConfig::default()
+    };
+    let server = proxy(&mock, memory, 60_000).await;
+    script(&mock, 6);
+    let mut session = Session::new();
+    let mut turns = Vec::new();
+    for k in 0..3 {
+        turns.push(session.send(server.addr(), k, "Now the tests.").await);
+    }
+    assert!(turns[1].actions.contains("truncated"), "{turns:#?}");
+    let resp = reqwest::Client::new()
+        .post(format!("http://{}/v1/messages?beta=true", server.addr()))
+        .header("x-api-key", "sk-ant-test")
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", BETAS)
+        .header("x-claude-code-session-id", "bound-1")
+        .header("x-context-mode", "off")
+        .json(&session.body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let actions = resp.headers()["x-context-actions"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!((status, actions.as_str()), (200, "off,repeated"));
+    let sent = forwarded(&mock);
+    let (before, now) = (bound_hashes(&sent[2]), bound_hashes(&sent[3]));
+    assert_eq!(now[..before.len()], before[..], "the recorded form");
+    let last = messages(&sent[3]).last().unwrap();
+    assert_eq!(
+        last["content"][0]["content"],
+        file(2),
+        "nothing new changed"
+    );
     all_accepted(&mock);
 }

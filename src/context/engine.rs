@@ -236,6 +236,11 @@ pub struct Report {
     /// only what follows the last thinking block changed (set when the decision is written;
     /// `x-context-actions` says `held_back=thinking`).
     pub held_back: bool,
+    /// The form the conversation forwarded before went again, where it differs from the
+    /// client's messages, with no change of this request's (a model binding thinking to its
+    /// prefix: the engine planned nothing, or its changes were held back; `x-context-actions`
+    /// says `repeated`).
+    pub repeated: bool,
 }
 
 /// A forced cut that costs more than going direct, by the [`CutModel`].
@@ -303,6 +308,9 @@ impl Report {
         }
         if self.held_back {
             parts.push("held_back=thinking".into());
+        }
+        if self.repeated {
+            parts.push("repeated".into());
         }
         if parts.is_empty() {
             "none".into()

@@ -46,7 +46,7 @@ use serde_json::Value;
 
 use crate::store::{ContentRef, Store, StoreError, Tenant};
 use crate::tokens::{Counter, Encoding};
-pub use adapter::messages_bound::Forwarded;
+pub use adapter::messages_bound::{Forwarded, Records};
 use adapter::{Adapter, Wire};
 use engine::Report;
 pub use engine::Skipped;
@@ -140,30 +140,38 @@ impl ContextManager {
     }
 
     /// `identity`'s request goes as `record` says (on a model binding thinking to its prefix,
-    /// with thinking on): kept in the store, under the session's state key `forwarded-…` of the
-    /// conversation ([`adapter::messages_bound::state_key`]), where the next request of the
-    /// conversation, on any replica or after a restart, finds what it must repeat. Written
-    /// before the request goes: a form the store does not hold must not go.
+    /// with thinking on): kept in the store with the conversation's other branches `before`
+    /// ([`adapter::messages_bound::Records::with`]), under the session's state key
+    /// `forwarded-…` of the conversation ([`adapter::messages_bound::state_key`]), where the
+    /// next request of the conversation, on any replica or after a restart, finds what it must
+    /// repeat. Written before the request goes: a form the store does not hold must not go.
+    /// `Ok(false)`: the record is too large to keep.
     async fn remember_forwarded(
         &self,
         identity: &Identity,
-        record: &Forwarded,
-    ) -> Result<(), StoreError> {
+        before: Option<&Records>,
+        record: Forwarded,
+    ) -> Result<bool, StoreError> {
         let key = crate::store::StateKey::parse(record.state_key())?;
-        let bytes = serde_json::to_vec(record).map_err(|e| StoreError::Internal(e.to_string()))?;
+        let Some(records) = before.cloned().unwrap_or_default().with(record) else {
+            return Ok(false);
+        };
+        let bytes =
+            serde_json::to_vec(&records).map_err(|e| StoreError::Internal(e.to_string()))?;
         self.store
             .put_state(&identity.tenant, &identity.session, &key, &bytes)
-            .await
+            .await?;
+        Ok(true)
     }
 
-    /// What the conversation of `identity`'s request `body` forwarded last
+    /// What the conversation of `identity`'s request `body` forwarded, branch by branch
     /// ([`ContextManager::remember_forwarded`]); `None` when nothing is kept (or what is kept
     /// does not parse: written by another version).
     async fn forwarded_before(
         &self,
         identity: &Identity,
         body: &Value,
-    ) -> Result<Option<Forwarded>, StoreError> {
+    ) -> Result<Option<Records>, StoreError> {
         let Ok(key) = crate::store::StateKey::parse(&adapter::messages_bound::state_key(body))
         else {
             return Ok(None);
@@ -172,7 +180,7 @@ impl ContextManager {
             .store
             .get_state(&identity.tenant, &identity.session, &key)
             .await?;
-        Ok(bytes.and_then(|b| serde_json::from_slice(&b).ok()))
+        Ok(bytes.and_then(|b| Records::parse(&b)))
     }
 
     /// Serving sessions that other processes serve too (replicas on one Redis): a session's
@@ -502,6 +510,7 @@ impl ContextManager {
             let Some(sent) = &repeat else {
                 return managed;
             };
+            managed.report.repeated = true;
             if let Ok(shown) = serde_json::from_slice::<Value>(sent) {
                 managed.report.tokens_after = Wire::Messages
                     .adapter()
@@ -571,10 +580,17 @@ impl ContextManager {
         if let Err((why, fail_open)) = committed {
             return repeated(body, Some(why.to_string()), fail_open);
         }
-        if let Some(record) = &record {
-            if let Err(e) = self.remember_forwarded(identity, record).await {
-                tracing::warn!(error = %e, "cannot keep what the request forwards: the form kept before goes");
-                return repeated(body, Some(bound::RECORD_UNWRITTEN.into()), true);
+        if let Some(record) = record {
+            match self
+                .remember_forwarded(identity, before.as_ref(), record)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => return repeated(body, Some(bound::RECORD_TOO_LARGE.into()), false),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot keep what the request forwards: the form kept before goes");
+                    return repeated(body, Some(bound::RECORD_UNWRITTEN.into()), true);
+                }
             }
         }
         let Some(new_messages) = decided.outcome.messages.take() else {
@@ -601,6 +617,46 @@ impl ContextManager {
             counted: true,
             refs: refs_of(&decided),
             refused: None,
+        }
+    }
+
+    /// A Messages request in mode off, its bytes `raw` (`body` parsed from them), written
+    /// under `rules`: on a model binding thinking to its prefix, with thinking on and without
+    /// `drop_block`, the form its conversation forwarded before ([`adapter::messages_bound::
+    /// repeat`]) with nothing new changed, where it differs from the client's messages (the
+    /// client's bytes would be refused where the proxy edited before); otherwise, or when the
+    /// record cannot be read, nothing (the request goes as it came).
+    pub async fn repeat_recorded(
+        &self,
+        identity: &Identity,
+        raw: &[u8],
+        body: &Value,
+        rules: adapter::messages::WriteRules,
+    ) -> Managed {
+        if !binding(rules, body) {
+            return Managed::off();
+        }
+        let before = match self.forwarded_before(identity, body).await {
+            Ok(before) => before,
+            Err(e) => {
+                tracing::warn!(error = %e, "mode off: cannot read what the conversation forwarded before; sent as it came");
+                return Managed::off();
+            }
+        };
+        match adapter::messages_bound::repeat(raw, body, before.as_ref()) {
+            Ok(Some(bytes)) => Managed {
+                body: Some(Bytes::from(bytes)),
+                report: Report {
+                    repeated: true,
+                    ..Report::default()
+                },
+                ..Managed::off()
+            },
+            Ok(None) => Managed::off(),
+            Err(why) => {
+                tracing::warn!(reason = %why, "mode off: the record of what was forwarded does not fit the request; sent as it came");
+                Managed::off()
+            }
         }
     }
 

@@ -411,6 +411,9 @@ pub struct ChatSample<'a> {
     pub offloaded: usize,
     /// Calls of the proxy's own tools answered.
     pub reloaded: u32,
+    /// The request went in the form its conversation forwarded before (a model binding
+    /// thinking to its prefix), not the client's.
+    pub repeated: bool,
     /// Upstream calls made for the request (the first, the tool loop's, an overflow retry).
     pub upstream_calls: u32,
     pub usage: Option<&'a Usage>,
@@ -532,6 +535,7 @@ impl Metrics {
             ("compacted", s.compacted as u64),
             ("offloaded", s.offloaded as u64),
             ("reloaded", u64::from(s.reloaded)),
+            ("repeated", u64::from(s.repeated)),
         ] {
             if n > 0 {
                 self.actions.get_or_create(&KindLabels { kind }).inc_by(n);
@@ -761,6 +765,7 @@ mod tests {
                 compacted: 1,
                 offloaded: 0,
                 reloaded: 0,
+                repeated: false,
                 upstream_calls: 1,
                 usage: None,
                 store_error: None,

@@ -545,6 +545,34 @@ pub fn responses_error_stream(said: &str, code: &str, message: &str) -> Reply {
     )
 }
 
+/// Posts a Messages `body` to the proxy at `addr` as Claude Code sends it
+/// (`/v1/messages?beta=true`, its key, version, `betas` and session header `session`): the
+/// status, `x-context-actions` and the answer's JSON.
+pub async fn post_messages(
+    addr: std::net::SocketAddr,
+    body: &serde_json::Value,
+    betas: &str,
+    session: &str,
+) -> (u16, String, serde_json::Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/messages?beta=true"))
+        .header("x-api-key", "sk-ant-test")
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", betas)
+        .header("x-claude-code-session-id", session)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let actions = resp
+        .headers()
+        .get("x-context-actions")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (status, actions, resp.json().await.unwrap())
+}
+
 /// A Claude Code session: the attribution line and a marked system prompt, tools, `turns`
 /// rounds of `Read` calls whose results are `file(round)`, thinking on every assistant message (signed as
 /// the mock signs), the newest block marked; it ends with a plain user turn.

@@ -686,18 +686,50 @@ pub fn write_bytes(
     })
 }
 
-/// What a thinking signature binds of each message of `body`, hashed: the message without its
-/// `cache_control` markers (moving a marker is not an edit). Two requests whose first `n`
-/// hashes agree show the model the same first `n` messages.
+/// What a thinking signature binds of each message of `body`, hashed: the message as the
+/// model reads it, not as it was serialized — without its `cache_control` markers (moving a
+/// marker is not an edit), object keys in any order, and a `content` string the same as one
+/// `text` block of that text (Claude Code sends its newest prompt as a block carrying its
+/// breakpoint, and the same prompt as a string once a newer message carries it). Two requests
+/// whose first `n` hashes agree show the model the same first `n` messages.
 pub fn bound_hashes(body: &Value) -> Vec<u64> {
-    fn write(v: &Value, out: &mut String) {
+    message_hashes(body, true)
+}
+
+/// [`bound_hashes`] as an earlier version computed them: the message's members in their order
+/// and a `content` string as it is (`cache_control` left out), for records it wrote.
+pub fn bound_hashes_as_sent(body: &Value) -> Vec<u64> {
+    message_hashes(body, false)
+}
+
+fn message_hashes(body: &Value, as_read: bool) -> Vec<u64> {
+    /// Writes `v`; `holds_blocks`: `v` is a message or a `tool_result` block, whose `content`
+    /// string the API reads as one text block.
+    fn write(v: &Value, as_read: bool, holds_blocks: bool, out: &mut String) {
         match v {
             Value::Object(map) => {
+                let mut members: Vec<(&String, &Value)> = map
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "cache_control")
+                    .collect();
+                if as_read {
+                    members.sort_by(|a, b| a.0.cmp(b.0));
+                }
+                let holds_blocks =
+                    holds_blocks || map.get("type").and_then(Value::as_str) == Some("tool_result");
                 out.push('{');
-                for (k, v) in map.iter().filter(|(k, _)| k.as_str() != "cache_control") {
+                for (k, v) in members {
                     out.push_str(&Value::String(k.clone()).to_string());
                     out.push(':');
-                    write(v, out);
+                    match v {
+                        Value::String(_) if as_read && holds_blocks && k == "content" => {
+                            // One text block, written as `write` writes it (keys sorted).
+                            out.push_str("[{\"text\":");
+                            out.push_str(&v.to_string());
+                            out.push_str(",\"type\":\"text\",},]");
+                        }
+                        _ => write(v, as_read, false, out),
+                    }
                     out.push(',');
                 }
                 out.push('}');
@@ -705,7 +737,7 @@ pub fn bound_hashes(body: &Value) -> Vec<u64> {
             Value::Array(list) => {
                 out.push('[');
                 for v in list {
-                    write(v, out);
+                    write(v, as_read, false, out);
                     out.push(',');
                 }
                 out.push(']');
@@ -720,7 +752,7 @@ pub fn bound_hashes(body: &Value) -> Vec<u64> {
         .iter()
         .map(|m| {
             let mut text = String::new();
-            write(m, &mut text);
+            write(m, as_read, true, &mut text);
             xxhash_rust::xxh3::xxh3_64(text.as_bytes())
         })
         .collect()
@@ -923,5 +955,48 @@ mod tests {
             WriteRules::default()
         )
         .is_ok());
+    }
+
+    /// A prompt Claude Code sends as a text block with its breakpoint, then as a string once
+    /// a newer message carries the breakpoint, is the same message to a signature; so is a
+    /// block whose keys come in another order. Another text is not.
+    #[test]
+    fn a_string_and_one_text_block_of_it_bind_alike() {
+        let hashes = |content: Value| {
+            bound_hashes(&json!({"messages": [{"role": "user", "content": content}]}))[0]
+        };
+        let block = hashes(json!([{"type": "text", "text": "And d.txt?",
+            "cache_control": {"type": "ephemeral"}}]));
+        assert_eq!(hashes(json!("And d.txt?")), block);
+        assert_eq!(
+            hashes(json!([{"text": "And d.txt?", "type": "text"}])),
+            block
+        );
+        assert_ne!(hashes(json!("And e.txt?")), block);
+        let result = |content: Value| {
+            hashes(json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": content}]))
+        };
+        assert_eq!(
+            result(json!("ok")),
+            result(json!([{"type": "text", "text": "ok"}]))
+        );
+        // A tool's input is the client's data, read as it is.
+        let input = |content: Value| {
+            bound_hashes(&json!({"messages": [{"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "Write", "input": {"content": content}}]}]}))
+                [0]
+        };
+        assert_ne!(
+            input(json!("x")),
+            input(json!([{"type": "text", "text": "x"}]))
+        );
+        // An earlier version's hashes read the bytes as sent.
+        let as_sent = |content: Value| {
+            bound_hashes_as_sent(&json!({"messages": [{"role": "user", "content": content}]}))[0]
+        };
+        assert_ne!(
+            as_sent(json!("x")),
+            as_sent(json!([{"type": "text", "text": "x"}]))
+        );
     }
 }

@@ -8,7 +8,11 @@
 //! a different conversation". So the proxy keeps, per conversation, a [`Forwarded`] record:
 //! which of the client's messages it forwarded as they came and the bytes of those it wrote
 //! itself. From it the next request's **repeat form** is rebuilt: the record, then the
-//! client's new messages. A decision may change that form only
+//! client's new messages; for a client that rewound (it sends a prefix of what the record
+//! covers, maybe then other messages), the record's form of the longest prefix it kept, then
+//! its own messages. A conversation keeps one record per branch ([`Records`]), so a client
+//! going back to a branch it left finds that branch's form. A decision may change that form
+//! only
 //!
 //! - after its last thinking block (a tool result new in this request, truncated or made
 //!   lossless as it arrives: nothing signed follows it), or
@@ -25,7 +29,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::messages::{bound_hashes, Messages, Unmanaged, Written};
+use super::messages::{bound_hashes, bound_hashes_as_sent, Messages, Unmanaged, Written};
 use super::Adapter;
 use crate::tokens::field;
 
@@ -79,8 +83,112 @@ pub struct Forwarded {
     covers: usize,
     /// The digest of those messages as a signature reads them ([`bound_hashes`]), hex.
     client: String,
+    /// Those messages' [`bound_hashes`], one by one: a client that rewound is matched by the
+    /// longest prefix of its messages this record covers. Empty in a record an earlier
+    /// version wrote, whose digest is of [`bound_hashes_as_sent`] (only a client continuing
+    /// all of it matches).
+    #[serde(default)]
+    hashes: Vec<u64>,
     /// The forwarded messages, in order.
     shown: Vec<Shown>,
+}
+
+/// The most branches of one conversation kept ([`Records`]).
+pub const MAX_BRANCHES: usize = 4;
+
+/// What a conversation forwarded, branch by branch: a client that rewound (Claude Code's Esc
+/// Esc, `/rewind`) and went on differently leaves a branch whose record the new one does not
+/// continue; both are kept (the newest first, at most [`MAX_BRANCHES`], [`MAX_RECORD_BYTES`]
+/// in all), so that going back to the branch left repeats what it forwarded. A record that
+/// continues another's client messages replaces it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Records {
+    branches: Vec<Forwarded>,
+}
+
+/// Where a request's repeat form comes from: the branch chosen and how many of the client's
+/// messages it stands for ([`Records::choose`]).
+struct Chosen<'a> {
+    record: &'a Forwarded,
+    /// The client's messages the record covers: all of its messages, or (a rewind) the
+    /// longest prefix of the client's that it covers.
+    matched: usize,
+}
+
+impl Records {
+    /// Parses what the store holds: the branches, or a single record as an earlier version
+    /// kept it; `None` when neither.
+    pub fn parse(bytes: &[u8]) -> Option<Records> {
+        serde_json::from_slice::<Records>(bytes).ok().or_else(|| {
+            serde_json::from_slice::<Forwarded>(bytes)
+                .ok()
+                .map(|f| Records { branches: vec![f] })
+        })
+    }
+
+    /// The branches kept, the newest first.
+    pub fn branches(&self) -> &[Forwarded] {
+        &self.branches
+    }
+
+    /// These records with `new` (the record of what a request now forwards) first, and
+    /// without the branches it continues (their client messages are a prefix of its own);
+    /// the oldest dropped past [`MAX_BRANCHES`] or [`MAX_RECORD_BYTES`]. `None` when `new`
+    /// alone exceeds [`MAX_RECORD_BYTES`].
+    pub fn with(&self, new: Forwarded) -> Option<Records> {
+        let mut size = new.weight();
+        if size > MAX_RECORD_BYTES {
+            return None;
+        }
+        let mut branches = vec![new];
+        for old in &self.branches {
+            if branches.len() >= MAX_BRANCHES || old.key != branches[0].key {
+                break;
+            }
+            // An earlier version's record is not kept beside a new one: it cannot tell
+            // whether the new one continues it.
+            if old.hashes.is_empty() || old.continued_by(&branches[0].hashes, None) {
+                continue;
+            }
+            size += old.weight();
+            if size > MAX_RECORD_BYTES {
+                break;
+            }
+            branches.push(old.clone());
+        }
+        Some(Records { branches })
+    }
+
+    /// The branch a client's messages (their [`bound_hashes`]) continue: of those whose
+    /// client messages all begin the client's, the one covering most (a later request of the
+    /// same branch); else (the client rewound into a branch) the one sharing the longest
+    /// prefix with the client's, the newest on a tie.
+    /// `as_sent`: the client's [`bound_hashes_as_sent`], when a record of an earlier version
+    /// is kept.
+    fn choose(&self, client_hashes: &[u64], as_sent: Option<&[u64]>) -> Option<Chosen<'_>> {
+        let mut whole: Option<&Forwarded> = None;
+        for record in &self.branches {
+            if record.continued_by(client_hashes, as_sent)
+                && whole.is_none_or(|w| record.covers > w.covers)
+            {
+                whole = Some(record);
+            }
+        }
+        if let Some(record) = whole {
+            return Some(Chosen {
+                record,
+                matched: record.covers,
+            });
+        }
+        let mut best: Option<Chosen<'_>> = None;
+        for record in &self.branches {
+            let matched = record.common_prefix(client_hashes);
+            if matched > 0 && best.as_ref().is_none_or(|b| matched > b.matched) {
+                best = Some(Chosen { record, matched });
+            }
+        }
+        best
+    }
 }
 
 /// Forwarded messages: a run of the client's, or one the proxy wrote.
@@ -155,6 +263,7 @@ impl Forwarded {
             key: state_key(client),
             covers: client_hashes.len(),
             client: digest(&client_hashes),
+            hashes: client_hashes,
             shown,
         })
     }
@@ -164,11 +273,94 @@ impl Forwarded {
         &self.key
     }
 
-    /// Whether the client's messages (their [`bound_hashes`]) still begin with the ones this
-    /// record stood for.
-    fn continued_by(&self, client_hashes: &[u64]) -> bool {
-        self.covers <= client_hashes.len() && digest(&client_hashes[..self.covers]) == self.client
+    /// Whether the client's messages (their [`bound_hashes`]; `as_sent`, their
+    /// [`bound_hashes_as_sent`], for a record of an earlier version) still begin with the ones
+    /// this record stood for.
+    fn continued_by(&self, client_hashes: &[u64], as_sent: Option<&[u64]>) -> bool {
+        let hashes = match (self.hashes.is_empty(), as_sent) {
+            (false, _) => client_hashes,
+            (true, Some(as_sent)) => as_sent,
+            (true, None) => return false,
+        };
+        self.covers <= hashes.len() && digest(&hashes[..self.covers]) == self.client
     }
+
+    /// How many of the client's first messages are the record's (0 for a record without its
+    /// messages' hashes).
+    fn common_prefix(&self, client_hashes: &[u64]) -> usize {
+        self.hashes
+            .iter()
+            .zip(client_hashes)
+            .take_while(|(a, b)| a == b)
+            .count()
+    }
+
+    /// About what the record takes in the store: the bytes of the messages the proxy wrote,
+    /// and the hashes.
+    fn weight(&self) -> usize {
+        let sent: usize = self
+            .shown
+            .iter()
+            .map(|s| match s {
+                Shown::Sent(bytes) => bytes.len() + 4,
+                Shown::Client(_) => 16,
+            })
+            .sum();
+        sent + 24 * self.hashes.len() + self.key.len() + 64
+    }
+
+    /// What the record forwarded for the client's first `matched` messages: where a message
+    /// the proxy wrote stands for several of the client's (a marker for a moved-out span), the
+    /// prefix stops before it. How many of the client's messages that stands for, and the
+    /// forwarded messages: the client's by index, or bytes the proxy wrote.
+    fn prefix(&self, matched: usize) -> Result<(usize, Vec<Recorded<'_>>), Unmanaged> {
+        let matched = matched.min(self.covers);
+        let mut parts: Vec<Recorded<'_>> = Vec::new();
+        // The proxy's messages since the last of the client's: they stand for the client's
+        // messages from `at` up to the next one shown.
+        let mut written: Vec<&str> = Vec::new();
+        let mut at = 0;
+        let mut done = (0, 0);
+        'shown: for shown in &self.shown {
+            match shown {
+                Shown::Sent(bytes) => written.push(bytes),
+                Shown::Client([a, b]) => {
+                    if *a < at || *b < *a || *b > self.covers {
+                        return Err(Unmanaged::Misaligned);
+                    }
+                    if *a > matched {
+                        break 'shown;
+                    }
+                    parts.extend(written.drain(..).map(Recorded::Bytes));
+                    at = *a;
+                    done = (at, parts.len());
+                    for i in *a..*b {
+                        if i >= matched {
+                            break 'shown;
+                        }
+                        parts.push(Recorded::Client(i));
+                        at = i + 1;
+                        done = (at, parts.len());
+                    }
+                }
+            }
+        }
+        if matched == self.covers {
+            // The proxy's last messages stand for the client's up to the end.
+            parts.extend(written.drain(..).map(Recorded::Bytes));
+            done = (self.covers, parts.len());
+        }
+        parts.truncate(done.1);
+        Ok((done.0, parts))
+    }
+}
+
+/// A message of a record's form ([`Forwarded::prefix`]).
+enum Recorded<'a> {
+    /// The client's message `i`.
+    Client(usize),
+    /// A message the proxy wrote (JSON).
+    Bytes(&'a str),
 }
 
 /// A message of the form being built: where its bytes come from.
@@ -218,20 +410,25 @@ impl Repeat<'_> {
 fn repeat_of<'a>(
     client: &[Value],
     client_hashes: &[u64],
-    before: Option<&'a Forwarded>,
+    before: Option<&'a Records>,
 ) -> Result<Repeat<'a>, Unmanaged> {
-    let before = before.filter(|f| f.continued_by(client_hashes));
     let mut parts: Vec<(Part<'a>, u64, bool)> = Vec::new();
-    let covers = before.map_or(0, |f| f.covers);
-    for shown in before.map(|f| f.shown.as_slice()).unwrap_or_default() {
+    // Only a record of an earlier version reads the messages as they were sent.
+    let as_sent = before
+        .is_some_and(|r| r.branches.iter().any(|b| b.hashes.is_empty()))
+        .then(|| bound_hashes_as_sent(&serde_json::json!({ "messages": client })));
+    let (covers, recorded) = match before.and_then(|r| r.choose(client_hashes, as_sent.as_deref()))
+    {
+        Some(chosen) => chosen.record.prefix(chosen.matched)?,
+        None => (0, Vec::new()),
+    };
+    for shown in recorded {
         match shown {
-            Shown::Client([a, b]) if *a <= *b && *b <= covers => {
-                for i in *a..*b {
-                    parts.push((Part::Client(i), client_hashes[i], has_thinking(&client[i])));
-                }
+            Recorded::Client(i) if i < client.len() => {
+                parts.push((Part::Client(i), client_hashes[i], has_thinking(&client[i])));
             }
-            Shown::Client(_) => return Err(Unmanaged::Misaligned),
-            Shown::Sent(bytes) => {
+            Recorded::Client(_) => return Err(Unmanaged::Misaligned),
+            Recorded::Bytes(bytes) => {
                 let v: Value = serde_json::from_str(bytes).map_err(|_| Unmanaged::Misaligned)?;
                 let h = bound_hashes(&serde_json::json!({"messages": [v]}))[0];
                 parts.push((Part::Bytes(bytes), h, has_thinking(&v)));
@@ -251,7 +448,7 @@ fn repeat_of<'a>(
 pub fn repeat(
     raw: &[u8],
     body: &Value,
-    before: Option<&Forwarded>,
+    before: Option<&Records>,
 ) -> Result<Option<Vec<u8>>, Unmanaged> {
     let client: &[Value] = body
         .get("messages")
@@ -286,7 +483,7 @@ pub fn write_bound(
     raw: &[u8],
     body: &Value,
     decided: Written,
-    before: Option<&Forwarded>,
+    before: Option<&Records>,
 ) -> Result<Bound, Unmanaged> {
     let client: &[Value] = body
         .get("messages")
@@ -485,6 +682,10 @@ mod tests {
         serde_json::to_vec(body).unwrap()
     }
 
+    fn records(record: Forwarded) -> Records {
+        Records::default().with(record).unwrap()
+    }
+
     fn unchanged(body: &Value) -> Written {
         Written {
             body: bytes(body),
@@ -499,11 +700,11 @@ mod tests {
         let client = conversation("the whole file");
         let raw = bytes(&client);
         assert_eq!(repeat(&raw, &client, None), Ok(None));
-        let same = Forwarded::record(&client, &client).unwrap();
+        let same = records(Forwarded::record(&client, &client).unwrap());
         assert_eq!(repeat(&raw, &client, Some(&same)), Ok(None));
         // The result went truncated: the next request (one more round) repeats that.
         let sent = conversation("the whole…");
-        let edited = Forwarded::record(&client, &sent).unwrap();
+        let edited = records(Forwarded::record(&client, &sent).unwrap());
         let mut next = client.clone();
         let messages = next["messages"].as_array_mut().unwrap();
         messages.push(json!({"role": "assistant", "content": [
@@ -527,7 +728,7 @@ mod tests {
         let client = conversation("the whole file");
         let raw = bytes(&client);
         let sent = conversation("the whole…");
-        let edited = Forwarded::record(&client, &sent).unwrap();
+        let edited = records(Forwarded::record(&client, &sent).unwrap());
         // The decision is what was forwarded before: the record kept reproduces it.
         let again = write_bound(&raw, &client, unchanged(&sent), Some(&edited)).unwrap();
         assert!(!again.changes_record);
@@ -542,5 +743,168 @@ mod tests {
         // Without a record, the client's own messages are the repeat form.
         let plain = write_bound(&raw, &client, unchanged(&client), None).unwrap();
         assert!(!plain.changes_record);
+    }
+
+    /// `messages` appended to `body`'s.
+    fn with_messages(body: &Value, messages: &[Value]) -> Value {
+        let mut body = body.clone();
+        body["messages"]
+            .as_array_mut()
+            .unwrap()
+            .extend(messages.iter().cloned());
+        body
+    }
+
+    fn round(t: usize, result: &str) -> [Value; 2] {
+        [
+            json!({"role": "assistant", "content": [
+                {"type": "thinking", "thinking": format!("read {t}"), "signature": format!("s{t}")},
+                {"type": "tool_use", "id": format!("toolu_{t}"), "name": "Read", "input": {}}]}),
+            json!({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": format!("toolu_{t}"), "content": result}]}),
+        ]
+    }
+
+    fn messages_of(raw: &[u8]) -> Vec<Value> {
+        let body: Value = serde_json::from_slice(raw).unwrap();
+        body["messages"].as_array().unwrap().clone()
+    }
+
+    /// A client that rewound (sends a prefix of what the record covers, then something else)
+    /// gets the record's form of the prefix it still has, and its own messages after it.
+    #[test]
+    fn a_rewound_client_gets_the_records_form_of_the_prefix_it_kept() {
+        let client = conversation("the whole file");
+        let [a2, r2] = round(2, "the second file");
+        let client = with_messages(&client, &[a2.clone(), r2.clone()]);
+        // The proxy truncated both results.
+        let sent = with_messages(
+            &conversation("the whole…"),
+            &[a2.clone(), round(2, "the sec…")[1].clone()],
+        );
+        let kept = records(Forwarded::record(&client, &sent).unwrap());
+        // Back to before the second call: another answer, another result.
+        let [b2, s2] = round(9, "another file");
+        let rewound = with_messages(&conversation("the whole file"), &[b2.clone(), s2.clone()]);
+        let form = repeat(&bytes(&rewound), &rewound, Some(&kept))
+            .unwrap()
+            .unwrap();
+        let form = messages_of(&form);
+        assert_eq!(form[..3], sent["messages"].as_array().unwrap()[..3]);
+        assert_eq!(form[3..], [b2, s2]);
+        // Back to the prompt alone, said differently: nothing the proxy wrote is kept.
+        let mut again = conversation("x");
+        again["messages"] = json!([{"role": "user", "content": "Read g.rs."}]);
+        assert_eq!(repeat(&bytes(&again), &again, Some(&kept)), Ok(None));
+    }
+
+    /// A message the proxy wrote for several of the client's (a marker): a rewind into the
+    /// span it stands for keeps the record's form only up to it.
+    #[test]
+    fn a_rewind_into_a_moved_out_span_stops_before_its_marker() {
+        let record = Forwarded {
+            key: "forwarded-0".into(),
+            covers: 6,
+            client: String::new(),
+            hashes: vec![0, 1, 2, 3, 4, 5],
+            shown: vec![
+                Shown::Client([0, 1]),
+                Shown::Sent("{\"role\":\"user\",\"content\":\"marker\"}".into()),
+                Shown::Client([4, 6]),
+            ],
+        };
+        let shape = |m| {
+            let (covers, parts) = record.prefix(m).unwrap();
+            let parts: Vec<String> = parts
+                .iter()
+                .map(|p| match p {
+                    Recorded::Client(i) => i.to_string(),
+                    Recorded::Bytes(_) => "marker".into(),
+                })
+                .collect();
+            (covers, parts.join(" "))
+        };
+        assert_eq!(shape(6), (6, "0 marker 4 5".into()));
+        assert_eq!(shape(5), (5, "0 marker 4".into()));
+        assert_eq!(shape(4), (4, "0 marker".into()));
+        assert_eq!(shape(3), (1, "0".into()));
+        assert_eq!(shape(1), (1, "0".into()));
+        assert_eq!(shape(0), (0, "".into()));
+    }
+
+    /// A record that continues a branch replaces it; one that left it (a rewind, then other
+    /// messages) is kept beside it, and a client going back to the branch left finds it.
+    #[test]
+    fn a_branch_left_is_kept_and_found_again() {
+        let [a2, r2] = round(2, "the second file");
+        let a = with_messages(&conversation("the whole file"), &[a2.clone(), r2.clone()]);
+        let a_sent = with_messages(
+            &conversation("the whole…"),
+            &[a2, round(2, "the sec…")[1].clone()],
+        );
+        let first = Forwarded::record(&conversation("the whole file"), &conversation("the whole…"))
+            .unwrap();
+        let kept = records(first)
+            .with(Forwarded::record(&a, &a_sent).unwrap())
+            .unwrap();
+        assert_eq!(
+            kept.branches().len(),
+            1,
+            "the longer record continues the first"
+        );
+        // Rewound after the first result: another branch, its result truncated too.
+        let [b2, s2] = round(7, "a third file");
+        let b = with_messages(&conversation("the whole file"), &[b2.clone(), s2]);
+        let b_sent = with_messages(
+            &conversation("the whole…"),
+            &[b2, round(7, "a th…")[1].clone()],
+        );
+        let both = kept.with(Forwarded::record(&b, &b_sent).unwrap()).unwrap();
+        assert_eq!(both.branches().len(), 2);
+        // Each branch, continued, gets its own form.
+        for (client, sent) in [(&a, &a_sent), (&b, &b_sent)] {
+            let next = with_messages(
+                client,
+                &[
+                    json!({"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "done", "signature": "s"},
+                {"type": "text", "text": "Done."}]}),
+                    json!({"role": "user", "content": "Next."}),
+                ],
+            );
+            let form = messages_of(&repeat(&bytes(&next), &next, Some(&both)).unwrap().unwrap());
+            assert_eq!(form[..5], sent["messages"].as_array().unwrap()[..]);
+            assert_eq!(form[5..], next["messages"].as_array().unwrap()[5..]);
+        }
+        // At most MAX_BRANCHES are kept, the newest first.
+        let mut many = both;
+        for t in 10..20 {
+            let [c2, u2] = round(t, "yet another");
+            let c = with_messages(&conversation("the whole file"), &[c2, u2]);
+            many = many.with(Forwarded::record(&c, &c).unwrap()).unwrap();
+        }
+        assert_eq!(many.branches().len(), MAX_BRANCHES);
+        assert_eq!(many.branches()[0].hashes.len(), 5);
+    }
+
+    /// A record an earlier version kept (one, without its messages' hashes) still serves a
+    /// client that continues all of it.
+    #[test]
+    fn a_single_record_of_an_earlier_version_still_reads() {
+        let client = conversation("the whole file");
+        let sent = conversation("the whole…");
+        let mut record = Forwarded::record(&client, &sent).unwrap();
+        // What an earlier version wrote: no hashes, the digest of the messages as sent (the
+        // prompt, a string, read otherwise now).
+        record.hashes.clear();
+        record.client = digest(&bound_hashes_as_sent(&client));
+        assert_ne!(record.client, digest(&bound_hashes(&client)));
+        let mut old = serde_json::to_value(&record).unwrap();
+        old.as_object_mut().unwrap().remove("hashes");
+        let parsed = Records::parse(old.to_string().as_bytes()).unwrap();
+        let form = repeat(&bytes(&client), &client, Some(&parsed))
+            .unwrap()
+            .unwrap();
+        assert_eq!(messages_of(&form), sent["messages"].as_array().unwrap()[..]);
     }
 }

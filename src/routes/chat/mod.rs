@@ -383,6 +383,7 @@ async fn restore_rounds(state: &Shared, ctx: &mut ChatCtx) {
 /// "closed"`, a store failure refuses the request instead of forwarding it unmanaged.
 async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     let Some(plan) = ctx.plan.take() else {
+        repeat_when_off(state, ctx).await;
         ctx.timings.planned = Some(Instant::now());
         return Ok(());
     };
@@ -497,6 +498,35 @@ async fn apply(state: &Shared, ctx: &mut ChatCtx) -> Result<(), ProxyError> {
     }
     ctx.timings.planned = Some(Instant::now());
     Ok(())
+}
+
+/// A request in mode off (`x-context-mode: off`, or the config's) whose model binds thinking
+/// to its prefix, with thinking on (Messages): where the proxy edited its conversation before,
+/// the client's bytes would be refused ("bound to a different conversation"), so the form the
+/// conversation forwarded before goes, with nothing new changed
+/// ([`crate::context::ContextManager::repeat_recorded`]; `x-context-actions: off,repeated`).
+async fn repeat_when_off(state: &Shared, ctx: &mut ChatCtx) {
+    let binds = ctx
+        .model
+        .as_deref()
+        .is_some_and(crate::context::adapter::messages::binds_thinking);
+    if ctx.mode != Mode::Off || ctx.unmanaged.is_some() || !ctx.format.remembers_forwarded || !binds
+    {
+        return;
+    }
+    if read_whole(state, ctx).is_err() {
+        return;
+    }
+    let (Some(rules), Some(identity)) = (
+        (ctx.format.write_rules)(&ctx.headers, &ctx.request.body),
+        identity_of(state, ctx),
+    ) else {
+        return;
+    };
+    ctx.managed = state
+        .context
+        .repeat_recorded(&identity, &ctx.request.raw, &ctx.request.body, rules)
+        .await;
 }
 
 /// After `apply`: reserves the request's estimated tokens (the prompt as forwarded, and the

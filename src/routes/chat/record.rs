@@ -84,6 +84,7 @@ pub fn record(
         compacted: report.compacted,
         offloaded: report.offloaded,
         reloaded: ctx.stats.calls.load(Ordering::Relaxed),
+        repeated: report.repeated,
         upstream_calls,
         usage,
         store_error: managed.fail_open.then(|| state.store.backend.as_str()),

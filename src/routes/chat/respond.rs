@@ -203,7 +203,12 @@ impl Observer for Reader {
 pub fn context_headers(managed: &Managed) -> Vec<(&'static str, HeaderValue)> {
     let report = &managed.report;
     if !managed.counted {
-        return vec![(ACTIONS_HEADER, HeaderValue::from_static("off"))];
+        let off = if report.repeated {
+            "off,repeated"
+        } else {
+            "off"
+        };
+        return vec![(ACTIONS_HEADER, HeaderValue::from_static(off))];
     }
     [
         (TOKENS_BEFORE_HEADER, report.tokens_before.to_string()),

@@ -381,6 +381,7 @@ fn action_tags(actions: &str) -> Vec<(&'static str, String)> {
                 "offloaded" => "offloaded",
                 "minified" => "minified",
                 "deduped" => "deduped",
+                "repeated" => "repeated",
                 _ => "other",
             };
             (class, part.to_string())

@@ -410,14 +410,12 @@ pub async fn replay(args: &ReplayArgs) -> Result<Report, ReplayError> {
     }
 
     let counter = Counter::new(Encoding::O200kBase, CountSettings::default());
-    // Without the proxy the upstream gets what the client sends: the requests that were sent.
-    let mut sent: Vec<Vec<Value>> = vec![Vec::new(); sessions.len()];
-    for o in &outcomes {
-        if let Some(request) = sessions[o.session].requests.get(o.index) {
-            sent[o.session].push(serde_json::from_slice(&request.body).unwrap_or(Value::Null));
-        }
-    }
-    let without = Side::measure(&counter, &sent, &providers, &headline);
+    let without = Side::measure(
+        &counter,
+        &sent_direct(&sessions, &outcomes),
+        &providers,
+        &headline,
+    );
     let with = match &mock {
         Some(mock) => {
             let mut received = mock_received(&client, mock, &run_id).await?;
@@ -528,9 +526,62 @@ fn spawn(args: &ReplayArgs) -> Result<Spawned, ReplayError> {
     })
 }
 
+/// What the upstream bills going direct, session by session: the requests that were sent but
+/// Anthropic's `count_tokens` calls, which are free and no model call (the mock's log of what
+/// came through the proxy holds none either).
+fn sent_direct(sessions: &[Session], outcomes: &[send::Outcome]) -> Vec<Vec<Value>> {
+    let mut sent: Vec<Vec<Value>> = vec![Vec::new(); sessions.len()];
+    for o in outcomes {
+        let Some(request) = sessions
+            .get(o.session)
+            .and_then(|s| s.requests.get(o.index))
+        else {
+            continue;
+        };
+        if request.api != source::Api::CountTokens {
+            sent[o.session].push(serde_json::from_slice(&request.body).unwrap_or(Value::Null));
+        }
+    }
+    sent
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A recorded Claude Code session asks `count_tokens` before its request: going direct
+    /// bills the request only, as Anthropic does (and as the proxy's side, from what the mock
+    /// received, already did).
+    #[test]
+    fn count_tokens_calls_are_not_billed_going_direct() {
+        let request = |api, text: &str| source::Request {
+            body: bytes::Bytes::from(
+                serde_json::json!({"messages": [{"role": "user", "content": text}]}).to_string(),
+            ),
+            offset_ms: None,
+            stream: false,
+            api,
+        };
+        let sessions = vec![Session {
+            id: "s".into(),
+            requests: vec![
+                request(source::Api::CountTokens, "how long is this?"),
+                request(source::Api::Messages, "answer this"),
+            ],
+        }];
+        let outcomes: Vec<send::Outcome> = (0..2)
+            .map(|index| send::Outcome {
+                session: 0,
+                index,
+                status: 200,
+                ..Default::default()
+            })
+            .collect();
+        let sent = sent_direct(&sessions, &outcomes);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].len(), 1, "{sent:?}");
+        assert_eq!(sent[0][0]["messages"][0]["content"], "answer this");
+    }
 
     #[test]
     fn providers_are_named_as_in_cache_pricing() {

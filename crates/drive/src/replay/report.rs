@@ -722,7 +722,8 @@ impl Report {
             );
             for name in &names {
                 let ratio = match (a.cost.get(*name), b.cost.get(*name)) {
-                    (Some(&a), Some(&b)) if a > 0.0 => format!("{:.2}×", b / a),
+                    // `+ 0.0`: an empty side's sum is -0.0, shown as 0.00×.
+                    (Some(&a), Some(&b)) if a > 0.0 => format!("{:.2}×", b / a + 0.0),
                     _ => "-".into(),
                 };
                 let _ = write!(out, "{ratio:>14}");
