@@ -816,8 +816,7 @@ pub struct Priced {
     pub raw_per_managed: f64,
     /// The low watermark's share of the budget (`target / budget`).
     pub target_ratio: f64,
-    /// What a later cut keeps at least: the request as forwarded, less a squeezed round the
-    /// next cut moves out.
+    /// What a later cut keeps at least: the request as forwarded.
     pub steady: usize,
 }
 
@@ -1339,14 +1338,12 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
     let held = work.total();
     let unchanged_prefix = input.unchanged_prefix_tokens();
     let head = movable.map(|m| work.total_to(m.start));
-    let squeezed = squeezed_tokens(&work, decision.squeeze);
     let mut outcome = assemble(work, span, decision, report, kept_end, &settings.readback);
     if let (Some(head), Some(_)) = (head, &outcome.moved) {
         let seen = Seen {
             held,
             forwarded: outcome.report.tokens_after,
             unchanged_prefix,
-            squeezed,
         };
         let model = cut
             .forced
@@ -1361,17 +1358,6 @@ pub fn run(input: &Input<'_>, settings: &Settings, prior: Decision, env: &dyn En
         outcome.report.priced = Some(priced);
     }
     outcome
-}
-
-/// Tokens the results of a standing squeeze take as forwarded (0: none stands after this
-/// request): the next cut moves them out.
-fn squeezed_tokens(work: &Work<'_>, squeeze: Option<Squeeze>) -> usize {
-    squeeze.map_or(0, |s| {
-        (s.from..s.to.min(work.counts.len()))
-            .filter(|&i| matches!(work.input.items[i].kind, Kind::ToolResult(_)))
-            .map(|i| work.counts[i])
-            .sum()
-    })
 }
 
 /// Stage 4: the tool results the model has not read (from `unseen`), when the request
@@ -1807,8 +1793,6 @@ struct Seen {
     forwarded: usize,
     /// What the previous request held of the client's request, as sent.
     unchanged_prefix: usize,
-    /// Tokens of the results of a round squeezed to fit, which the next cut moves out.
-    squeezed: usize,
 }
 
 /// The [`Outlook`] of a request whose run is moved out (the cut's model, or for a boundary
@@ -1816,11 +1800,9 @@ struct Seen {
 fn priced(model: &CutModel, seen: &Seen, price: &Price, settings: &Settings) -> Priced {
     let growth = seen.held.saturating_sub(model.head) as f64 / price.answers.max(1) as f64;
     // A later cut keeps what this one forwards (the same head and marker, a recent window of
-    // as many messages), or goes down to the low watermark when the budget leaves room. A
-    // round squeezed to fit is not kept: the model has read it by the next request, whose cut
-    // moves it out (and the squeeze with it).
+    // as many messages), or goes down to the low watermark when the budget leaves room.
     let target_ratio = settings.target as f64 / settings.budget.max(1) as f64;
-    let steady = seen.forwarded.saturating_sub(seen.squeezed);
+    let steady = seen.forwarded;
     let kept = ((settings.budget as f64 * target_ratio) as usize).max(steady);
     Priced {
         cut: false,
@@ -2163,47 +2145,6 @@ mod tests {
         assert_eq!(&resent[..sent.len()], &sent[..]);
         assert_eq!(again.decision.squeeze, Some(squeeze));
         assert!(!again.report.rewrote_prefix);
-    }
-
-    /// A forced cut that leaves a squeezed round is priced as the cuts that follow it go: the
-    /// next one moves the round out (the model has read it), so later cuts keep what is left
-    /// of the request without it, not the squeezed request that fills the budget.
-    #[test]
-    fn a_squeezed_round_is_not_kept_by_the_later_cuts() {
-        let mut messages = vec![
-            json!({"role": "system", "content": "sys"}),
-            json!({"role": "user", "content": "port the crate"}),
-        ];
-        for k in 0..12 {
-            messages.extend(tool_round(&format!("r{k}"), lines(30)));
-            messages.push(json!({"role": "assistant", "content": format!("round {k} done")}));
-            messages.push(json!({"role": "user", "content": "go on"}));
-        }
-        let calls: Vec<Value> = (0..6)
-            .map(|k| json!({"id": format!("c{k}"), "type": "function", "function": {"name": "read", "arguments": "{}"}}))
-            .collect();
-        messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
-        for k in 0..6 {
-            messages.push(
-                json!({"role": "tool", "tool_call_id": format!("c{k}"), "content": lines(150 + k)}),
-            );
-        }
-        let s = Settings {
-            cache: crate::pricing::Preset::parse("openai-gpt5")
-                .unwrap()
-                .for_model("gpt-5"),
-            ..settings(Mode::Auto, 6000)
-        };
-        let out = run_on(&messages, &s, Decision::default());
-        assert!(out.decision.squeeze.is_some(), "{:?}", out.decision);
-        let priced = out.report.priced.expect("a forced cut");
-        assert!(priced.cut);
-        assert!(priced.steady < priced.size, "{priced:?}");
-        assert!(
-            out.report.costlier_than_direct.is_none(),
-            "{:?}",
-            out.report
-        );
     }
 
     /// A forced cut goes past the recent window when the older part alone cannot bring the
