@@ -703,9 +703,41 @@ pub fn bound_hashes_as_sent(body: &Value) -> Vec<u64> {
 }
 
 fn message_hashes(body: &Value, as_read: bool) -> Vec<u64> {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .map_or_else(Vec::new, |messages| {
+            messages.iter().map(|m| message_hash(m, as_read)).collect()
+        })
+}
+
+/// [`bound_hashes`] of one message (`as_read`; else [`bound_hashes_as_sent`]): its text as
+/// [`message_hashes`] reads it, fed to the hash as it is written (a large tool result is never
+/// copied into a string of its own).
+pub fn message_hash(message: &Value, as_read: bool) -> u64 {
+    /// The hash, as a writer: `serde_json` writes keys and leaves straight into it.
+    struct Hasher(xxhash_rust::xxh3::Xxh3);
+    impl std::io::Write for Hasher {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.update(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Hasher {
+        fn put(&mut self, text: &str) {
+            self.0.update(text.as_bytes());
+        }
+        /// A JSON value written as `serde_json` writes it (a string escaped and quoted).
+        fn json<T: serde::Serialize + ?Sized>(&mut self, v: &T) {
+            // Writing into the hash cannot fail, and a `Value` or `str` always serializes.
+            let _ = serde_json::to_writer(&mut *self, v);
+        }
+    }
     /// Writes `v`; `holds_blocks`: `v` is a message or a `tool_result` block, whose `content`
     /// string the API reads as one text block.
-    fn write(v: &Value, as_read: bool, holds_blocks: bool, out: &mut String) {
+    fn write(v: &Value, as_read: bool, holds_blocks: bool, out: &mut Hasher) {
         match v {
             Value::Object(map) => {
                 let mut members: Vec<(&String, &Value)> = map
@@ -717,45 +749,37 @@ fn message_hashes(body: &Value, as_read: bool) -> Vec<u64> {
                 }
                 let holds_blocks =
                     holds_blocks || map.get("type").and_then(Value::as_str) == Some("tool_result");
-                out.push('{');
+                out.put("{");
                 for (k, v) in members {
-                    out.push_str(&Value::String(k.clone()).to_string());
-                    out.push(':');
+                    out.json(k.as_str());
+                    out.put(":");
                     match v {
                         Value::String(_) if as_read && holds_blocks && k == "content" => {
                             // One text block, written as `write` writes it (keys sorted).
-                            out.push_str("[{\"text\":");
-                            out.push_str(&v.to_string());
-                            out.push_str(",\"type\":\"text\",},]");
+                            out.put("[{\"text\":");
+                            out.json(v);
+                            out.put(",\"type\":\"text\",},]");
                         }
                         _ => write(v, as_read, false, out),
                     }
-                    out.push(',');
+                    out.put(",");
                 }
-                out.push('}');
+                out.put("}");
             }
             Value::Array(list) => {
-                out.push('[');
+                out.put("[");
                 for v in list {
                     write(v, as_read, false, out);
-                    out.push(',');
+                    out.put(",");
                 }
-                out.push(']');
+                out.put("]");
             }
-            other => out.push_str(&other.to_string()),
+            other => out.json(other),
         }
     }
-    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
-        return Vec::new();
-    };
-    messages
-        .iter()
-        .map(|m| {
-            let mut text = String::new();
-            write(m, as_read, true, &mut text);
-            xxhash_rust::xxh3::xxh3_64(text.as_bytes())
-        })
-        .collect()
+    let mut hasher = Hasher(xxhash_rust::xxh3::Xxh3::new());
+    write(message, as_read, true, &mut hasher);
+    hasher.0.digest()
 }
 
 /// `raw` with `thinking.block_binding.prefix_mismatch_behavior` set to `drop_block`.

@@ -29,7 +29,9 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::messages::{bound_hashes, bound_hashes_as_sent, Messages, Unmanaged, Written};
+use super::messages::{
+    bound_hashes, bound_hashes_as_sent, message_hash, Messages, Unmanaged, Written,
+};
 use super::Adapter;
 use crate::tokens::field;
 
@@ -68,7 +70,11 @@ pub fn unreadable_refusal(what: &str) -> String {
 /// each conversation keeps its own record.
 pub fn state_key(body: &Value) -> String {
     let system = body.get("system").map(without_markers).unwrap_or_default();
-    let first = bound_hashes(body).first().copied().unwrap_or_default();
+    let first = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.first())
+        .map_or(0, |m| message_hash(m, true));
     let mut bytes = system.to_string().into_bytes();
     bytes.extend_from_slice(&first.to_le_bytes());
     format!("forwarded-{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
@@ -430,7 +436,7 @@ fn repeat_of<'a>(
             Recorded::Client(_) => return Err(Unmanaged::Misaligned),
             Recorded::Bytes(bytes) => {
                 let v: Value = serde_json::from_str(bytes).map_err(|_| Unmanaged::Misaligned)?;
-                let h = bound_hashes(&serde_json::json!({"messages": [v]}))[0];
+                let h = message_hash(&v, true);
                 parts.push((Part::Bytes(bytes), h, has_thinking(&v)));
             }
         }
