@@ -66,6 +66,14 @@ async fn proxy_with(
         .unwrap()
 }
 
+/// The embedded memory store.
+fn memory_store() -> StoreConfig {
+    StoreConfig {
+        backend: Backend::Memory,
+        ..StoreConfig::default()
+    }
+}
+
 /// A private Redis (one a test may stop or restrict), and a store config on it.
 async fn private_redis() -> (RedisServer, StoreConfig) {
     let server = tokio::task::spawn_blocking(RedisServer::start)
@@ -289,10 +297,7 @@ async fn an_fs_proxy_restarted_mid_session_repeats_its_edits() {
 #[tokio::test]
 async fn older_results_are_compacted_at_the_turn_boundary_and_repeated_in_the_loop() {
     let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
-    let memory = StoreConfig {
-        backend: Backend::Memory,
-        ..StoreConfig::default()
-    };
+    let memory = memory_store();
     // Over budget from the fifth result on: the loop cannot be cut, the turn boundary can.
     let server = proxy(&mock, memory, 16_000).await;
     let rounds = 6;
@@ -327,10 +332,7 @@ async fn older_results_are_compacted_at_the_turn_boundary_and_repeated_in_the_lo
 #[tokio::test]
 async fn a_sub_agent_in_the_same_session_keeps_its_own_record() {
     let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
-    let memory = StoreConfig {
-        backend: Backend::Memory,
-        ..StoreConfig::default()
-    };
+    let memory = memory_store();
     let server = proxy(&mock, memory, 60_000).await;
     let rounds = 4;
     for r in 0..2 * rounds {
@@ -594,10 +596,7 @@ async fn a_store_that_takes_no_writes_holds_the_changes_back() {
 #[tokio::test]
 async fn when_nothing_is_planned_the_recorded_form_goes() {
     let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
-    let memory = StoreConfig {
-        backend: Backend::Memory,
-        ..StoreConfig::default()
-    };
+    let memory = memory_store();
     let server = proxy_with(&mock, memory, |c| {
         c.context
             .model_windows
@@ -636,10 +635,7 @@ async fn an_overflow_retry_is_what_the_next_request_repeats() {
     })
     .await
     .unwrap();
-    let memory = StoreConfig {
-        backend: Backend::Memory,
-        ..StoreConfig::default()
-    };
+    let memory = memory_store();
     let server = proxy(&mock, memory, 200_000).await;
     let rounds = 6;
     for r in 0..rounds {
@@ -699,10 +695,7 @@ fn messages(body: &Value) -> &Vec<Value> {
 #[tokio::test]
 async fn a_rewind_then_a_new_branch_then_a_rewind_back_are_all_accepted() {
     let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
-    let memory = StoreConfig {
-        backend: Backend::Memory,
-        ..StoreConfig::default()
-    };
+    let memory = memory_store();
     let server = proxy(&mock, memory, 60_000).await;
     let rounds = 3;
     let read = |name: &str| Reply::tool_calls(vec![("Read".into(), json!({"file_path": name}))]);
@@ -792,10 +785,7 @@ async fn a_rewind_then_a_new_branch_then_a_rewind_back_are_all_accepted() {
 #[tokio::test]
 async fn mode_off_on_an_edited_conversation_repeats_the_recorded_form() {
     let mock = MockUpstream::start(MockConfig::default()).await.unwrap();
-    let memory = StoreConfig {
-        backend: Backend::Memory,
-        ..StoreConfig::default()
-    };
+    let memory = memory_store();
     let server = proxy(&mock, memory, 60_000).await;
     script(&mock, 6);
     let mut session = Session::new();
